@@ -1,0 +1,1 @@
+"""mucsc: Model Update Compression by Soft Clustering."""

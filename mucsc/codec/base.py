@@ -1,0 +1,222 @@
+"""The codec interface and the registry of codecs.
+
+A codec turns one flat vector (a *group*: one tensor, or several tensors sharing a codebook) into a
+few named byte sections plus a small JSON-able parameter dict, and back.  The container
+(:mod:`mucsc.codec.format`) frames, compresses and checksums the sections; codecs never see the wire
+layout.  Encoders are deterministic given ``rng``; decoders must treat ``params`` and ``sections`` as
+untrusted input and raise :class:`~mucsc.errors.FormatError` on anything inconsistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mucsc.errors import FormatError, ParameterError, UnknownCodecError
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One typed payload of a group.  ``tag`` is 4 ASCII characters, upper-case first letter (critical)."""
+
+    tag: str
+    data: bytes | bytearray | memoryview | np.ndarray
+    compressible: bool = False  # the container may store it zstd-compressed when that is smaller
+
+    def tobytes(self) -> bytes | memoryview:
+        d = self.data
+        if isinstance(d, np.ndarray):
+            return memoryview(np.ascontiguousarray(d)).cast("B")
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedGroup:
+    """What a codec's encoder returns: header params, sections, and statistics that are not sent."""
+
+    params: dict[str, Any]
+    sections: tuple[Section, ...]
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Codec(ABC):
+    """Base class of every codec.  Subclasses set ``name``, ``Params`` and implement the two methods.
+
+    ``Params`` is a frozen dataclass with defaults for every field; ``__post_init__`` validation should
+    raise :class:`ParameterError`.  Instances are immutable and thread-safe.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type]
+    unbiased: ClassVar[bool] = False  # E[decode(encode(x))] == x
+    lossless: ClassVar[bool] = False
+    summary: ClassVar[str] = ""
+
+    def __init__(self, **params: Any) -> None:
+        self.params = make_params(self.Params, params, self.name)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.params).items())
+        return f"{type(self).__name__}({args})"
+
+    def get_config(self) -> dict[str, Any]:
+        """numcodecs-style config: ``{"codec": name, **params}``."""
+        return {"codec": self.name, **dataclasses.asdict(self.params)}
+
+    @abstractmethod
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        """Encode a 1-D, C-contiguous, finite float32 or float64 vector (possibly empty)."""
+
+    @classmethod
+    @abstractmethod
+    def decode_array(
+        cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype
+    ) -> np.ndarray:
+        """Rebuild the length-``n`` vector of ``dtype`` from header ``params`` and raw ``sections``."""
+
+
+_REGISTRY: dict[str, type[Codec]] = {}
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Class decorator adding a codec to the registry under ``cls.name``."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise RuntimeError(f"codec name {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def codec_class(name: str) -> type[Codec]:
+    """The codec class registered as ``name``; :class:`UnknownCodecError` lists the known ones."""
+    _load_builtin_codecs()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownCodecError(
+            f"unknown codec {name!r}; known codecs: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def get_codec(name: str, **params: Any) -> Codec:
+    """A codec instance: ``get_codec("mucsc", z=16)``."""
+    return codec_class(name)(**params)
+
+
+def available_codecs() -> list[str]:
+    """Names of every registered codec, sorted."""
+    _load_builtin_codecs()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin_codecs() -> None:
+    import mucsc.codec.codecs  # noqa: F401  (registers the built-in codecs on import)
+
+
+def make_params(params_cls: type, given: Mapping[str, Any], codec_name: str) -> Any:
+    """Build a frozen Params dataclass, rejecting unknown names and coercing simple types.
+
+    Coercion lets a CLI pass ``"16"`` for an int field; values of the wrong kind raise ParameterError.
+    """
+    fields = {f.name: f for f in dataclasses.fields(params_cls)}
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ParameterError(
+            f"codec {codec_name!r} has no parameter {', '.join(map(repr, unknown))}; "
+            f"its parameters are: {', '.join(fields) or '(none)'}"
+        )
+    kw = {}
+    for key, value in given.items():
+        kw[key] = _coerce(value, fields[key].type, f"{codec_name}.{key}")
+    try:
+        return params_cls(**kw)
+    except ParameterError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"codec {codec_name!r}: {exc}") from None
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    ann = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    ann = ann.replace(" ", "")
+    try:
+        if ann == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if ann == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            v = float(value)
+            if not math.isfinite(v):
+                raise ValueError
+            return v
+        if ann == "bool":
+            if isinstance(value, str):
+                low = value.lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if isinstance(value, (bool, int, np.bool_)) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if ann == "str":
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ParameterError(f"parameter {where} expects {ann}, got {value!r}") from None
+    return value  # optional/union annotations: the dataclass validates
+
+
+# ---- helpers for decoders: untrusted header params ---------------------------------------------
+
+def param_int(params: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    """An integer header parameter within [lo, hi], else FormatError."""
+    v = params.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise FormatError(f"header parameter {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def param_str(params: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    """A string header parameter from ``choices``, else FormatError."""
+    v = params.get(key)
+    if v not in choices:
+        raise FormatError(f"header parameter {key!r} must be one of {choices}, got {v!r}")
+    return v
+
+
+def param_float(params: Mapping[str, Any], key: str) -> float:
+    """A finite float header parameter, else FormatError."""
+    v = params.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise FormatError(f"header parameter {key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None = None) -> memoryview:
+    """Fetch a required section, checking its exact length when ``nbytes`` is given."""
+    if tag not in sections:
+        raise FormatError(f"missing section {tag!r}")
+    mv = sections[tag]
+    if nbytes is not None and len(mv) != nbytes:
+        raise FormatError(f"section {tag!r} has {len(mv)} bytes, expected {nbytes}")
+    return mv
+
+
+def array_from(mv: memoryview, dtype: str, count: int | None = None) -> np.ndarray:
+    """A read-only little-endian numpy view of a section (length checked)."""
+    dt = np.dtype(dtype).newbyteorder("<")
+    if len(mv) % dt.itemsize:
+        raise FormatError(f"section length {len(mv)} is not a multiple of {dt.itemsize}")
+    arr = np.frombuffer(mv, dtype=dt)
+    if count is not None and arr.size != count:
+        raise FormatError(f"section holds {arr.size} values of {dtype}, expected {count}")
+    return arr

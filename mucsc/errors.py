@@ -1,0 +1,42 @@
+"""Exception types raised by mucsc.  Every error the library raises on purpose derives from MucscError."""
+
+from __future__ import annotations
+
+
+class MucscError(Exception):
+    """Base class of every error mucsc raises on purpose."""
+
+
+class FormatError(MucscError, ValueError):
+    """A message is not a valid mucsc message (bad magic, bad lengths, malformed header, ...)."""
+
+
+class TruncatedError(FormatError):
+    """The message ends before the lengths it declares."""
+
+
+class ChecksumError(FormatError):
+    """The message's CRC-32 does not match its contents: it was corrupted."""
+
+
+class VersionError(FormatError):
+    """The message has a major format version this decoder does not implement."""
+
+
+class LimitError(FormatError):
+    """A declared size exceeds a limit of the spec or of the caller (rank, names, Z, elements, ...)."""
+
+
+class UnknownCodecError(MucscError, KeyError):
+    """A codec name is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown codec"
+
+
+class ParameterError(MucscError, ValueError):
+    """A codec parameter is missing, of the wrong type or out of range."""
+
+
+class InputError(MucscError, ValueError):
+    """The data given to an encoder cannot be encoded (NaN/Inf, non-float dtype, bad container, ...)."""
