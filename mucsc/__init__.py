@@ -1,1 +1,43 @@
-"""mucsc: Model Update Compression by Soft Clustering."""
+"""mucsc: Model Update Compression by Soft Clustering (MUCSC / B-MUCSC) and the paper's baselines.
+
+    >>> import numpy as np, mucsc
+    >>> blob = mucsc.encode(np.random.default_rng(0).normal(size=1000).astype("float32"), z=16)
+    >>> x = mucsc.decode(blob)          # unbiased: E[x] equals the input
+
+The codec never imports torch; torch tensors are accepted when torch is installed.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from mucsc.codec.api import (
+    EncodeStats,
+    MessageInfo,
+    decode,
+    encode,
+    encode_with_stats,
+    inspect,
+    verify,
+)
+from mucsc.codec.base import Codec, available_codecs, get_codec
+from mucsc.errors import (
+    ChecksumError,
+    FormatError,
+    InputError,
+    LimitError,
+    MucscError,
+    ParameterError,
+    TruncatedError,
+    UnknownCodecError,
+    VersionError,
+)
+
+try:
+    __version__ = version("mucsc")
+except PackageNotFoundError:  # running from a source tree without installation
+    __version__ = "0.0.0"
+
+__all__ = [
+    "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError", "LimitError", "MessageInfo",
+    "MucscError", "ParameterError", "TruncatedError", "UnknownCodecError", "VersionError",
+    "available_codecs", "decode", "encode", "encode_with_stats", "get_codec", "inspect", "verify",
+]

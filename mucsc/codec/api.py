@@ -1,0 +1,304 @@
+"""The public API: ``encode``, ``encode_with_stats``, ``decode``, ``inspect``, ``verify``.
+
+Everything above the codecs (the CLI, the simulator, other systems) goes through these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec import format as fmt
+from mucsc.codec.base import Codec, EncodedGroup, codec_class, get_codec
+from mucsc.codec.tensors import Tensor, from_record, to_tensors
+from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
+
+DEFAULT_ZSTD_LEVEL = 3
+DEFAULT_MAX_ELEMENTS = 1 << 32
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupStats:
+    """What the encoder knows about one group: its codec, size and error statistics."""
+
+    codec: str
+    records: tuple[str, ...]
+    elements: int
+    stats: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeStats:
+    """Totals of one encoding.  ``J`` is the exact expected squared error E||decode - x||^2 summed over
+    groups whose codec reports it (None when some lossy group does not)."""
+
+    message_bytes: int
+    original_bytes: int
+    elements: int
+    groups: tuple[GroupStats, ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.original_bytes / self.message_bytes
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8 * self.message_bytes / self.elements if self.elements else math.nan
+
+    @property
+    def J(self) -> float | None:
+        vals = [g.stats.get("J") for g in self.groups]
+        return None if any(v is None for v in vals) else float(sum(vals))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"message_bytes": self.message_bytes, "original_bytes": self.original_bytes,
+                "elements": self.elements, "ratio": self.ratio, "bits_per_element": self.bits_per_element,
+                "J": self.J, "groups": [dataclasses.asdict(g) for g in self.groups]}
+
+
+def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
+           compress: str | int = "auto", meta: Mapping[str, str] | None = None, **params: Any) -> bytes:
+    """Encode an array, a torch tensor or a mapping of them into one mucsc message.
+
+    ``codec`` and its ``params`` (e.g. ``z=16``) apply to every float tensor; non-float tensors are
+    carried losslessly.  ``shared=True`` encodes all float tensors as one vector with one codebook
+    (the paper's flattened update); False gives each tensor its own.  ``compress="auto"`` stores
+    compressible sections zstd-compressed when smaller ("off": fixed-width, the paper's byte counts;
+    an int: that zstd level).  The same input, parameters and seed always give the same bytes.
+    """
+    return _encode(data, codec, seed, shared, compress, meta, params, want_stats=False)[0]
+
+
+def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
+                      compress: str | int = "auto", meta: Mapping[str, str] | None = None,
+                      **params: Any) -> tuple[bytes, EncodeStats]:
+    """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio)."""
+    return _encode(data, codec, seed, shared, compress, meta, params, want_stats=True)
+
+
+def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
+    codec = get_codec(codec_name, **params)
+    level = _zstd_level(compress)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
+    container, tensors = to_tensors(data)
+    if container == "dict" and not tensors:
+        raise InputError("nothing to encode: the mapping is empty")
+    plan = _plan_groups(tensors, codec, shared)
+    groups, sections, gstats = [], [], []
+    for gi, (gcodec, members) in enumerate(plan):
+        x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
+        rng = np.random.default_rng([int(seed), gi])
+        try:
+            enc: EncodedGroup = gcodec.encode_array(x, rng)
+        except MucscError:
+            raise
+        del x
+        groups.append(fmt.Group(gcodec.name, enc.params, tuple(members), gdtype))
+        sections.extend((gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections)
+        if want_stats:
+            stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}
+            if gcodec.lossless:
+                stats.setdefault("J", 0.0)
+            gstats.append(GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
+                                     sum(tensors[i].array.size for i in members), stats))
+    records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
+    header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
+    _check_header_limits(header)
+    blob = fmt.write_message(header, sections, zstd_level=level)
+    stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
+                        tuple(gstats))
+    return blob, stats
+
+
+def _zstd_level(compress: str | int) -> int | None:
+    if compress == "auto":
+        return DEFAULT_ZSTD_LEVEL
+    if compress == "off":
+        return None
+    if isinstance(compress, int) and not isinstance(compress, bool) and 1 <= compress <= 22:
+        return compress
+    raise ParameterError(f"compress must be 'auto', 'off' or a zstd level 1..22, got {compress!r}")
+
+
+def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tuple[Codec, list[int]]]:
+    """Float tensors go to ``codec`` (one group, or one each); others to the lossless raw codec."""
+    raw = get_codec("raw")
+    floats = [i for i, t in enumerate(tensors) if t.is_float and not codec.lossless]
+    plan: list[tuple[Codec, list[int]]] = []
+    if floats:
+        plan += [(codec, floats)] if shared else [(codec, [i]) for i in floats]
+    plan += [(raw, [i]) for i, t in enumerate(tensors) if i not in set(floats)]
+    plan.sort(key=lambda p: p[1][0])  # groups in record order: deterministic and easy to read
+    return plan
+
+
+def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]:
+    """The flat vector a codec encodes, and the dtype it works in (checked finite for lossy codecs)."""
+    if codec.lossless:
+        (t,) = members
+        return np.ascontiguousarray(t.array).reshape(-1), t.dtype
+    gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
+    parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
+    for t, p in zip(members, parts):
+        if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
+            raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
+    x = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return x, gdtype
+
+
+def _check_header_limits(header: fmt.Header) -> None:
+    for r in header.records:
+        if len(r.name.encode("utf-8")) > fmt.MAX_NAME_BYTES:
+            raise LimitError(f"tensor name longer than {fmt.MAX_NAME_BYTES} bytes: {r.name[:40]!r}...")
+        if len(r.shape) > fmt.MAX_RANK:
+            raise LimitError(f"tensor {r.name!r} has rank {len(r.shape)} > {fmt.MAX_RANK}")
+        if r.size > fmt.MAX_ELEMENTS:
+            raise LimitError(f"tensor {r.name!r} has more than {fmt.MAX_ELEMENTS} elements")
+    if len(header.records) > fmt.MAX_RECORDS:
+        raise LimitError(f"{len(header.records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
+           max_elements: int | None = DEFAULT_MAX_ELEMENTS) -> Any:
+    """Decode a message: an array for a message made from one array, else a dict of arrays.
+
+    Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
+    with ``as_torch``).  ``max_elements`` bounds the output size (None: only the spec's limit).
+    """
+    msg = fmt.read_message(blob)
+    header = msg.header
+    total = sum(r.size for r in header.records)
+    if max_elements is not None and total > max_elements:
+        raise LimitError(f"message holds {total} elements, more than max_elements={max_elements}")
+    out: dict[str, Any] = {}
+    for gi, group in enumerate(header.groups):
+        flat = _decode_group(msg, gi, group)
+        offset = 0
+        for ri in group.records:
+            rec = header.records[ri]
+            part = flat[offset: offset + rec.size]
+            offset += rec.size
+            if group.codec == "raw" and rec.dtype == "bfloat16":
+                part = (part.astype(np.uint32) << 16).view(np.float32)
+            out[rec.name] = from_record(part, rec.dtype, rec.shape, as_torch)
+    ordered = {r.name: out[r.name] for r in header.records}
+    return ordered[header.records[0].name] if header.container == "tensor" else ordered
+
+
+def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group) -> np.ndarray:
+    try:
+        cls = codec_class(group.codec)
+    except UnknownCodecError:
+        raise FormatError(f"group {gi} uses codec {group.codec!r}, which this decoder does not know") from None
+    n = sum(msg.header.records[i].size for i in group.records)
+    if cls.lossless:
+        if len(group.records) != 1 or msg.header.records[group.records[0]].dtype != group.dtype:
+            raise FormatError(f"group {gi}: a lossless group holds one record of its own dtype")
+        dtype = np.dtype("<u2") if group.dtype == "bfloat16" else np.dtype(group.dtype).newbyteorder("<")
+    else:
+        if group.dtype not in ("float32", "float64"):
+            raise FormatError(f"group {gi}: codec {group.codec!r} works in float32/float64, not {group.dtype}")
+        if any(msg.header.records[i].dtype not in fmt.FLOAT_DTYPES for i in group.records):
+            raise FormatError(f"group {gi}: lossy codec {group.codec!r} on a non-float record")
+        dtype = np.dtype(group.dtype)
+    try:
+        flat = cls.decode_array(n, group.params, msg.group_sections(gi), dtype)
+    except MucscError:
+        raise
+    except (ValueError, TypeError, IndexError, OverflowError, KeyError) as exc:
+        raise FormatError(f"group {gi} ({group.codec}): malformed data ({exc})") from None
+    if not isinstance(flat, np.ndarray) or flat.shape != (n,):
+        raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+    return flat
+
+
+# ---------------------------------------------------------------------------------------------- inspect
+
+@dataclasses.dataclass(frozen=True)
+class SectionSummary:
+    tag: str
+    group: int | None
+    encoding: str
+    stored_bytes: int
+    raw_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSummary:
+    index: int
+    codec: str
+    params: dict[str, Any]
+    dtype: str
+    records: tuple[str, ...]
+    elements: int
+    bytes: int  # payload and section headers of this group's sections
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSummary:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    group: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageInfo:
+    """A summary of a message, from its header and section table (payloads are not decoded)."""
+
+    version: str
+    size: int
+    container: str
+    records: tuple[RecordSummary, ...]
+    groups: tuple[GroupSummary, ...]
+    sections: tuple[SectionSummary, ...]
+    original_bytes: int
+    elements: int
+    meta: dict[str, str]
+
+    @property
+    def ratio(self) -> float:
+        """original bytes / message bytes ("N x smaller")."""
+        return self.original_bytes / self.size
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8 * self.size / self.elements if self.elements else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ratio"] = self.ratio
+        d["bits_per_element"] = None if not self.elements else self.bits_per_element
+        return d
+
+
+def inspect(blob: bytes | bytearray | memoryview) -> MessageInfo:
+    """Summarise a message: records, groups with codec and parameters, bytes per section, ratio."""
+    msg = fmt.read_message(blob)
+    h = msg.header
+    group_of = {ri: gi for gi, g in enumerate(h.groups) for ri in g.records}
+    secs = tuple(SectionSummary(s.tag, None if s.group == fmt.MESSAGE_GROUP else s.group, s.encoding,
+                                s.stored_bytes, s.raw_bytes) for s in msg.sections)
+    groups = tuple(
+        GroupSummary(gi, g.codec, g.params, g.dtype, tuple(h.records[i].name for i in g.records),
+                     sum(h.records[i].size for i in g.records),
+                     sum(fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes)
+                         for s in msg.sections if s.group == gi))
+        for gi, g in enumerate(h.groups))
+    records = tuple(RecordSummary(r.name, r.dtype, r.shape, group_of[i]) for i, r in enumerate(h.records))
+    return MessageInfo(f"{fmt.MAJOR}.{msg.minor}", msg.size, h.container, records, groups, secs,
+                       sum(r.nbytes for r in h.records), sum(r.size for r in h.records), dict(h.meta))
+
+
+def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS) -> None:
+    """Check the checksum and that every record decodes; raises a FormatError subclass if not."""
+    decode(blob, max_elements=max_elements)
+
+

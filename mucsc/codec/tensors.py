@@ -1,0 +1,102 @@
+"""Adapting user data (numpy arrays, torch tensors, mappings of them) to named records and back.
+
+torch is never imported here unless the caller already passed torch tensors or asked for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.format import FLOAT_DTYPES, INT_DTYPES
+from mucsc.errors import InputError
+
+_NUMPY_TO_NAME = {np.dtype(n): n for n in ("float16", "float32", "float64", *INT_DTYPES)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """One input tensor as numpy: ``array`` holds bfloat16 data as uint16 bit patterns."""
+
+    name: str
+    dtype: str  # one of format.RECORD_DTYPES
+    array: np.ndarray
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def as_float(self) -> np.ndarray:
+        """The values as float32/float64 (bfloat16 widened exactly to float32)."""
+        if self.dtype == "bfloat16":
+            return (self.array.astype(np.uint32) << 16).view(np.float32)
+        return self.array
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+
+
+def to_tensor(name: str, value: Any) -> Tensor:
+    """Convert one array-like to a :class:`Tensor`, rejecting dtypes the format cannot carry."""
+    if is_torch_tensor(value):
+        return _from_torch(name, value)
+    if not isinstance(value, np.ndarray):
+        if isinstance(value, (list, tuple, int, float)):
+            value = np.asarray(value)
+        else:
+            raise InputError(f"{_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
+    dt = np.dtype(value.dtype)
+    if dt.newbyteorder("=") in _NUMPY_TO_NAME and dt.byteorder != ">":
+        return Tensor(name, _NUMPY_TO_NAME[dt.newbyteorder("=")], value)
+    if dt.byteorder == ">" and dt.newbyteorder("<") in _NUMPY_TO_NAME:
+        return Tensor(name, _NUMPY_TO_NAME[dt.newbyteorder("<")], value.astype(dt.newbyteorder("<")))
+    raise InputError(f"{_label(name)}: dtype {dt} cannot be encoded (floats, integers and bool only)")
+
+
+def _from_torch(name: str, t: Any) -> Tensor:
+    import torch  # the caller passed a torch tensor, so torch is already imported
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return Tensor(name, "bfloat16", t.view(torch.int16).numpy().view(np.uint16))
+    try:
+        arr = t.numpy()
+    except (TypeError, RuntimeError):
+        raise InputError(f"{_label(name)}: torch dtype {t.dtype} cannot be encoded") from None
+    return to_tensor(name, arr)
+
+
+def to_tensors(data: Any) -> tuple[str, list[Tensor]]:
+    """(container kind, tensors) for a bare array/tensor ("tensor") or a mapping of them ("dict")."""
+    if isinstance(data, Mapping):
+        out = []
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise InputError(f"tensor names must be strings, got {key!r}")
+            out.append(to_tensor(key, value))
+        return "dict", out
+    return "tensor", [to_tensor("", data)]
+
+
+def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch: bool) -> Any:
+    """Give a decoded flat array its record's shape and dtype (numpy, or torch on request)."""
+    if dtype == "bfloat16":
+        if as_torch:
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(array, np.float32).reshape(shape)).to(torch.bfloat16)
+        return np.asarray(array, np.float32).reshape(shape)
+    out = np.asarray(array).astype(np.dtype(dtype), copy=False).reshape(shape)
+    if as_torch:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(out))
+    return out
+
+
+def _label(name: str) -> str:
+    return f"tensor {name!r}" if name else "input"
