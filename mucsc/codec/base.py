@@ -41,7 +41,9 @@ class EncodedGroup:
 
     params: dict[str, Any]
     sections: tuple[Section, ...]
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    # e.g. {"J": exact expected squared error}; a value may be a zero-argument callable, evaluated
+    # only when the caller asks for statistics (J costs a pass over the data).
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Codec(ABC):
