@@ -1,0 +1,360 @@
+"""Sparse position sets <-> bytes.
+
+A position set is a sorted array of unique int64 positions in [0, d) (the kept elements of a top-k or
+B-MUCSC update).  Methods (normative layouts in spec/codecs.md, "Position coding"):
+
+- ``fixed``: ceil(log2 d) bits per position, the paper's eq. CompressRateB count;
+- ``int32``: little-endian int32 per position, the DGC paper's wire;
+- ``rice``: Golomb-Rice code of the gaps with parameter b (unary quotients, then b-bit remainders);
+- ``ef``: Elias-Fano (l = floor(log2(d/k)) low bits, unary-coded high parts);
+- ``bitmap``: d bits, bit p set for every kept p.
+
+All bit streams are LSB-first (stream bit i is bit i % 8 of byte i // 8, as bitpack), zero-padded to
+a whole byte.  Encoders and decoders are numpy-vectorised.  Decoders check every length against the
+buffer before allocating and raise FormatError on anything that is not the canonical encoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from mucsc.errors import FormatError, ParameterError
+
+METHODS = ("fixed", "int32", "rice", "ef", "bitmap")
+COMPACT = ("bitmap", "rice", "ef")  # what "auto" chooses from; the first wins a tie
+_MAX_D = 1 << 48  # positions are int64; keeps every shift and cumulative sum below 2**62
+
+
+@dataclasses.dataclass(frozen=True)
+class Coded:
+    """An encoded position set: the method, its integer argument (Rice b; 0 otherwise) and the bytes."""
+
+    method: str
+    arg: int
+    data: bytes
+
+
+# ---- public API -------------------------------------------------------------------------------------
+
+def encode(positions: np.ndarray, d: int, method: str = "auto") -> Coded:
+    """Encode sorted unique positions in [0, d); ``method="auto"`` picks the smallest compact code."""
+    p = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    _check_positions(p, d)
+    if method == "auto":
+        sizes = compact_sizes(p, d)
+        method = min(COMPACT, key=lambda m: (sizes[m], COMPACT.index(m)))
+    if method not in METHODS:
+        raise ParameterError(f"unknown position method {method!r}; known: auto, {', '.join(METHODS)}")
+    if p.size == 0:
+        return Coded(method, 0, b"")  # every method codes the empty set as no bytes
+    if method == "fixed":
+        return Coded("fixed", 0, _pack_fixed(p, _fixed_width(d)))
+    if method == "int32":
+        if d > 1 << 31:
+            raise ParameterError(f"int32 positions need d <= 2**31, got d = {d}")
+        return Coded("int32", 0, p.astype("<i4").tobytes())
+    if method == "rice":
+        b = best_rice_parameter(p, d)
+        return Coded("rice", b, _rice_encode(p, b))
+    if method == "ef":
+        return Coded("ef", 0, _ef_encode(p, d))
+    if method == "bitmap":
+        bits = np.zeros(d, np.uint8)
+        bits[p] = 1
+        return Coded("bitmap", 0, _bits_to_bytes(bits))
+    raise ParameterError(f"unknown position method {method!r}; known: auto, {', '.join(METHODS)}")
+
+
+def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) -> np.ndarray:
+    """Decode ``k`` positions in [0, d) (int64, strictly increasing); FormatError on invalid input."""
+    if not (isinstance(d, int) and 0 <= d <= _MAX_D and isinstance(k, int) and 0 <= k <= d):
+        raise FormatError(f"position set: need 0 <= k <= d <= 2**48, got k = {k}, d = {d}")
+    buf = np.frombuffer(data, np.uint8)
+    if method == "rice":
+        if not (isinstance(arg, int) and 0 <= arg <= max_rice_parameter(d)):
+            raise FormatError(f"rice parameter must be in [0, {max_rice_parameter(d)}], got {arg!r}")
+    elif arg != 0:
+        raise FormatError(f"position method {method!r} takes no parameter, got {arg!r}")
+    if k == 0:
+        if buf.size:
+            raise FormatError(f"empty position set with {buf.size} bytes of positions")
+        return np.zeros(0, np.int64)
+    if method == "fixed":
+        w = _fixed_width(d)
+        _expect_len(buf, (k * w + 7) // 8, "fixed-width positions")
+        p = _read_fixed(_to_bits(buf), 0, k, w)
+        _check_padding_bits(buf, k * w)
+    elif method == "int32":
+        if d > 1 << 31:
+            raise FormatError("int32 positions need d <= 2**31")
+        _expect_len(buf, 4 * k, "int32 positions")
+        p = buf.view("<i4").astype(np.int64)
+    elif method == "rice":
+        p = _rice_decode(buf, k, arg, d)
+    elif method == "ef":
+        p = _ef_decode(buf, d, k)
+    elif method == "bitmap":
+        _expect_len(buf, (d + 7) // 8, "position bitmap")
+        _check_padding_bits(buf, d)
+        p = np.flatnonzero(_to_bits(buf)[:d]).astype(np.int64)
+        if p.size != k:
+            raise FormatError(f"position bitmap has {p.size} bits set, header says {k}")
+    else:
+        raise FormatError(f"unknown position method {method!r}")
+    _validate_decoded(p, d)
+    return p
+
+
+def nbytes(method: str, d: int, k: int, arg: int = 0, positions: np.ndarray | None = None) -> int:
+    """Exact encoded size for the data-independent methods (and Rice/EF given the positions)."""
+    if k == 0:
+        return 0
+    if method == "fixed":
+        return (k * _fixed_width(d) + 7) // 8
+    if method == "int32":
+        return 4 * k
+    if method == "bitmap":
+        return (d + 7) // 8
+    if method == "ef":
+        l = _ef_low_bits(d, k)
+        return (k * l + k + ((d - 1) >> l) + 1 + 7) // 8
+    if method == "rice":
+        if positions is None:
+            raise ValueError("the Rice size depends on the positions")
+        g = _gaps(np.asarray(positions, np.int64))
+        return (int(np.sum(g >> arg)) + k * (1 + arg) + 7) // 8
+    raise ParameterError(f"unknown position method {method!r}")
+
+
+def compact_sizes(positions: np.ndarray, d: int) -> dict[str, int]:
+    """Exact byte counts of the compact methods for these positions (Rice at its best parameter)."""
+    p = np.asarray(positions, np.int64)
+    k = p.size
+    b = best_rice_parameter(p, d)
+    return {"rice": nbytes("rice", d, k, b, p), "ef": nbytes("ef", d, k), "bitmap": nbytes("bitmap", d, k)}
+
+
+def choose(d: int, k: int, positions: np.ndarray | None = None) -> str:
+    """The smallest compact method: exact when ``positions`` is given, else by the expected size of
+    ``k`` uniformly random positions (Rice cost of geometric gaps).  Bitmap wins when k/d is large."""
+    if positions is not None:
+        sizes = compact_sizes(positions, d)
+    else:
+        sizes = {"rice": expected_rice_bytes(d, k), "ef": nbytes("ef", d, k), "bitmap": nbytes("bitmap", d, k)}
+    return min(COMPACT, key=lambda m: (sizes[m], COMPACT.index(m)))
+
+
+def expected_rice_bytes(d: int, k: int) -> int:
+    """Expected Rice size of k uniform random positions in [0, d), at the best parameter for k/d."""
+    if k == 0:
+        return 0
+    q = k / d  # gap g >= 0 is ~ geometric: P(g) = (1-q)^g q
+    best = math.inf
+    for b in range(0, max_rice_parameter(d) + 1):
+        t = (1.0 - q) ** (1 << b)  # P(g >= 2^b); E[g >> b] = t / (1 - t)
+        eq = t / (1.0 - t) if t < 1.0 else math.inf
+        best = min(best, k * (1 + b + eq))
+    return math.ceil(best / 8)
+
+
+def rice_parameter_for(d: int, k: int) -> int:
+    """Golomb's optimal power-of-two parameter for geometric gaps with kept fraction k/d.
+
+    b = max(0, ceil(log2(log(phi - 1) / log(1 - k/d)))): the STC paper's b* (Sattler et al., 2019,
+    eq. 17) is 1 + floor of the same logarithm, which equals it except at exact powers of two.
+    """
+    if k == 0 or k >= d:
+        return 0
+    phi = (1 + math.sqrt(5)) / 2
+    x = math.log(phi - 1) / math.log(1 - k / d)
+    return min(max(0, math.ceil(math.log2(x))), max_rice_parameter(d))
+
+
+def stc_golomb_parameter(p: float) -> int:
+    """The STC paper's b* = 1 + floor(log2(ln(phi - 1) / ln(1 - p))) for sparsity fraction p in (0, 1)."""
+    phi = (1 + math.sqrt(5)) / 2
+    return max(0, 1 + math.floor(math.log2(math.log(phi - 1) / math.log(1 - p))))
+
+
+def max_rice_parameter(d: int) -> int:
+    """Largest meaningful Rice parameter: gaps are < d, so b never needs more than bit_length(d)."""
+    return max(0, int(d).bit_length())
+
+
+def best_rice_parameter(positions: np.ndarray, d: int) -> int:
+    """The Rice parameter minimising the exact size of these gaps (searched around the k/d optimum)."""
+    p = np.asarray(positions, np.int64)
+    k = p.size
+    if k == 0:
+        return 0
+    g = _gaps(p)
+    b0 = rice_parameter_for(d, k)
+    lo, hi = max(0, b0 - 3), min(max_rice_parameter(d), b0 + 3)
+    costs = [(int(np.sum(g >> b)) + k * b, b) for b in range(lo, hi + 1)]
+    return min(costs)[1]
+
+
+# ---- bit helpers ---------------------------------------------------------------------------------
+
+def _bits_to_bytes(bits: np.ndarray) -> bytes:
+    return np.packbits(bits.astype(np.uint8, copy=False), bitorder="little").tobytes()
+
+
+def _to_bits(buf: np.ndarray) -> np.ndarray:
+    return np.unpackbits(buf, bitorder="little")
+
+
+def _write_fields(bits: np.ndarray, start: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+    """bits[start_i + j] = bit j of values_i for j < widths_i (vectorised over i, loop over j)."""
+    if values.size == 0:
+        return
+    v = values.astype(np.uint64)
+    for j in range(int(widths.max(initial=0))):
+        m = widths > j
+        bits[start[m] + j] = ((v[m] >> np.uint64(j)) & np.uint64(1)).astype(np.uint8)
+
+
+def _read_fields(bits: np.ndarray, start: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_write_fields` (widths <= 63)."""
+    out = np.zeros(start.size, np.uint64)
+    for j in range(int(widths.max(initial=0))):
+        m = widths > j
+        out[m] |= bits[start[m] + j].astype(np.uint64) << np.uint64(j)
+    return out.astype(np.int64)
+
+
+def _pack_fixed(values: np.ndarray, width: int) -> bytes:
+    k = values.size
+    bits = np.zeros(k * width, np.uint8)
+    _write_fields(bits, np.arange(k, dtype=np.int64) * width, values, np.full(k, width))
+    return _bits_to_bytes(bits)
+
+
+def _read_fixed(bits: np.ndarray, offset: int, k: int, width: int) -> np.ndarray:
+    return _read_fields(bits, offset + np.arange(k, dtype=np.int64) * width, np.full(k, width))
+
+
+def write_unary(bits: np.ndarray, offset: int, q: np.ndarray) -> int:
+    """Write q_i zeros then a one for each i starting at ``offset``; returns the end offset."""
+    ones = offset + np.cumsum(q + 1) - 1
+    bits[ones] = 1
+    return int(ones[-1]) + 1 if q.size else offset
+
+
+def read_unary(bits: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
+    """Read k unary codes from ``offset``: (q, end offset).  FormatError when fewer than k ones."""
+    ones = np.flatnonzero(bits[offset:])
+    if ones.size < k:
+        raise FormatError(f"unary stream holds {ones.size} codes, expected {k}")
+    ones = ones[:k]
+    q = np.diff(ones, prepend=-1) - 1
+    return q.astype(np.int64), offset + (int(ones[-1]) + 1 if k else 0)
+
+
+def _check_padding_bits(buf: np.ndarray, used_bits: int) -> None:
+    if buf.size * 8 - used_bits >= 8:
+        raise FormatError("bit stream has a whole unused byte at its end")
+    spare = buf.size * 8 - used_bits
+    if spare and int(buf[-1]) >> (8 - spare):
+        raise FormatError("bit stream padding bits are not zero")
+
+
+def _expect_len(buf: np.ndarray, n: int, what: str) -> None:
+    if buf.size != n:
+        raise FormatError(f"{what}: {buf.size} bytes, expected {n}")
+
+
+# ---- methods -------------------------------------------------------------------------------------
+
+def _fixed_width(d: int) -> int:
+    """ceil(log2 d) bits (0 when d == 1): the paper's parameter-ID width."""
+    return max(0, int(d - 1).bit_length())
+
+
+def _gaps(p: np.ndarray) -> np.ndarray:
+    """g_i = p_i - p_{i-1} - 1 >= 0 with p_{-1} = -1."""
+    return np.diff(p, prepend=-1) - 1
+
+
+def _rice_encode(p: np.ndarray, b: int) -> bytes:
+    """Layout: k unary quotients (g_i >> b), then k b-bit remainders (g_i mod 2^b), zero padding."""
+    g = _gaps(p)
+    q = g >> b
+    k = p.size
+    n_unary = int(q.sum()) + k
+    bits = np.zeros(n_unary + k * b, np.uint8)
+    write_unary(bits, 0, q)
+    if b:
+        r = g & ((1 << b) - 1)
+        _write_fields(bits, n_unary + np.arange(k, dtype=np.int64) * b, r, np.full(k, b))
+    return _bits_to_bytes(bits)
+
+
+def _rice_decode(buf: np.ndarray, k: int, b: int, d: int) -> np.ndarray:
+    if buf.size * 8 < k * (1 + b):
+        raise FormatError(f"rice positions: {buf.size} bytes cannot hold {k} codes of >= {1 + b} bits")
+    bits = _to_bits(buf)
+    q, end = read_unary(bits, 0, k)
+    used = end + k * b
+    if used > bits.size:
+        raise FormatError("rice positions: remainders run past the end of the section")
+    _check_padding_bits(buf, used)
+    if int(q.max()) > (d >> b):
+        raise FormatError("rice positions: a gap exceeds d")
+    r = _read_fixed(bits, end, k, b) if b else np.zeros(k, np.int64)
+    g = (q << b) | r
+    # each gap is < 3d but k gaps can overflow int64: bound their sum (in float) before the cumsum;
+    # the exact check p[-1] < d follows in _validate_decoded.
+    if float(g.sum(dtype=np.float64)) > 2.0 * d:
+        raise FormatError("rice positions: gaps sum past d")
+    return np.cumsum(g + 1) - 1
+
+
+def _ef_low_bits(d: int, k: int) -> int:
+    return int(math.floor(math.log2(d / k))) if 0 < k < d else 0
+
+
+def _ef_encode(p: np.ndarray, d: int) -> bytes:
+    """Layout: k l-bit low parts, then an upper bit vector of length k + ((d-1) >> l) + 1 with bit
+    (p_i >> l) + i set, zero padding.  The length is a function of (d, k) alone."""
+    k = p.size
+    l = _ef_low_bits(d, k)
+    n_upper = k + ((d - 1) >> l) + 1
+    bits = np.zeros(k * l + n_upper, np.uint8)
+    if l:
+        _write_fields(bits, np.arange(k, dtype=np.int64) * l, p & ((1 << l) - 1), np.full(k, l))
+    bits[k * l + (p >> l) + np.arange(k)] = 1
+    return _bits_to_bytes(bits)
+
+
+def _ef_decode(buf: np.ndarray, d: int, k: int) -> np.ndarray:
+    l = _ef_low_bits(d, k)
+    n_upper = k + ((d - 1) >> l) + 1
+    _expect_len(buf, (k * l + n_upper + 7) // 8, "Elias-Fano positions")
+    _check_padding_bits(buf, k * l + n_upper)
+    bits = _to_bits(buf)
+    ones = np.flatnonzero(bits[k * l: k * l + n_upper])
+    if ones.size != k:
+        raise FormatError(f"Elias-Fano positions: {ones.size} upper bits set, expected {k}")
+    high = ones - np.arange(k)
+    low = _read_fixed(bits, 0, k, l) if l else np.zeros(k, np.int64)
+    return (high << l) | low
+
+
+# ---- validation ---------------------------------------------------------------------------------
+
+def _check_positions(p: np.ndarray, d: int) -> None:
+    if not (isinstance(d, (int, np.integer)) and 0 <= d <= _MAX_D):
+        raise ParameterError(f"dimension must be an integer in [0, 2**48], got {d!r}")
+    if p.size > d:
+        raise ParameterError(f"{p.size} positions in a vector of {d}")
+    if p.size and (p[0] < 0 or p[-1] >= d or np.any(np.diff(p) <= 0)):
+        raise ParameterError("positions must be strictly increasing and in [0, d)")
+
+
+def _validate_decoded(p: np.ndarray, d: int) -> None:
+    if p.size and (int(p[0]) < 0 or int(p[-1]) >= d or bool(np.any(np.diff(p) <= 0))):
+        raise FormatError("decoded positions are not strictly increasing in [0, d)")
