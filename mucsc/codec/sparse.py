@@ -39,8 +39,10 @@ class Coded:
 
 # ---- public API -------------------------------------------------------------------------------------
 
-def encode(positions: np.ndarray, d: int, method: str = "auto") -> Coded:
-    """Encode sorted unique positions in [0, d); ``method="auto"`` picks the smallest compact code."""
+def encode(positions: np.ndarray, d: int, method: str = "auto", rice_parameter: int | None = None) -> Coded:
+    """Encode sorted unique positions in [0, d); ``method="auto"`` picks the smallest compact code.
+
+    Rice uses ``rice_parameter`` when given (STC's b*), else the exact best one for these gaps."""
     p = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     _check_positions(p, d)
     if method == "auto":
@@ -57,7 +59,9 @@ def encode(positions: np.ndarray, d: int, method: str = "auto") -> Coded:
             raise ParameterError(f"int32 positions need d <= 2**31, got d = {d}")
         return Coded("int32", 0, p.astype("<i4").tobytes())
     if method == "rice":
-        b = best_rice_parameter(p, d)
+        b = best_rice_parameter(p, d) if rice_parameter is None else int(rice_parameter)
+        if not 0 <= b <= max_rice_parameter(d):
+            raise ParameterError(f"rice parameter must be in [0, {max_rice_parameter(d)}], got {b}")
         return Coded("rice", b, _rice_encode(p, b))
     if method == "ef":
         return Coded("ef", 0, _ef_encode(p, d))
@@ -86,7 +90,7 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
         w = _fixed_width(d)
         _expect_len(buf, (k * w + 7) // 8, "fixed-width positions")
         p = _read_fixed(_to_bits(buf), 0, k, w)
-        _check_padding_bits(buf, k * w)
+        check_padding(buf, k * w)
     elif method == "int32":
         if d > 1 << 31:
             raise FormatError("int32 positions need d <= 2**31")
@@ -98,7 +102,7 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
         p = _ef_decode(buf, d, k)
     elif method == "bitmap":
         _expect_len(buf, (d + 7) // 8, "position bitmap")
-        _check_padding_bits(buf, d)
+        check_padding(buf, d)
         p = np.flatnonzero(_to_bits(buf)[:d]).astype(np.int64)
         if p.size != k:
             raise FormatError(f"position bitmap has {p.size} bits set, header says {k}")
@@ -254,7 +258,7 @@ def read_unary(bits: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
     return q.astype(np.int64), offset + (int(ones[-1]) + 1 if k else 0)
 
 
-def _check_padding_bits(buf: np.ndarray, used_bits: int) -> None:
+def check_padding(buf: np.ndarray, used_bits: int) -> None:
     if buf.size * 8 - used_bits >= 8:
         raise FormatError("bit stream has a whole unused byte at its end")
     spare = buf.size * 8 - used_bits
@@ -301,7 +305,7 @@ def _rice_decode(buf: np.ndarray, k: int, b: int, d: int) -> np.ndarray:
     used = end + k * b
     if used > bits.size:
         raise FormatError("rice positions: remainders run past the end of the section")
-    _check_padding_bits(buf, used)
+    check_padding(buf, used)
     if int(q.max()) > (d >> b):
         raise FormatError("rice positions: a gap exceeds d")
     r = _read_fixed(bits, end, k, b) if b else np.zeros(k, np.int64)
@@ -334,7 +338,7 @@ def _ef_decode(buf: np.ndarray, d: int, k: int) -> np.ndarray:
     l = _ef_low_bits(d, k)
     n_upper = k + ((d - 1) >> l) + 1
     _expect_len(buf, (k * l + n_upper + 7) // 8, "Elias-Fano positions")
-    _check_padding_bits(buf, k * l + n_upper)
+    check_padding(buf, k * l + n_upper)
     bits = _to_bits(buf)
     ones = np.flatnonzero(bits[k * l: k * l + n_upper])
     if ones.size != k:
@@ -358,3 +362,98 @@ def _check_positions(p: np.ndarray, d: int) -> None:
 def _validate_decoded(p: np.ndarray, d: int) -> None:
     if p.size and (int(p[0]) < 0 or int(p[-1]) >= d or bool(np.any(np.diff(p) <= 0))):
         raise FormatError("decoded positions are not strictly increasing in [0, d)")
+
+
+# ---- top-k selection and codec header helpers ------------------------------------------------------
+
+def keep_count(keep: float, n: int) -> int:
+    """ceil(keep * n), at least 1 when n > 0 (B-MUCSC's d0, top-k's k)."""
+    return min(n, max(1, math.ceil(keep * n))) if n else 0
+
+
+def top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Sorted positions of the k elements of largest |x| (np.argpartition, not a full sort)."""
+    n = x.size
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    if k == 0:
+        return np.zeros(0, np.int64)
+    part = np.argpartition(np.abs(x), n - k)[n - k:]
+    return np.sort(part).astype(np.int64)
+
+
+def header_params(c: Coded) -> dict:
+    """The header keys recording a position coding: ``pos`` (method) and ``pos_arg``."""
+    return {"pos": c.method, "pos_arg": c.arg}
+
+
+def decode_from_header(params, data, d: int, k: int) -> np.ndarray:
+    """Decode positions described by header keys ``pos``/``pos_arg`` (untrusted)."""
+    method = params.get("pos")
+    arg = params.get("pos_arg")
+    if method not in METHODS:
+        raise FormatError(f"header parameter 'pos' must be one of {METHODS}, got {method!r}")
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        raise FormatError(f"header parameter 'pos_arg' must be an integer, got {arg!r}")
+    return decode(data, d, k, method, arg)
+
+
+# ---- Elias-gamma codes of positive integers (QSGD's gaps and levels) ------------------------------
+
+def gamma_encode(values: np.ndarray) -> bytes:
+    """Elias-gamma code of integers >= 1 as two streams in one section: for each v, N = floor(log2 v)
+    zeros then a one (all k unary codes first), then the N low bits of each v (LSB first).  The bit
+    count equals interleaved Elias gamma (2N + 1 per value); separating the streams vectorises decoding."""
+    v = np.ascontiguousarray(values, dtype=np.int64)
+    if v.size == 0:
+        return b""
+    if int(v.min()) < 1:
+        raise ParameterError("Elias-gamma codes positive integers")
+    n_bits = _bit_length(v) - 1
+    n_unary = int(n_bits.sum()) + v.size
+    bits = np.zeros(n_unary + int(n_bits.sum()), np.uint8)
+    write_unary(bits, 0, n_bits)
+    start = n_unary + np.cumsum(n_bits) - n_bits
+    _write_fields(bits, start, v, n_bits)
+    return _bits_to_bytes(bits)
+
+
+def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray:
+    """Decode k Elias-gamma codes (layout of :func:`gamma_encode`), each checked to be <= max_value."""
+    buf = np.frombuffer(data, np.uint8)
+    if k == 0:
+        if buf.size:
+            raise FormatError("empty Elias-gamma stream with bytes present")
+        return np.zeros(0, np.int64)
+    if buf.size * 8 < k:
+        raise FormatError(f"Elias-gamma stream: {buf.size} bytes cannot hold {k} codes")
+    bits = _to_bits(buf)
+    n_bits, end = read_unary(bits, 0, k)
+    if int(n_bits.max()) > max(0, int(max_value).bit_length() - 1):
+        raise FormatError("Elias-gamma value exceeds its bound")
+    total = end + int(n_bits.sum())
+    if total > bits.size:
+        raise FormatError("Elias-gamma stream: mantissas run past the end of the section")
+    check_padding(buf, total)
+    start = end + np.cumsum(n_bits) - n_bits
+    v = _read_fields(bits, start, n_bits) | (np.int64(1) << n_bits)
+    if int(v.max()) > max_value:
+        raise FormatError("Elias-gamma value exceeds its bound")
+    return v
+
+
+def gamma_bits(values: np.ndarray) -> int:
+    """Total bits of the Elias-gamma codes of ``values`` (sum of 2 floor(log2 v) + 1)."""
+    v = np.asarray(values, np.int64)
+    return int(np.sum(2 * (_bit_length(v) - 1) + 1))
+
+
+def _bit_length(v: np.ndarray) -> np.ndarray:
+    """bit_length of positive int64 values, exactly (no float rounding)."""
+    out = np.zeros(v.shape, np.int64)
+    x = v.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        m = x >= (np.int64(1) << shift)
+        out[m] += shift
+        x[m] >>= shift
+    return out + (x > 0)

@@ -1,0 +1,74 @@
+"""SignSGD (Bernstein et al., ICML 2018): one sign bit per element, with an optional shared scale.
+
+``scale="l1"`` (default) decodes to ||U||_1 / d * sign(U) (the scaled sign of EF-SignSGD, Karimireddy
+et al. 2019: the best single magnitude in l2 for a sign vector); ``scale="none"`` decodes to pure
++-1.  Zero elements are sent as +.  Biased: use it with error feedback (mucsc.codec.state).  The
+server-side aggregation of the paper's SSGD is :func:`majority_vote`.  Layout: spec/codecs.md "signsgd".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.sparse import check_padding
+from mucsc.errors import FormatError, ParameterError
+
+
+@register
+class SignSGD(Codec):
+    name = "signsgd"
+    summary = "signSGD: 1 bit per element, scaled by ||U||_1/d (Bernstein et al. 2018)"
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        scale: str = "l1"
+
+        def __post_init__(self) -> None:
+            if self.scale not in ("l1", "none"):
+                raise ParameterError(f"signsgd.scale must be 'l1' or 'none', got {self.scale!r}")
+
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        neg = np.signbit(x) & (x != 0)  # -0.0 is sent as +
+        secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes())]
+        if self.params.scale == "l1":
+            mag = np.float32(np.abs(x).sum(dtype=np.float64) / x.size) if x.size else np.float32(0)
+            secs.append(Section("SCAL", np.array([mag], "<f4").tobytes()))
+        else:
+            mag = np.float32(1)
+        stats = {"J": lambda: float(np.sum((np.where(neg, -float(mag), float(mag)) - x) ** 2))}
+        return EncodedGroup({"scale": self.params.scale}, tuple(secs), stats)
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        scale = param_str(params, "scale", ("l1", "none"))
+        bits = np.frombuffer(section(sections, "SIGN", (n + 7) // 8), np.uint8)
+        check_padding(bits, n)
+        if scale == "l1":
+            mag = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
+            if not np.isfinite(mag) or mag < 0:
+                raise FormatError("signsgd: the scale must be finite and non-negative")
+        else:
+            mag = 1.0
+        neg = np.unpackbits(bits, count=n, bitorder="little").astype(bool)
+        return np.where(neg, -mag, mag).astype(dtype)
+
+
+def majority_vote(updates: Iterable[np.ndarray]) -> np.ndarray:
+    """Server-side aggregation of signSGD with majority vote: sign(sum_i sign(u_i)).
+
+    Each client's decoded update contributes one vote per element (its sign; the scale is ignored);
+    the result is +1, -1, or 0 on a tie.  Multiply by the server's step size before applying.
+    """
+    total = None
+    for u in updates:
+        s = np.sign(np.asarray(u, np.float64)).astype(np.int64)
+        total = s if total is None else total + s
+    if total is None:
+        raise ValueError("majority_vote needs at least one update")
+    return np.sign(total).astype(np.float32)

@@ -1,0 +1,75 @@
+"""STC, sparse ternary compression (Sattler et al., IEEE TNNLS 2019), the stateless part.
+
+Top-k (default 3%, the paper's x_STC) by magnitude, every kept element sent as mu * sign with
+mu = mean |top-k| (one float32), positions Golomb-coded with the STC paper's
+b* = 1 + floor(log2(ln(phi - 1) / ln(1 - p))) (``positions="golomb"``, default; a Golomb code with a
+power-of-two parameter is the Rice code of mucsc.codec.sparse).  The residual accumulation that
+makes STC work (A += dW; A -= STC(A)) is error feedback in mucsc.codec.state.  Layout: spec/codecs.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec import sparse
+from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_int, register, section
+from mucsc.codec.codecs.topk import check_keep
+from mucsc.errors import FormatError, ParameterError
+
+POSITION_MODES = ("golomb", "auto") + sparse.METHODS
+
+
+@register
+class STC(Codec):
+    name = "stc"
+    summary = "STC: top-k ternary mu*sign with Golomb-coded positions (Sattler et al. 2019)"
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        keep: float = 0.03
+        positions: str = "golomb"
+
+        def __post_init__(self) -> None:
+            check_keep("stc", self.keep)
+            if self.positions not in POSITION_MODES:
+                raise ParameterError(f"stc.positions must be one of {POSITION_MODES}, got {self.positions!r}")
+
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        n = x.size
+        k = sparse.keep_count(self.params.keep, n)
+        pos = sparse.top_k(x, k)
+        kept = x[pos]
+        mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if k else np.float32(0)
+        if self.params.positions == "golomb":
+            b = sparse.stc_golomb_parameter(self.params.keep) if self.params.keep < 1 else 0
+            coded = sparse.encode(pos, n, "rice", rice_parameter=min(b, sparse.max_rice_parameter(n)))
+        else:
+            coded = sparse.encode(pos, n, self.params.positions)
+        neg = np.signbit(kept)
+        params = {"keep": self.params.keep, "k": k, **sparse.header_params(coded)}
+        secs = (Section("SCAL", np.array([mu], "<f4").tobytes()),
+                Section("SIGN", np.packbits(neg, bitorder="little").tobytes()),
+                Section("INDX", coded.data))
+
+        def sq_error() -> float:
+            sent = np.where(neg, -float(mu), float(mu))
+            return float(np.dot(x, x)) - float(np.dot(kept, kept)) + float(np.sum((sent - kept) ** 2))
+        return EncodedGroup(params, secs, {"J": sq_error})
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        k = param_int(params, "k", 0, n)
+        mu = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
+        if not np.isfinite(mu) or mu < 0:
+            raise FormatError("stc: mu must be finite and non-negative")
+        sign = np.frombuffer(section(sections, "SIGN", (k + 7) // 8), np.uint8)
+        sparse.check_padding(sign, k)
+        pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
+        out = np.zeros(n, dtype)
+        out[pos] = np.where(np.unpackbits(sign, count=k, bitorder="little").astype(bool), -mu, mu)
+        return out

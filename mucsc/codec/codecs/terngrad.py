@@ -1,0 +1,99 @@
+"""TernGrad (Wen et al., NeurIPS 2017): unbiased ternary s * sign(g) * Bernoulli(|g| / s).
+
+g is first clipped to [-c sigma, c sigma] (c = ``clip``, default 2.5 as in the paper; 0 disables
+clipping), then s = max |g| (one float32, rounded up so |g| / s <= 1).  Unbiased for the clipped
+vector (exactly unbiased when nothing is clipped).  Trits are packed 2 bits each (``packing="2bit"``,
+default) or 5 per byte (``"base3"``, 1.6 bits).  Layout: spec/codecs.md "terngrad".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec import bitpack
+from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.codecs.qsgd import round_up_f32
+from mucsc.errors import FormatError, ParameterError
+
+_POW3 = np.array([1, 3, 9, 27, 81], np.int64)
+_BASE3_TABLE = (np.arange(243)[:, None] // _POW3[None, :]) % 3  # byte -> its 5 trits
+
+
+def clip_sigma(x: np.ndarray, clip: float) -> np.ndarray:
+    """x clipped to [-clip * std(x), clip * std(x)] (TernGrad's gradient clipping); clip 0: unchanged."""
+    if clip == 0 or x.size == 0:
+        return x
+    c = clip * float(np.std(x, dtype=np.float64))
+    return np.clip(x, -c, c)
+
+
+@register
+class TernGrad(Codec):
+    name = "terngrad"
+    unbiased = True  # for the clipped vector; exactly so with clip=0
+    summary = "TernGrad: unbiased ternary with 2.5-sigma clipping (Wen et al. 2017)"
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        clip: float = 2.5
+        packing: str = "2bit"
+
+        def __post_init__(self) -> None:
+            if not (self.clip == 0 or 0 < self.clip <= 1e6):
+                raise ParameterError(f"terngrad.clip must be 0 (off) or positive, got {self.clip}")
+            if self.packing not in ("2bit", "base3"):
+                raise ParameterError(f"terngrad.packing must be '2bit' or 'base3', got {self.packing!r}")
+
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        g = clip_sigma(x.astype(np.float64, copy=False), self.params.clip)
+        s = round_up_f32(np.abs(g).max()) if g.size else np.float32(0)
+        p = np.abs(g) / float(s) if s > 0 else np.zeros(g.size)
+        b = rng.random(g.size) < p
+        trits = np.where(b, np.where(np.signbit(g), 2, 1), 0).astype(np.uint8)  # 0: 0, 1: +s, 2: -s
+        data = pack_trits(trits) if self.params.packing == "base3" else bitpack.pack(trits, 2)
+        secs = (Section("SCAL", np.array([s], "<f4").tobytes()), Section("VALS", data, compressible=True))
+        sf = float(s)
+
+        def sq_error() -> float:  # E||Q(g) - x||^2 = sum s|g| - g^2 (variance) + (g - x)^2 (clipping)
+            ag = np.abs(g)
+            return float(np.sum(sf * ag - ag * ag) + np.sum((g - x) ** 2))
+        return EncodedGroup({"packing": self.params.packing, "clip": self.params.clip}, secs, {"J": sq_error})
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        packing = param_str(params, "packing", ("2bit", "base3"))
+        s = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
+        if not np.isfinite(s) or s < 0:
+            raise FormatError("terngrad: the scale must be finite and non-negative")
+        if packing == "base3":
+            trits = unpack_trits(section(sections, "VALS", -(-n // 5)), n)
+        else:
+            trits = bitpack.unpack(section(sections, "VALS"), 2, n)
+            if np.any(trits == 3):
+                raise FormatError("terngrad: trit code 3 is invalid")
+        lut = np.array([0.0, s, -s])
+        return lut[trits].astype(dtype)
+
+
+def pack_trits(t: np.ndarray) -> bytes:
+    """5 trits per byte: byte = t0 + 3 t1 + 9 t2 + 27 t3 + 81 t4 (<= 242); missing trits are 0."""
+    n = t.size
+    pad = np.zeros(-(-n // 5) * 5, np.int64)
+    pad[:n] = t
+    return (pad.reshape(-1, 5) @ _POW3).astype(np.uint8).tobytes()
+
+
+def unpack_trits(buf: memoryview, n: int) -> np.ndarray:
+    """Inverse of :func:`pack_trits`; bytes above 242 and non-zero padding trits are rejected."""
+    b = np.frombuffer(buf, np.uint8)
+    if b.size and int(b.max()) > 242:
+        raise FormatError("terngrad: a base-3 byte exceeds 242")
+    t = _BASE3_TABLE[b].reshape(-1).astype(np.uint8)
+    if np.any(t[n:]):
+        raise FormatError("terngrad: padding trits are not zero")
+    return t[:n]

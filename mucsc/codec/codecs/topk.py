@@ -1,0 +1,72 @@
+"""Top-k sparsification: the k = ceil(keep * n) largest-magnitude elements as float32 values plus their
+positions; the rest decode to 0.  Biased (use error feedback, mucsc.codec.state).  ``positions``
+selects the position code (mucsc.codec.sparse): ``auto`` (smallest of Rice / Elias-Fano / bitmap,
+default), or one method by name.  Layout: spec/codecs.md "topk".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mucsc.codec import sparse
+from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_int, register, section
+from mucsc.errors import FormatError, ParameterError
+
+POSITION_MODES = ("auto", "paper") + sparse.METHODS
+
+
+def check_keep(name: str, keep: float) -> None:
+    if not 0.0 < keep <= 1.0:
+        raise ParameterError(f"{name}.keep must be in (0, 1], got {keep}")
+
+
+def check_positions(name: str, positions: str) -> None:
+    if positions not in POSITION_MODES:
+        raise ParameterError(f"{name}.positions must be one of {POSITION_MODES}, got {positions!r}")
+
+
+@register
+class TopK(Codec):
+    name = "topk"
+    summary = "top-k: the largest-magnitude fraction as float32 values + compact positions"
+    paper_positions: ClassVar[str] = "fixed"  # what positions="paper" means for this codec
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        keep: float = 0.01
+        positions: str = "auto"
+
+        def __post_init__(self) -> None:
+            check_keep("topk", self.keep)
+            check_positions("topk", self.positions)
+
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        n = x.size
+        k = sparse.keep_count(self.params.keep, n)
+        pos = sparse.top_k(x, k)
+        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
+        coded = sparse.encode(pos, n, method)
+        vals = x[pos].astype("<f4")
+        params = {"keep": self.params.keep, "k": k, **sparse.header_params(coded)}
+        secs = (Section("VALS", vals.tobytes()), Section("INDX", coded.data))
+
+        def sq_error() -> float:
+            err = float(np.dot(x, x)) - float(np.dot(x[pos], x[pos]))
+            return err + float(np.sum((vals.astype(np.float64) - x[pos]) ** 2))
+        return EncodedGroup(params, secs, {"J": sq_error})
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        k = param_int(params, "k", 0, n)
+        vals = array_from(section(sections, "VALS", 4 * k), "<f4")
+        if not np.all(np.isfinite(vals)):
+            raise FormatError(f"{cls.name}: values must be finite")
+        pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
+        out = np.zeros(n, dtype)
+        out[pos] = vals
+        return out
