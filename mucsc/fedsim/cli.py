@@ -1,0 +1,228 @@
+"""``mucsc sim``: run the FedAvg simulator over one or more codecs and print the paper-style table.
+
+With no arguments it runs the built-in experiment (scikit-learn's digits, offline) across
+none, mucsc, bmucsc, qsgd, signsgd, stc and dgc.  The CLI group loads this command lazily as
+``mucsc.fedsim.cli:sim``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from mucsc.errors import InputError, MucscError
+
+
+def _csv(kind):
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            items = tuple(kind(v.strip()) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list, got {value!r}") from None
+        if not items:
+            raise click.BadParameter("the list is empty")
+        return items
+    return convert
+
+
+class Progress:
+    """A one-line progress bar with ETA on stderr; silent when disabled (not a TTY, or -q)."""
+
+    def __init__(self, enabled: bool, runs: int, rounds_limit: int) -> None:
+        self.enabled, self.runs, self.limit = enabled, runs, rounds_limit
+        self.t0 = time.monotonic()
+        self.done_rounds, self.finished_runs, self.finished_rounds = 0, 0, 0
+        self.run_idx, self.codec, self.rnd, self.acc = 0, "", 0, None
+
+    def start_run(self, idx: int, codec: str) -> None:
+        self.run_idx, self.codec, self.rnd, self.acc = idx, codec, 0, None
+        self._draw()
+
+    def round(self, rec) -> None:
+        self.done_rounds += 1
+        self.rnd = rec.round
+        if rec.accuracy is not None:
+            self.acc = rec.accuracy
+        self._draw()
+
+    def end_run(self) -> None:
+        self.finished_runs += 1
+        self.finished_rounds += self.rnd
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        per_run = self.finished_rounds / self.finished_runs if self.finished_runs else self.limit
+        left = max(self.limit - self.rnd, 0) + per_run * (self.runs - self.run_idx - 1)
+        eta = elapsed / self.done_rounds * left if self.done_rounds else float("nan")
+        width = 24
+        frac = min(self.done_rounds / max(self.done_rounds + left, 1), 1.0)
+        bar = "#" * int(frac * width)
+        acc = "  -  " if self.acc is None else f"{self.acc:.3f}"
+        line = (f"\r[{bar:<{width}}] run {self.run_idx + 1}/{self.runs} {self.codec:<8} round "
+                f"{self.rnd:>4}/{self.limit} acc {acc} {_clock(elapsed)} ETA {_clock(eta)} ")
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _clock(s: float) -> str:
+    if s != s:  # nan
+        return "--:--"
+    s = int(round(s))
+    return f"{s // 60:d}:{s % 60:02d}"
+
+
+def machine_info() -> dict[str, object]:
+    """CPU model, logical cores, python and torch versions, torch threads (for the results)."""
+    model = platform.processor() or "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), model)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import torch
+
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+@click.command("sim", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML file of settings (flags override it).")
+@click.option("--dataset", type=click.Choice(["digits", "synthetic", "cifar10", "femnist", "mnist"]),
+              help="Data set [digits: built in, offline].")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where cifar10/femnist/mnist live.")
+@click.option("--download/--no-download", default=None, help="CIFAR-10 only: fetch the archive if missing.")
+@click.option("--model", type=click.Choice(["allcnn", "lenet", "cnn", "logreg"]), help="Model [per data set].")
+@click.option("--partition", type=click.Choice(["iid", "noniid", "dirichlet", "natural"]),
+              help="Client split [per data set].")
+@click.option("-N", "--clients", type=int, help="Clients N [100].")
+@click.option("-K", "--per-round", type=int, help="Clients per round K [10].")
+@click.option("--sampling", type=click.Choice(["uniform", "weighted"]),
+              help="uniform without replacement, or by data size with replacement (Assumption 4).")
+@click.option("-E", "--local-iters", type=int, help="Local SGD iterations per round E [5].")
+@click.option("-B", "--batch-size", type=int, help="Batch size B [8].")
+@click.option("--lr0", type=float, help="eta_t = max(lr0 / (1 + t/lr-decay), lr-min) [0.5].")
+@click.option("--lr-decay", type=float, help="[400]")
+@click.option("--lr-min", type=float, help="[0.01]")
+@click.option("--rounds", type=int, help="Round limit [per data set].")
+@click.option("--target", type=float, help="Stop at this test accuracy; 0 = never [per data set].")
+@click.option("--eval-every", type=int, help="Evaluate every this many rounds [per data set].")
+@click.option("--samples-per-client", type=int, help="iid partition: samples per client [500].")
+@click.option("--noniid-min", type=int, help="non-iid partition: min samples [300].")
+@click.option("--noniid-max", type=int, help="non-iid partition: max samples [500].")
+@click.option("--classes-per-client", type=int, help="non-iid partition: classes per client [5].")
+@click.option("--dirichlet-alpha", type=float, help="dirichlet partition: alpha [0.5].")
+@click.option("--synthetic-alpha", type=float, help="Synthetic(alpha, beta) [1].")
+@click.option("--synthetic-beta", type=float, help="Synthetic(alpha, beta) [1].")
+@click.option("--codecs", callback=_csv(str), help="Comma-separated codecs to sweep "
+              "[none,mucsc,bmucsc,qsgd,signsgd,stc,dgc].")
+@click.option("--z-up", callback=_csv(int), help="MUCSC uplink Z per client group [4,8,16].")
+@click.option("--z-down", type=int, help="MUCSC downlink Z [16].")
+@click.option("-p", "--param", "params", multiple=True, metavar="CODEC[.up|.down].KEY=VALUE",
+              help="A codec parameter, e.g. -p stc.keep=0.01 (repeatable).")
+@click.option("--down-codec", help="Downlink codec for every run (e.g. none) [per codec, paper].")
+@click.option("--error-feedback", type=click.Choice(["auto", "on", "off"]),
+              help="Residual accumulation [auto: biased codecs].")
+@click.option("--compress", type=click.Choice(["auto", "off"]),
+              help="Container zstd of compressible sections; off = fixed-width, the paper's counts [auto].")
+@click.option("--downlink", type=click.Choice(["all", "participants"]),
+              help="Count the downlink to all N clients (paper) or next round's participants [all].")
+@click.option("--up-mbps", type=float, help="Mean uplink speed, Mb/s [1.4].")
+@click.option("--down-mbps", type=float, help="Mean downlink speed, Mb/s [1.4].")
+@click.option("--speed-sd", type=float, help="Speed standard deviation / mean [0.1].")
+@click.option("--seed", type=int, help="Seed of everything [0].")
+@click.option("--threads", type=int, help="torch threads [1].")
+@click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
+def sim(config_file, out, quiet, params, **flags):
+    """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table.
+
+    With no arguments: the built-in digits experiment across none, mucsc, bmucsc, qsgd, signsgd,
+    stc and dgc (a few minutes on 2 cores).
+    """
+    from mucsc.fedsim.config import make_config, parse_param
+
+    try:
+        if params:
+            flags["params"] = tuple(parse_param(p) for p in params)
+        cfg = make_config(config_file, **flags)
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
+    _run_sweep(cfg, Path(out) if out else None, quiet)
+
+
+def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
+    import torch
+
+    from mucsc.fedsim import report, simulation
+    from mucsc.fedsim.transport import check_codec
+
+    torch.set_num_threads(cfg.threads)
+    z_groups = None
+    try:  # every codec and parameter checked before any training
+        for name in cfg.codecs:
+            ups, down = cfg.links(name, cfg.clients, [i % len(cfg.z_up) for i in range(cfg.clients)])
+            for link in {*ups, down}:
+                check_codec(link)
+    except MucscError as exc:
+        raise click.UsageError(f"codec settings: {exc}") from None
+    try:
+        setup = simulation.prepare(cfg)
+    except (MucscError, OSError) as exc:
+        raise click.ClickException(f"data: {exc}") from None
+    z_groups = [cfg.z_up[g] for g in setup.groups]
+    machine = machine_info()
+    show = not quiet and sys.stderr.isatty()
+    if show:
+        click.echo(f"{setup.data.name}: {len(setup.data.y_train)} train / {len(setup.data.y_test)} test, "
+                   f"model {setup.model_name} d = {setup.d}, N = {cfg.clients}, K = {cfg.per_round}, "
+                   f"E = {cfg.local_iters}, B = {cfg.batch_size}", err=True)
+    progress = Progress(show, len(cfg.codecs), cfg.resolved("rounds"))
+    results, rows, failure = [], [], None
+    for i, name in enumerate(cfg.codecs):
+        progress.start_run(i, name)
+        writer = report.RunWriter(out, name, cfg) if out else None
+
+        def on_round(rec, writer=writer):
+            if writer:
+                writer.add(rec)
+            progress.round(rec)
+        try:
+            res = simulation.run(cfg, name, setup, on_round)
+        except (MucscError, ValueError, RuntimeError, ArithmeticError) as exc:
+            failure = f"run {name!r} failed after {progress.rnd} rounds: {type(exc).__name__}: {exc}"
+            if writer:
+                writer.close(None, error=failure)
+            break
+        progress.end_run()
+        if writer:
+            writer.close(res)
+        results.append(res)
+        rows.append(report.summarize(res, cfg, z_groups))
+    progress.close()
+    report.add_relative(rows)
+    table = report.format_table(rows, cfg) if rows else "(no run completed)"
+    click.echo(table)
+    if out:
+        report.write_summary(out, rows, cfg, table, machine)
+        if results:
+            report.plot(out, results)
+        if show:
+            click.echo(f"results in {out}/", err=True)
+    if failure:
+        raise click.ClickException(failure + (f"; results so far are in {out}/" if out else ""))

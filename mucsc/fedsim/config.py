@@ -1,0 +1,217 @@
+"""Simulation settings: one frozen dataclass, readable from a TOML file, overridden by flags.
+
+Defaults follow the paper's section VI-A (N = 100, K = 10, E = 5, B = 8, learning rate
+max(0.5 / (1 + t/400), 0.01), Z_U in {4, 8, 16} by thirds, Z_D = 16, 1.4 Mb/s +- 10 %) where it
+gives them; the data-set-dependent settings (model, partition, target accuracy, round limit) take
+per-data-set defaults from ``DATASET_DEFAULTS`` when left unset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mucsc.errors import InputError
+from mucsc.fedsim.transport import LinkCodec
+
+DEFAULT_CODECS = ("none", "mucsc", "bmucsc", "qsgd", "signsgd", "stc", "dgc")
+
+# Per data set: model, partition, target accuracy, round limit, evaluation period.
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": dict(model="cnn", partition="iid", target=0.95, rounds=60, eval_every=2),
+    "synthetic": dict(model="logreg", partition="natural", target=0.7, rounds=200, eval_every=5),
+    "cifar10": dict(model="allcnn", partition="iid", target=0.82, rounds=1500, eval_every=10),
+    "femnist": dict(model="lenet", partition="natural", target=0.85, rounds=500, eval_every=5),
+    "mnist": dict(model="lenet", partition="iid", target=0.97, rounds=500, eval_every=5),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """Everything one sweep needs.  ``None`` means: take the data set's default."""
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    download: bool = False
+    model: str | None = None
+    partition: str | None = None
+    clients: int = 100                 # N
+    per_round: int = 10                # K
+    sampling: str = "uniform"          # "uniform" without replacement, "weighted" with (Assumption 4)
+    local_iters: int = 5               # E
+    batch_size: int = 8                # B
+    lr0: float = 0.5                   # eta_t = max(lr0 / (1 + t / lr_decay), lr_min)
+    lr_decay: float = 400.0
+    lr_min: float = 0.01
+    rounds: int | None = None          # round limit
+    target: float | None = None        # stop at this test accuracy (0 = never)
+    eval_every: int | None = None
+    samples_per_client: int = 500      # iid
+    noniid_min: int = 300              # the paper's non-iid: 300..500 samples from 5 classes
+    noniid_max: int = 500
+    classes_per_client: int = 5
+    dirichlet_alpha: float = 0.5
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    codecs: tuple[str, ...] = DEFAULT_CODECS
+    z_up: tuple[int, ...] = (4, 8, 16)  # MUCSC uplink Z, clients split into equal random groups
+    z_down: int = 16
+    params: tuple[tuple[str, str, str, Any], ...] = ()  # (codec, "up"|"down"|"both", key, value)
+    down_codec: str | None = None      # override every preset's downlink codec (e.g. "none")
+    error_feedback: str = "auto"       # "auto" (biased codecs), "on", "off"
+    compress: str = "auto"             # container zstd: "auto" or "off" (fixed-width, paper counts)
+    downlink: str = "all"              # downlink accounting: "all" N clients, or "participants"
+    up_mbps: float = 1.4
+    down_mbps: float = 1.4
+    speed_sd: float = 0.1
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.dataset in DATASET_DEFAULTS, f"unknown data set {self.dataset!r}; "
+               f"choose from {', '.join(DATASET_DEFAULTS)}")
+        _check(self.clients >= 1, "clients must be >= 1")
+        _check(1 <= self.per_round, "clients per round must be >= 1")
+        _check(self.sampling != "uniform" or self.per_round <= self.clients,
+               "clients per round cannot exceed clients with uniform sampling without replacement")
+        _check(self.sampling in ("uniform", "weighted"), "sampling must be 'uniform' or 'weighted'")
+        _check(self.local_iters >= 1 and self.batch_size >= 1, "local iterations and batch size must be >= 1")
+        _check(self.lr0 > 0 and self.lr_decay > 0 and self.lr_min >= 0, "bad learning-rate schedule")
+        _check(self.rounds is None or self.rounds >= 1, "rounds must be >= 1")
+        _check(self.target is None or 0 <= self.target <= 1, "target accuracy must be in [0, 1]")
+        _check(self.eval_every is None or self.eval_every >= 1, "eval period must be >= 1")
+        _check(len(self.codecs) >= 1, "give at least one codec")
+        _check(len(set(self.codecs)) == len(self.codecs), "a codec is listed twice")
+        _check(len(self.z_up) >= 1 and all(2 <= z <= 65536 for z in self.z_up) and 2 <= self.z_down <= 65536,
+               "Z must be in 2..65536")
+        _check(self.error_feedback in ("auto", "on", "off"), "error feedback must be auto, on or off")
+        _check(self.compress in ("auto", "off"), "compress must be 'auto' or 'off'")
+        _check(self.downlink in ("all", "participants"), "downlink must be 'all' or 'participants'")
+        _check(self.threads >= 1 and self.seed >= 0, "threads must be >= 1 and seed >= 0")
+        for p in self.params:
+            _check(len(p) == 4 and p[1] in ("up", "down", "both"), f"bad codec parameter {p!r}")
+
+    def resolved(self, key: str) -> Any:
+        """A setting, with the data set's default when it was left as None."""
+        v = getattr(self, key)
+        return DATASET_DEFAULTS[self.dataset][key] if v is None else v
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("model", "partition", "target", "rounds", "eval_every"):
+            d[k] = self.resolved(k)
+        return d
+
+    # ---- the per-codec experiment presets (section VI-A) ----
+
+    def links(self, name: str, clients: int, rng_groups: list[int]) -> tuple[list[LinkCodec], LinkCodec]:
+        """Uplink codec per client and the server's downlink codec for the experiment ``name``.
+
+        ``rng_groups[i]`` is client i's group (index into ``z_up``) for MUCSC's per-client Z_U.
+        """
+        ef = {"auto": None, "on": True, "off": False}[self.error_feedback]
+        up_base, down_base = _PRESETS.get(name, ({}, {}))
+        down_name = name if _DOWN_SAME.get(name, True) else "none"
+        if self.down_codec is not None:
+            down_name = self.down_codec
+
+        def extra(direction: str, codec: str) -> dict[str, Any]:
+            return {k: v for c, dr, k, v in self.params if c == codec and dr in (direction, "both")}
+
+        def link(codec: str, base: dict[str, Any], direction: str) -> LinkCodec:
+            params = {**base, **extra(direction, codec)}
+            return LinkCodec(codec, tuple(sorted(params.items())), ef, self.compress)
+
+        ups = []
+        for i in range(clients):
+            base = dict(up_base)
+            if name == "mucsc":
+                base["z"] = self.z_up[rng_groups[i]]
+            ups.append(link(name, base, "up"))
+        down_base_eff = dict(down_base) if down_name == name else {}
+        if down_name == "mucsc" and "z" not in down_base_eff:
+            down_base_eff["z"] = self.z_down
+        return ups, link(down_name, down_base_eff, "down")
+
+
+# Paper settings per codec (uplink params, downlink params); codecs not listed use their defaults.
+_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "bmucsc": ({"z": 256, "keep": 0.01}, {"z": 256, "keep": 0.01}),
+    "stc": ({"keep": 0.03}, {"keep": 0.03}),
+    "dgc": ({"keep": 0.01}, {}),
+}
+# Section VI-A: QSGD and DGC compress only the uplink; SSGD, STC, MUCSC, B-MUCSC both directions.
+_DOWN_SAME: dict[str, bool] = {"qsgd": False, "dgc": False, "terngrad": False, "topk": False}
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise InputError(msg)
+
+
+_TUPLE_FIELDS = {"codecs": str, "z_up": int}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config: top-level keys are SimConfig fields; ``[params.CODEC]`` (both directions),
+    ``[params.CODEC.up]`` / ``[params.CODEC.down]`` tables give codec parameters."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"cannot read config {path}: {exc}") from None
+    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "params":
+            out["params"] = tuple(_flatten_params(value))
+        elif key not in fields:
+            raise InputError(f"config {path}: unknown setting {key!r}")
+        elif key in _TUPLE_FIELDS:
+            out[key] = tuple(_TUPLE_FIELDS[key](v) for v in (value if isinstance(value, list) else [value]))
+        else:
+            out[key] = value
+    return out
+
+
+def _flatten_params(table: Mapping[str, Any]):
+    if not isinstance(table, Mapping):
+        raise InputError("[params] must be a table of codec tables")
+    for codec, entries in table.items():
+        for key, value in entries.items():
+            if key in ("up", "down") and isinstance(value, Mapping):
+                for k, v in value.items():
+                    yield (codec, key, k, v)
+            else:
+                yield (codec, "both", key, value)
+
+
+def parse_param(text: str) -> tuple[str, str, str, Any]:
+    """``CODEC[.up|.down].KEY=VALUE`` -> (codec, direction, key, value); numbers become int/float."""
+    lhs, sep, rhs = text.partition("=")
+    parts = lhs.strip().split(".")
+    if not sep or len(parts) not in (2, 3) or (len(parts) == 3 and parts[1] not in ("up", "down")):
+        raise InputError(f"codec parameter {text!r} must look like CODEC.KEY=VALUE or CODEC.up.KEY=VALUE")
+    direction = parts[1] if len(parts) == 3 else "both"
+    return parts[0], direction, parts[-1], _number(rhs.strip())
+
+
+def _number(s: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(s)
+        except ValueError:
+            pass
+    return s
+
+
+def make_config(file: str | Path | None = None, **overrides: Any) -> SimConfig:
+    """Defaults < TOML file < overrides (flags); overrides that are None are ignored."""
+    kw = load_toml(file) if file else {}
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return SimConfig(**kw)
+    except TypeError as exc:
+        raise InputError(f"bad setting: {exc}") from None

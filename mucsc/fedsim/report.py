@@ -1,0 +1,246 @@
+"""Results: per-round CSV/JSON written as the run goes, the paper-style summary table, plots.
+
+Table columns follow Tables III-VIII: rounds to the target (R, and T = R * E global iterations), total
+traffic and its % of the uncompressed run (NC), communication time, computation time, total time.
+Next to them: the compression rate measured from the real message lengths, in the paper's own
+accounting (per client and round: 2hd / (uplink * K/N + downlink)), and the paper's formula
+(eq. CompressionRateofMUCSC / CompressRateB) for the same settings where the paper gives one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mucsc.fedsim.config import SimConfig
+from mucsc.fedsim.simulation import RoundRecord, RunResult
+
+H = 4  # bytes per float32 value: the paper's h
+MB = 2 ** 20  # the paper's traffic figures are in MiB (2090.05 MB = 2 * 4 * 1,369,738 B * 200 rounds)
+
+# rounds.csv holds what the seed determines (byte-identical across runs with the same seed);
+# timing.csv holds the measured wall times of the same rounds.
+CSV_FIELDS = ("round", "iteration", "lr", "accuracy", "loss", "bytes_up", "bytes_down", "down_msg_bytes",
+              "down_recipients", "cum_bytes", "comm_up_s", "comm_down_s", "comm_s")
+TIMING_FIELDS = ("round", "train_s", "encode_s", "decode_s", "comp_s")
+
+
+class RunWriter:
+    """Appends one CSV row per round (flushed, so a crash keeps what was measured) and, at the end,
+    the run's JSON with every message length per client."""
+
+    def __init__(self, out: Path, codec: str, cfg: SimConfig) -> None:
+        self.dir = out / codec
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.codec, self.cfg = codec, cfg
+        self._f = open(self.dir / "rounds.csv", "w", newline="")
+        self._csv = csv.DictWriter(self._f, CSV_FIELDS, extrasaction="ignore")
+        self._csv.writeheader()
+        self._tf = open(self.dir / "timing.csv", "w", newline="")
+        self._tcsv = csv.DictWriter(self._tf, TIMING_FIELDS, extrasaction="ignore")
+        self._tcsv.writeheader()
+        self._cum = 0
+        self.records: list[RoundRecord] = []
+
+    def add(self, rec: RoundRecord) -> None:
+        self._cum += rec.bytes_up + rec.bytes_down
+        self.records.append(rec)
+        row = _row(rec, self._cum)
+        self._csv.writerow(row)
+        self._tcsv.writerow(row)
+        self._f.flush()
+        self._tf.flush()
+
+    def close(self, result: RunResult | None = None, error: str | None = None) -> None:
+        self._f.close()
+        self._tf.close()
+        doc = {"codec": self.codec, "config": self.cfg.to_dict(), "error": error,
+               "uplink": result.uplinks if result else None, "downlink": result.downlink if result else None,
+               "d": result.d if result else None,
+               "reached_round": result.reached_round if result else None,
+               "rounds": [_json_round(r) for r in self.records]}
+        (self.dir / "rounds.json").write_text(json.dumps(doc, indent=1, allow_nan=False, default=_nan_none))
+
+
+def _nan_none(o: Any) -> Any:
+    raise TypeError(f"not JSON serialisable: {o!r}")
+
+
+def _fmt(x: float | None, nd: int = 6) -> Any:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+def _row(rec: RoundRecord, cum: int) -> dict[str, Any]:
+    return {"round": rec.round, "iteration": rec.iteration, "lr": _fmt(rec.lr), "accuracy": _fmt(rec.accuracy),
+            "loss": _fmt(rec.loss), "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down,
+            "down_msg_bytes": rec.down_msg_bytes, "down_recipients": rec.down_recipients, "cum_bytes": cum,
+            "comm_up_s": _fmt(rec.comm_up_s), "comm_down_s": _fmt(rec.comm_down_s), "comm_s": _fmt(rec.comm_s), "train_s": _fmt(rec.train_s), "encode_s": _fmt(rec.encode_s),
+            "decode_s": _fmt(rec.decode_s), "comp_s": _fmt(rec.comp_s)}
+
+
+def _json_round(rec: RoundRecord) -> dict[str, Any]:
+    d = _row(rec, 0)
+    del d["cum_bytes"]
+    d = {k: (None if v == "" else v) for k, v in d.items()}
+    d["uplink"] = [{"client": c, "bytes": b} for c, b in zip(rec.participants, rec.up_bytes)]
+    return d
+
+
+# ---- the paper's formulas ---------------------------------------------------------------------------
+
+def _bits(z: int) -> int:
+    return math.ceil(math.log2(z))
+
+
+def paper_rate_mucsc(d: int, z_up: list[int], z_down: int, k_over_n: float, h: int = H) -> float:
+    """eq. CompressionRateofMUCSC; with mixed Z_U the uplink term is averaged over clients."""
+    up = sum(_bits(z) / 8 * d + h * z for z in z_up) / len(z_up)
+    return 2 * h * d / (up * k_over_n + h * z_down + _bits(z_down) / 8 * d)
+
+
+def paper_rate_bmucsc(d: int, d0: int, z_up: int, z_down: int, k_over_n: float, h: int = H) -> float:
+    """eq. CompressRateB: fixed-width cluster IDs and ceil(log2 d)-bit positions for d0 kept values."""
+    w_u = ((_bits(z_up) + _bits(d)) / 8 * d0 + h * z_up + h) * k_over_n
+    w_d = (_bits(z_down) + _bits(d)) / 8 * d0 + h * (z_down + 1)
+    return 2 * h * d / (w_u + w_d)
+
+
+def paper_formula(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> float | None:
+    """The paper's rate for this run's settings, or None where the paper gives no formula."""
+    kn = cfg.per_round / cfg.clients
+    up, down = result.uplinks, result.downlink
+    if result.codec == "mucsc" and all(u.startswith("mucsc(") for u in up) and down.startswith("mucsc("):
+        return paper_rate_mucsc(result.d, z_groups, _param(down, "z", cfg.z_down), kn)
+    if result.codec == "bmucsc" and down.startswith("bmucsc(") and len(up) == 1:
+        keep = _param(up[0], "keep", 0.01)
+        return paper_rate_bmucsc(result.d, max(1, round(keep * result.d)), _param(up[0], "z", 256),
+                                 _param(down, "z", 256), kn)
+    return None
+
+
+def _param(label: str, key: str, default: Any) -> Any:
+    inside = label[label.find("(") + 1:-1] if "(" in label else ""
+    for item in inside.split(","):
+        k, _, v = item.partition("=")
+        if k == key:
+            return float(v) if "." in v else int(v)
+    return default
+
+
+# ---- summary -------------------------------------------------------------------------------------------
+
+def summarize(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> dict[str, Any]:
+    """One row of the summary table (until the target was reached, else over every round run)."""
+    recs = result.records
+    n = len(recs)
+    up = sum(r.bytes_up for r in recs)
+    down = sum(r.bytes_down for r in recs)
+    n_up = sum(len(r.up_bytes) for r in recs)
+    train = sum(r.train_s for r in recs)
+    enc = sum(r.encode_s for r in recs)
+    dec = sum(r.decode_s for r in recs)
+    accs = [r.accuracy for r in recs if r.accuracy is not None]
+    mean_up = up / n_up if n_up else 0.0
+    mean_down = sum(r.down_msg_bytes for r in recs) / n if n else 0.0
+    kn = cfg.per_round / cfg.clients
+    measured = 2 * H * result.d / (mean_up * kn + mean_down) if n else math.nan
+    f32 = H * result.d * (n_up + sum(r.down_recipients for r in recs))  # the same messages as float32
+    formula = paper_formula(result, cfg, z_groups)
+    return {
+        "codec": result.codec, "uplink": ";".join(result.uplinks), "downlink": result.downlink,
+        "rounds": n, "reached": result.reached_round is not None,
+        "T": n * cfg.local_iters, "traffic_MB": (up + down) / MB, "up_MB": up / MB, "down_MB": down / MB,
+        "comm_min": sum(r.comm_s for r in recs) / 60, "comp_min": sum(r.comp_s for r in recs) / 60,
+        "train_s": train, "encode_s": enc, "decode_s": dec,
+        "codec_share": (enc + dec) / (train + enc + dec) if n else math.nan,
+        "final_acc": accs[-1] if accs else math.nan, "best_acc": max(accs) if accs else math.nan,
+        "ratio": f32 / (up + down) if n else math.nan, "rate_measured": measured, "rate_paper": formula,
+        "mean_up_bytes": mean_up, "mean_down_bytes": mean_down, "d": result.d,
+    }
+
+
+def add_relative(rows: list[dict[str, Any]]) -> None:
+    """Fill '% of NC' for traffic and total time when the sweep has the uncompressed run."""
+    nc = next((r for r in rows if r["codec"] == "none"), None)
+    for r in rows:
+        r["total_min"] = r["comm_min"] + r["comp_min"]
+        r["pct_nc_traffic"] = 100 * r["traffic_MB"] / nc["traffic_MB"] if nc else None
+        r["pct_nc_time"] = 100 * r["total_min"] / (nc["comm_min"] + nc["comp_min"]) if nc else None
+
+
+def format_table(rows: list[dict[str, Any]], cfg: SimConfig) -> str:
+    """The paper-style table as aligned text."""
+    target = cfg.resolved("target")
+    head = ("codec", "R", "T", "traffic MB", "% NC", "comm min", "comp min", "total min", "% NC time",
+            "acc", "codec %", "ratio", "rate", "paper rate")
+    lines = []
+    for r in rows:
+        rr = f"{r['rounds']}" if r["reached"] else f">{r['rounds']}"
+        lines.append((
+            r["codec"], rr, f"{r['T']}", f"{r['traffic_MB']:.3f}", _pct(r["pct_nc_traffic"]),
+            f"{r['comm_min']:.2f}", f"{r['comp_min']:.3f}", f"{r['total_min']:.2f}", _pct(r["pct_nc_time"]),
+            f"{r['final_acc']:.3f}", f"{100 * r['codec_share']:.0f}%", f"{r['ratio']:.2f}x", f"{r['rate_measured']:.2f}x",
+            "-" if r["rate_paper"] is None else f"{r['rate_paper']:.2f}x"))
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [f"target accuracy {target:.2f}; R = rounds run (>R: target not reached), T = R*E global iterations; "
+           f"traffic = uplink + downlink to {'all N' if cfg.downlink == 'all' else 'next participants'}",
+           fmt(head), fmt(["-" * w for w in widths])]
+    out += [fmt(l) for l in lines]
+    out.append("codec % = encode+decode wall time / (local training + encode + decode); ratio = the same "
+               "messages as raw float32 / their bytes; rate = the paper's per-client accounting with "
+               "measured bytes, 2hd / (mean uplink msg * K/N + downlink msg); paper rate = its formula "
+               "(MUCSC, B-MUCSC)")
+    return "\n".join(out)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}%"
+
+
+def write_summary(out: Path, rows: list[dict[str, Any]], cfg: SimConfig, table: str,
+                  machine: dict[str, Any] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.txt").write_text(table + "\n")
+    (out / "summary.json").write_text(json.dumps({"config": cfg.to_dict(), "machine": machine, "runs": rows},
+                                                 indent=1, default=str))
+    if rows:
+        with open(out / "summary.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+def plot(out: Path, results: list[RunResult]) -> list[Path]:
+    """accuracy_vs_rounds.png and accuracy_vs_traffic.png (cumulative MB), one line per codec."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, xlabel in (("rounds", "round"), ("traffic", "cumulative traffic (MB)")):
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        for res in results:
+            xs, ys, cum = [], [], 0
+            for r in res.records:
+                cum += r.bytes_up + r.bytes_down
+                if r.accuracy is not None:
+                    xs.append(r.round if name == "rounds" else cum / MB)
+                    ys.append(r.accuracy)
+            ax.plot(xs, ys, marker=".", label=res.codec)
+        if name == "traffic":
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = out / f"accuracy_vs_{name}.png"
+        fig.savefig(p)
+        plt.close(fig)
+        paths.append(p)
+    return paths
