@@ -22,6 +22,7 @@ import numpy as np
 from mucsc.codec import bitpack, centroids, quantize, sparse
 from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
                               section)
+from mucsc.codec.codecs.topk import header_keep
 from mucsc.errors import FormatError, ParameterError
 
 MAX_Z = 1 << 16  # FORMAT.md limits: ids at most 16 bits
@@ -31,6 +32,19 @@ POSITION_MODES = ("auto", "paper") + sparse.METHODS
 def id_width(k: int) -> int:
     """ceil(log2 k) bits per cluster id for k centroids (0 for k <= 1)."""
     return max(0, int(k - 1).bit_length())
+
+
+def _wire_centroids(c: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """float32 wire centroids bracketing ``kept``; a single level that float32 cannot represent (a
+    constant float64 vector) becomes the two float32 neighbours around it."""
+    w = quantize.wire_centroids(c, kept, np.float32)
+    v = float(kept[0])
+    if w.size == 1 and float(w[0]) != v:
+        lo = np.float32(v)
+        if float(lo) > v:
+            lo = np.nextafter(lo, np.float32(-np.inf))
+        w = np.array([lo, np.nextafter(lo, np.float32(np.inf))], np.float32)
+    return w
 
 
 @register
@@ -63,8 +77,7 @@ class BMUCSC(Codec):
         rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
         mean = np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
         if k:
-            c = quantize.wire_centroids(centroids.solve(kept, self.params.z, self.params.solver, rng),
-                                        kept, np.float32)
+            c = _wire_centroids(centroids.solve(kept, self.params.z, self.params.solver, rng), kept)
             ids = quantize.stochastic_round(kept, c, rng)
         else:
             c, ids = np.zeros(0, np.float32), np.zeros(0, np.uint8)
@@ -87,8 +100,10 @@ class BMUCSC(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        header_keep(params)
+        param_int(params, "z", 2, MAX_Z)  # informative (the requested Z), but must be well-formed
         k = param_int(params, "k", 0, n)
-        kc = param_int(params, "centroids", 1 if k else 0, min(k, MAX_Z))
+        kc = param_int(params, "centroids", 1 if k else 0, min(k + 1, MAX_Z) if k else 0)  # k + 1: see _wire_centroids
         param_str(params, "solver", tuple(centroids.SOLVERS))  # informative, but must be well-formed
         c = array_from(section(sections, "CENT", 4 * kc), "<f4")
         if not np.all(np.isfinite(c)) or np.any(np.diff(c) <= 0):

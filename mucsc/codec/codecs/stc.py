@@ -17,7 +17,7 @@ import numpy as np
 
 from mucsc.codec import sparse
 from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_int, register, section
-from mucsc.codec.codecs.topk import check_keep
+from mucsc.codec.codecs.topk import check_keep, header_keep
 from mucsc.errors import FormatError, ParameterError
 
 POSITION_MODES = ("golomb", "auto") + sparse.METHODS
@@ -63,6 +63,7 @@ class STC(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        header_keep(params)
         k = param_int(params, "k", 0, n)
         mu = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
         if not np.isfinite(mu) or mu < 0:

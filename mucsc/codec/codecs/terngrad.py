@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import bitpack
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_float, param_str, register,
+                              section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError
 
@@ -67,6 +68,8 @@ class TernGrad(Codec):
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         packing = param_str(params, "packing", ("2bit", "base3"))
+        if param_float(params, "clip") < 0:  # informative (how the encoder clipped), but well-formed
+            raise FormatError("terngrad: header parameter 'clip' must be >= 0")
         s = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
         if not np.isfinite(s) or s < 0:
             raise FormatError("terngrad: the scale must be finite and non-negative")

@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec import sparse
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_int, register, section
+from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_float, param_int, register,
+                              section)
 from mucsc.errors import FormatError, ParameterError
 
 POSITION_MODES = ("auto", "paper") + sparse.METHODS
@@ -22,6 +23,14 @@ POSITION_MODES = ("auto", "paper") + sparse.METHODS
 def check_keep(name: str, keep: float) -> None:
     if not 0.0 < keep <= 1.0:
         raise ParameterError(f"{name}.keep must be in (0, 1], got {keep}")
+
+
+def header_keep(params: Mapping[str, Any]) -> float:
+    """The informative header key ``keep`` (the decoder uses ``k``), checked to be in (0, 1]."""
+    keep = param_float(params, "keep")
+    if not 0.0 < keep <= 1.0:
+        raise FormatError(f"header parameter 'keep' must be in (0, 1], got {keep}")
+    return keep
 
 
 def check_positions(name: str, positions: str) -> None:
@@ -62,6 +71,7 @@ class TopK(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        header_keep(params)
         k = param_int(params, "k", 0, n)
         vals = array_from(section(sections, "VALS", 4 * k), "<f4")
         if not np.all(np.isfinite(vals)):
