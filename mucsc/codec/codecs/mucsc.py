@@ -1,0 +1,103 @@
+"""``mucsc``: Model Update Compression by Soft Clustering (paper section IV-A).
+
+The vector is sent as Z sorted centroids (CENT) and one ceil(log2 Z)-bit cluster ID per element
+(IDS_).  Each element is rounded at random to one of its two neighbouring centroids with eq. 7's
+probabilities, so decoding is unbiased; the centroids minimise the variance J of eq. 8-9.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec import bitpack, centroids, quantize
+from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
+                              section)
+from mucsc.errors import FormatError, ParameterError
+
+MIN_Z, MAX_Z = 2, 65536
+CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
+
+
+def id_width(k: int) -> int:
+    """Bits per cluster ID for ``k`` centroids: ceil(log2 k), 0 for a single centroid."""
+    return max(0, math.ceil(math.log2(k))) if k > 1 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MucscParams:
+    """z: number of centroids (2..65536); solver: how centroids are chosen; centroid_dtype: wire dtype."""
+
+    z: int = 16
+    solver: str = "optimal"
+    centroid_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not MIN_Z <= self.z <= MAX_Z:
+            raise ParameterError(f"z must be in {MIN_Z}..{MAX_Z}, got {self.z}")
+        if self.solver not in centroids.SOLVERS:
+            raise ParameterError(f"unknown solver {self.solver!r}; choose from {', '.join(centroids.SOLVERS)}")
+        if self.centroid_dtype not in CENTROID_DTYPES:
+            raise ParameterError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}")
+
+
+def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> tuple[dict, tuple, Any]:
+    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, lazy J)."""
+    if x.size == 0:
+        wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
+        ids = np.zeros(0, np.uint8)
+    else:
+        c = centroids.solve(x, p.z, p.solver, rng)
+        wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype))
+        ids = quantize.stochastic_round(x, wire, rng)
+    k = int(wire.size)
+    params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "solver": p.solver, "z": p.z}
+    sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
+                Section("IDS_", bitpack.pack(ids, id_width(k)), compressible=True))
+
+    def J() -> float:
+        return float(centroids.variance_J(x, np.asarray(wire, np.float64))) if x.size else 0.0
+
+    return params, sections, J
+
+
+def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                    dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
+    cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
+    k = param_int(params, "centroids", 0, MAX_Z)
+    if (k == 0) != (n == 0):
+        raise FormatError(f"{k} centroids for {n} elements")
+    cent = array_from(section(sections, "CENT"), CENTROID_DTYPES[cdtype], k)
+    if k and not (np.all(np.isfinite(cent)) and np.all(np.diff(cent) > 0)):
+        raise FormatError("centroids must be finite and strictly increasing")
+    width = id_width(k)
+    ids = bitpack.unpack(section(sections, "IDS_"), width, n)  # checks the length before allocating
+    if k and width and int(ids.max(initial=0)) >= k:
+        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    if n == 0:
+        return np.zeros(0, dtype)
+    return quantize.dequantize(ids, cent, dtype)
+
+
+@register
+class Mucsc(Codec):
+    """MUCSC: Z centroids minimising J, unbiased stochastic rounding, fixed-width cluster IDs."""
+
+    name = "mucsc"
+    unbiased = True
+    summary = "soft clustering to z centroids, unbiased; ceil(log2 z) bits per element"
+    Params = MucscParams
+
+    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        params, sections, J = encode_clusters(x, self.params, rng)
+        return EncodedGroup(params, sections, {"J": J})
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        return decode_clusters(n, params, sections, dtype)

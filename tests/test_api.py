@@ -1,0 +1,134 @@
+"""The public API: inputs of every dtype/shape/grouping, determinism, errors, size formula."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import format as fmt
+from mucsc.errors import InputError, ParameterError, UnknownCodecError
+
+torch = pytest.importorskip("torch")
+
+
+def gauss(n, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).normal(size=n).astype(dtype)
+
+
+def test_import_mucsc_does_not_import_torch():
+    code = ("import sys, numpy as np, mucsc; b = mucsc.encode(np.ones(5, 'f4')); mucsc.decode(b); "
+            "mucsc.inspect(b); mucsc.available_codecs(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4), (0,), (4, 0, 2)])
+def test_round_trip_dtype_and_shape(dtype, shape):
+    x = gauss(max(1, math.prod(shape)), 1, dtype)[: math.prod(shape)].reshape(shape)
+    y = mucsc.decode(mucsc.encode(x, z=4))
+    assert y.dtype == dtype and y.shape == shape
+    if x.size:
+        assert y.min() >= x.min() - abs(x.min()) * 1e-3 - 1e-3 and y.max() <= x.max() + abs(x.max()) * 1e-3 + 1e-3
+
+
+def test_torch_inputs_including_bfloat16():
+    sd = {"w": torch.randn(4, 5), "h": torch.randn(3).half(), "b": torch.randn(6).to(torch.bfloat16),
+          "steps": torch.tensor([3], dtype=torch.int64)}
+    blob = mucsc.encode(sd, z=256)
+    out = mucsc.decode(blob)
+    assert out["b"].dtype == np.float32 and out["h"].dtype == np.float16 and out["steps"].dtype == np.int64
+    assert out["steps"].tolist() == [3]
+    t = mucsc.decode(blob, as_torch=True)
+    assert t["b"].dtype == torch.bfloat16 and t["w"].shape == (4, 5) and t["steps"].dtype == torch.int64
+    raw = mucsc.decode(mucsc.encode(sd, codec="raw"), as_torch=True)
+    assert all(torch.equal(raw[k], sd[k]) for k in sd)
+
+
+def test_shared_vs_per_tensor_groups():
+    sd = {"a": gauss(100, 1), "b": gauss(50, 2) * 10, "n": np.arange(3)}
+    shared = mucsc.inspect(mucsc.encode(sd, z=4))
+    per = mucsc.inspect(mucsc.encode(sd, z=4, shared=False))
+    assert [g.records for g in shared.groups] == [("a", "b"), ("n",)]
+    assert [g.records for g in per.groups] == [("a",), ("b",), ("n",)]
+    assert [g.codec for g in per.groups] == ["mucsc", "mucsc", "raw"]
+    for blob in (mucsc.encode(sd, z=4), mucsc.encode(sd, z=4, shared=False)):
+        out = mucsc.decode(blob)
+        assert list(out) == ["a", "b", "n"] and out["n"].tolist() == [0, 1, 2]
+
+
+def test_deterministic_and_seed_dependent():
+    x = gauss(5000, 3)
+    assert mucsc.encode(x, z=16, seed=5) == mucsc.encode(x, z=16, seed=5)
+    assert mucsc.encode(x, z=16, seed=5) != mucsc.encode(x, z=16, seed=6)
+
+
+def test_size_formula_fixed_width():
+    for n, z in [(1, 16), (1000, 16), (1001, 5), (4096, 256), (333, 2)]:
+        x = gauss(n, n)
+        blob = mucsc.encode(x, z=z, compress="off")
+        info = mucsc.inspect(blob)
+        head = info.sections[0].stored_bytes
+        k = info.groups[0].params["centroids"]
+        w = math.ceil(math.log2(k)) if k > 1 else 0
+        assert len(blob) == fmt.message_size([head, 4 * k, math.ceil(n * w / 8)])
+
+
+def test_encode_with_stats_reports_exact_J():
+    x = gauss(2000, 4)
+    blob, st = mucsc.encode_with_stats(x, z=8)
+    assert st.message_bytes == len(blob) and st.original_bytes == 8000 and st.elements == 2000
+    assert st.J > 0 and st.ratio == 8000 / len(blob)
+    json.dumps(st.to_dict())
+    _, lossless = mucsc.encode_with_stats(x, codec="raw")
+    assert lossless.J == 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.array([1.0, np.nan], np.float32), "NaN or Inf"),
+    (np.array([1.0, np.inf]), "NaN or Inf"),
+    (np.array(["a"]), "cannot be encoded"),
+    (np.array([1 + 2j]), "cannot be encoded"),
+    ("text", "expected a numpy array"),
+    ({}, "empty"),
+])
+def test_bad_input(bad, match):
+    with pytest.raises(InputError, match=match):
+        mucsc.encode(bad)
+
+
+def test_nan_names_the_tensor():
+    with pytest.raises(InputError, match="'layer2'"):
+        mucsc.encode({"layer1": gauss(3), "layer2": np.array([np.inf], np.float32)})
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(z=1), ParameterError, "z must be"),
+    (dict(z=65537), ParameterError, "z must be"),
+    (dict(z="x"), ParameterError, "expects int"),
+    (dict(zz=3), ParameterError, "no parameter 'zz'"),
+    (dict(solver="magic"), ParameterError, "solver"),
+    (dict(codec="zip"), UnknownCodecError, "unknown codec 'zip'"),
+    (dict(seed=-1), ParameterError, "seed"),
+    (dict(compress="max"), ParameterError, "compress"),
+])
+def test_bad_parameters(kw, error, match):
+    with pytest.raises(error, match=match):
+        mucsc.encode(gauss(10), **kw)
+
+
+def test_integer_input_is_lossless_even_for_a_lossy_codec():
+    x = np.arange(-50, 50, dtype=np.int16)
+    y = mucsc.decode(mucsc.encode(x, z=2))
+    assert y.dtype == np.int16 and np.array_equal(x, y)
+
+
+def test_z_limits_accepted():
+    x = gauss(70000, 9)
+    for z in (2, 65536):
+        y = mucsc.decode(mucsc.encode(x, z=z))
+        assert y.shape == x.shape
