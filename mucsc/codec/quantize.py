@@ -61,8 +61,11 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32) -> np.ndarray
         lo, hi = float(c[0]), float(c[-1])
     with np.errstate(over="ignore"):
         w = np.unique(c.astype(dt))
-    w[0] = _outward(w[0], lo, -1)
-    w[-1] = _outward(w[-1], hi, +1)
+    first, last = _outward(w[0], lo, -1), _outward(w[-1], hi, +1)
+    if w.size == 1 and first != last:  # one level that rounding moved off the data: bracket it
+        w = np.array([first, last], dtype=dt)
+    else:
+        w[0], w[-1] = first, last
     if not np.all(np.isfinite(w)):
         raise InputError(f"data range [{lo:g}, {hi:g}] does not fit the wire dtype {dt}")
     return w
