@@ -134,6 +134,7 @@ class RunResult:
     d: int
     records: list[RoundRecord]
     reached_round: int | None     # first evaluated round with accuracy >= target
+    weights: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # final shared model
 
 
 def _evaluate(model: torch.nn.Module, data: Dataset, x_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float, float]:
@@ -252,4 +253,5 @@ def run(cfg: SimConfig, codec: str, setup: Setup,
             break
         selected = next_sel
     labels = sorted({u.label() for u in ups})
-    return RunResult(codec, labels, down.label(), setup.d, records, reached)
+    final = {n: g.numpy().copy() for n, g in zip(names, global_w)}
+    return RunResult(codec, labels, down.label(), setup.d, records, reached, final)

@@ -1,0 +1,78 @@
+"""`mucsc sim` through click's CliRunner: outputs, determinism, clear failures that keep results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import mucsc
+from mucsc.errors import ParameterError
+from mucsc.fedsim.cli import sim
+
+TINY = ["--model", "logreg", "-N", "6", "-K", "3", "-E", "2", "-B", "4", "--rounds", "2", "--target", "0",
+        "--eval-every", "1", "--samples-per-client", "20"]
+
+
+def _run(args):
+    return CliRunner().invoke(sim, TINY + args, catch_exceptions=False)
+
+
+def test_outputs_and_table(tmp_path):
+    r = _run(["--codecs", "none,mucsc", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ""  # no progress when not a TTY
+    assert "traffic MB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
+    for codec in ("none", "mucsc"):
+        lines = (tmp_path / codec / "rounds.csv").read_text().splitlines()
+        assert len(lines) == 3 and lines[0].startswith("round,iteration,lr,accuracy")
+        doc = json.loads((tmp_path / codec / "rounds.json").read_text())
+        assert len(doc["rounds"]) == 2 and len(doc["rounds"][0]["uplink"]) == 3 and doc["error"] is None
+    for name in ("summary.txt", "summary.json", "summary.csv", "accuracy_vs_rounds.png",
+                 "accuracy_vs_traffic.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    rows = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert rows[1]["rate_paper"] == pytest.approx(2 * 4 * rows[1]["d"] / (  # eq. CompressionRateofMUCSC
+        sum(b / 8 * rows[1]["d"] + 4 * z for b, z in ((2, 4), (3, 8), (4, 16))) / 3 * 0.5
+        + 4 * 16 + 0.5 * rows[1]["d"]), rel=1e-9)
+
+
+def test_same_seed_same_csv(tmp_path):
+    for sub, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        assert _run(["--codecs", "qsgd,stc", "--seed", seed, "-o", str(tmp_path / sub)]).exit_code == 0
+    for codec in ("qsgd", "stc"):
+        a, b, c = ((tmp_path / s / codec / "rounds.csv").read_bytes() for s in "abc")
+        assert a == b and a != c
+
+
+def test_bad_options_are_usage_errors():
+    r = _run(["--codecs", "none,bogus"])
+    assert r.exit_code == 2 and "unknown codec 'bogus'" in r.stderr
+    r = _run(["--codecs", "stc", "-p", "stc.keep=7"])
+    assert r.exit_code == 2 and "keep" in r.stderr
+    r = _run(["-K", "9"])
+    assert r.exit_code == 2 and "cannot exceed" in r.stderr
+    r = CliRunner().invoke(sim, ["--dataset", "cifar10"])
+    assert r.exit_code == 1 and "--data-dir" in r.stderr
+
+
+def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
+    real = mucsc.encode
+    calls = {"n": 0}
+
+    def failing(data, codec="mucsc", **kw):
+        if codec == "signsgd":
+            calls["n"] += 1
+            if calls["n"] > 4:  # second round of the signsgd run
+                raise ParameterError("simulated codec failure")
+        return real(data, codec=codec, **kw)
+    monkeypatch.setattr(mucsc, "encode", failing)
+    r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "run 'signsgd' failed after 1 rounds" in r.stderr and "simulated codec failure" in r.stderr
+    assert len((tmp_path / "none" / "rounds.csv").read_text().splitlines()) == 3
+    assert len((tmp_path / "signsgd" / "rounds.csv").read_text().splitlines()) == 2  # round 1 kept
+    assert "simulated codec failure" in json.loads((tmp_path / "signsgd" / "rounds.json").read_text())["error"]
+    assert not (tmp_path / "stc").exists()
+    assert "none" in (tmp_path / "summary.txt").read_text()
