@@ -125,7 +125,8 @@ def section_sizes(codec: str, n: int, params: Mapping | None = None,
         return {"SCAL": 4, "SIGN": (k + 7) // 8, "INDX": positions_bytes}
     if codec == "bmucsc":
         kc = min(p["z"], k) if centroids is None else centroids
-        return {"CENT": 4 * kc, "IDS_": (k * clog2(max(kc, 1)) + 7) // 8, "INDX": positions_bytes, "SCAL": 4}
+        item = {"float16": 2, "float32": 4, "float64": 8}[p["centroid_dtype"]]
+        return {"CENT": item * kc, "IDS_": (k * clog2(max(kc, 1)) + 7) // 8, "INDX": positions_bytes, "SCAL": 4}
     raise ValueError(f"no size formula for codec {codec!r}")
 
 

@@ -19,32 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack, centroids, quantize, sparse
+from mucsc.codec import centroids, sparse
 from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
                               section)
+from mucsc.codec.codecs.mucsc import CENTROID_DTYPES, MucscParams, decode_clusters, encode_clusters
 from mucsc.codec.codecs.topk import header_keep
 from mucsc.errors import FormatError, ParameterError
 
 MAX_Z = 1 << 16  # FORMAT.md limits: ids at most 16 bits
 POSITION_MODES = ("auto", "paper") + sparse.METHODS
-
-
-def id_width(k: int) -> int:
-    """ceil(log2 k) bits per cluster id for k centroids (0 for k <= 1)."""
-    return max(0, int(k - 1).bit_length())
-
-
-def _wire_centroids(c: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """float32 wire centroids bracketing ``kept``; a single level that float32 cannot represent (a
-    constant float64 vector) becomes the two float32 neighbours around it."""
-    w = quantize.wire_centroids(c, kept, np.float32)
-    v = float(kept[0])
-    if w.size == 1 and float(w[0]) != v:
-        lo = np.float32(v)
-        if float(lo) > v:
-            lo = np.nextafter(lo, np.float32(-np.inf))
-        w = np.array([lo, np.nextafter(lo, np.float32(np.inf))], np.float32)
-    return w
 
 
 @register
@@ -58,8 +41,11 @@ class BMUCSC(Codec):
         z: int = 256
         solver: str = "optimal"
         positions: str = "auto"
+        centroid_dtype: str = "float32"
 
         def __post_init__(self) -> None:
+            if self.centroid_dtype not in CENTROID_DTYPES:
+                raise ParameterError(f"bmucsc.centroid_dtype must be one of {tuple(CENTROID_DTYPES)}")
             if not 0.0 < self.keep <= 1.0:
                 raise ParameterError(f"bmucsc.keep must be in (0, 1], got {self.keep}")
             if not 2 <= self.z <= MAX_Z:
@@ -69,6 +55,11 @@ class BMUCSC(Codec):
             if self.positions not in POSITION_MODES:
                 raise ParameterError(f"bmucsc.positions must be one of {POSITION_MODES}, got {self.positions!r}")
 
+    @property
+    def _cluster_params(self) -> MucscParams:
+        p = self.params
+        return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype)
+
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         n = x.size
         k = sparse.keep_count(self.params.keep, n)
@@ -76,17 +67,11 @@ class BMUCSC(Codec):
         kept = x[pos]
         rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
         mean = np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
-        if k:
-            c = _wire_centroids(centroids.solve(kept, self.params.z, self.params.solver, rng), kept)
-            ids = quantize.stochastic_round(kept, c, rng)
-        else:
-            c, ids = np.zeros(0, np.float32), np.zeros(0, np.uint8)
+        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng)  # as the mucsc codec
         method = "fixed" if self.params.positions == "paper" else self.params.positions
         coded = sparse.encode(pos, n, method)
-        params = {"keep": self.params.keep, "z": self.params.z, "solver": self.params.solver,
-                  "k": k, "centroids": int(c.size), **sparse.header_params(coded)}
-        secs = (Section("CENT", c.astype("<f4").tobytes()),
-                Section("IDS_", bitpack.pack(ids, id_width(c.size)), compressible=True),
+        params = {"keep": self.params.keep, "k": k, **cparams, **sparse.header_params(coded)}
+        secs = (*csecs,
                 Section("INDX", coded.data, compressible=coded.method in ("fixed", "bitmap")),
                 Section("SCAL", np.array([mean], "<f4").tobytes()))
 
@@ -94,27 +79,21 @@ class BMUCSC(Codec):
             rest = np.ones(n, bool)
             rest[pos] = False
             bias = float(np.sum((x[rest].astype(np.float64) - float(mean)) ** 2))
-            return (centroids.variance_J(kept, c) if k else 0.0) + bias
+            return J_kept() + bias
         return EncodedGroup(params, secs, {"J": sq_error, "kept": float(k)})
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         header_keep(params)
-        param_int(params, "z", 2, MAX_Z)  # informative (the requested Z), but must be well-formed
+        param_int(params, "z", 2, MAX_Z)  # informative (requested Z, solver), but must be well-formed
+        param_str(params, "solver", tuple(centroids.SOLVERS))
         k = param_int(params, "k", 0, n)
-        kc = param_int(params, "centroids", 1 if k else 0, min(k + 1, MAX_Z) if k else 0)  # k + 1: see _wire_centroids
-        param_str(params, "solver", tuple(centroids.SOLVERS))  # informative, but must be well-formed
-        c = array_from(section(sections, "CENT", 4 * kc), "<f4")
-        if not np.all(np.isfinite(c)) or np.any(np.diff(c) <= 0):
-            raise FormatError("bmucsc: centroids must be finite and strictly increasing")
-        ids = bitpack.unpack(section(sections, "IDS_"), id_width(kc), k)
-        if k and int(ids.max()) >= kc:
-            raise FormatError(f"bmucsc: a cluster id is >= the {kc} centroids")
+        vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
         pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
         mean = array_from(section(sections, "SCAL", 4), "<f4")[0]
         if not np.isfinite(mean):
             raise FormatError("bmucsc: the mean of the rest must be finite")
         out = np.full(n, mean, dtype)
-        out[pos] = c.astype(dtype)[ids] if k else 0
+        out[pos] = vals
         return out
