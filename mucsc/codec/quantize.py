@@ -85,14 +85,14 @@ def _outward(v, target: float, direction: int):
 # --------------------------------------------------------------------------------------------------
 
 
-class _Locator:
-    """Maps x to its interval k (c[k] <= x <= c[k+1], k in 0..Z-2) with a uniform-grid table.
+class _Grid:
+    """Per-bin tables of a uniform grid over [c_0, c_{Z-1}]: interval, its lower level and its width.
 
     bin(x) = floor((x - c_0) * scale) is computed with the same floating-point operations for the data
     and for the levels.  Those operations are monotone, so a level whose bin is below bin(x) is < x and
-    one whose bin is above is > x: the table entry
-    ``lut[b] = #{interior levels with bin < b}`` is exact up to the levels sharing bin b, which
-    ``extra`` passes of ``k += x >= next_level[k]`` resolve.
+    one whose bin is above is > x.  Hence ``k[b] = #{interior levels with bin < b}`` is the interval of
+    every x in bin b except those at or above a level lying inside bin b; for them x - c_k >= c_{k+1} - c_k,
+    which is how the rounding pass detects them (they are then located exactly, see ``_fixup``).
     """
 
     def __init__(self, c: np.ndarray, work: np.dtype):
@@ -100,44 +100,31 @@ class _Locator:
         self.c = c.astype(work)
         z = self.c.size
         self.kdt = id_dtype(z)
+        self.width = np.diff(self.c)  # c_{k+1} - c_k in the working precision
         self.lo = self.c[0]
         span = self.c[-1] - self.c[0]
-        nb = int(min(1 << 15, max(1 << 10, 64 * z)))
+        nb = 1 << 14 if z <= 1 << 8 else 1 << 16  # bins: few elements share a bin with a level
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             self.scale = work.type(nb) / span
-        self.ok = bool(np.isfinite(span) and span > 0 and np.isfinite(self.scale))
+        self.ok = bool(np.isfinite(span) and span > 0 and np.isfinite(self.scale) and self.scale > 0)
         if not self.ok:
             return
-        self.bdt = np.dtype(np.uint16) if nb < (1 << 16) - 2 else np.dtype(np.int32)
-        inner = self.c[1:-1]
-        bb = self.bins(inner)
+        bb = self.bins(self.c[1:-1])
         top = int(self.bins(self.c[-1:])[0])
-        self.lut = np.searchsorted(bb, np.arange(top + 1), side="left").astype(self.kdt)
-        self.extra = int(np.bincount(bb).max()) if bb.size else 0
-        self.next = np.concatenate((inner, [np.inf])).astype(work)
-        if self.extra > _MAX_EXTRA:
-            self.ok = False
+        k = np.searchsorted(bb, np.arange(top + 1), side="left")
+        self.kb = k.astype(self.kdt)
+        self.cb = self.c[k]
+        self.wb = self.width[k]
 
     def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
+        """Grid bin of each value (``t``, ``b``: optional work-dtype and intp output buffers)."""
         if t is None:
             t = np.empty(v.size, self.work)
-            b = np.empty(v.size, self.bdt)
+            b = np.empty(v.size, np.intp)
         np.subtract(v, self.lo, out=t)
         np.multiply(t, self.scale, out=t)
         np.copyto(b, t, casting="unsafe")
         return b
-
-    def locate(self, xc: np.ndarray, k: np.ndarray, t: np.ndarray, b: np.ndarray, g: np.ndarray, m: np.ndarray):
-        """Write the interval index of chunk ``xc`` into ``k`` (buffers t, b, g, m of the same length)."""
-        if not self.ok:
-            k[:] = np.clip(np.searchsorted(self.c, xc, side="right") - 1, 0, self.c.size - 2)
-            return
-        self.bins(xc, t, b)
-        np.take(self.lut, b, out=k, mode="clip")
-        for _ in range(self.extra):
-            np.take(self.next, k, out=g, mode="clip")
-            np.greater_equal(xc, g, out=m)
-            np.add(k, m, out=k, casting="unsafe")
 
 
 def interval_index(x: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -146,8 +133,7 @@ def interval_index(x: np.ndarray, c: np.ndarray) -> np.ndarray:
     c = np.asarray(c)
     if c.size < 2:
         return np.zeros(x.size, dtype=np.intp)
-    k = np.searchsorted(c, x, side="right") - 1
-    return np.clip(k, 0, c.size - 2)
+    return np.searchsorted(c[1:-1], x, side="right")  # number of interior levels <= x
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,8 +168,10 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
 
     ``c`` are the wire centroids (strictly increasing, bracketing x).  ids use the smallest unsigned
     dtype holding len(c) - 1.  Deterministic for a given ``rng`` state: a SFC64 stream seeded from
-    ``rng`` supplies one uniform per element (24-bit for float32 arithmetic, 53-bit for float64).
-    With ``return_J=True`` also returns the exact expected squared error J of this rounding (eq. 8-9).
+    ``rng`` supplies one uniform per element, exact multiples of 2^-24 for float32 arithmetic (used when
+    x is float32 and c is exact in float32) and of 2^-53 for float64.  The element goes up iff
+    u * (c[k+1] - c[k]) < x - c[k], i.e. with probability (x - c_k) / (c_{k+1} - c_k) up to the
+    working precision's rounding.  With ``return_J=True`` also returns J of eq. 8-9 for these levels.
     """
     x, c = _check_inputs(x, c)
     n = x.size
@@ -191,15 +179,15 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if c.size == 1 or n == 0:
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
-    loc = _Locator(c, work)
-    base = loc.c[:-1].copy()  # c_k
-    width = np.diff(loc.c)  # c_{k+1} - c_k in the working precision
-    sub = np.random.Generator(np.random.SFC64(rng.integers(0, 1 << 63, size=2)))
+    grid = _Grid(c, work)
+    seed = rng.integers(0, 1 << 63, size=2)
+    draw = _Uniforms(np.random.SFC64(seed), work)
     step = min(CHUNK, n)
-    t = np.empty(step, work)
+    d = np.empty(step, work)
     g = np.empty(step, work)
     u = np.empty(step, work)
-    b = np.empty(step, loc.bdt if loc.ok else np.int32)
+    v = np.empty(step, work)
+    b = np.empty(step, np.intp)
     m = np.empty(step, bool)
     k = np.empty(step, ids.dtype)
     J = 0.0
@@ -207,18 +195,65 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         e = min(s + step, n)
         L = e - s
         xc = x[s:e]
-        kk, tt, gg, uu, bb, mm = k[:L], t[:L], g[:L], u[:L], b[:L], m[:L]
-        loc.locate(xc, kk, tt, bb, gg, mm)
-        np.take(base, kk, out=gg, mode="clip")
-        np.subtract(xc, gg, out=tt)  # x - c_k >= 0
-        np.take(width, kk, out=gg, mode="clip")
+        dd, gg, uu, vv, bb, mm, kk = d[:L], g[:L], u[:L], v[:L], b[:L], m[:L], k[:L]
+        draw.fill(uu)
+        if grid.ok:
+            grid.bins(xc, vv, bb)
+            np.take(grid.kb, bb, out=kk, mode="clip")
+            np.take(grid.cb, bb, out=gg, mode="clip")
+            np.subtract(xc, gg, out=dd)  # x - c_k >= 0
+            np.take(grid.wb, bb, out=gg, mode="clip")  # c_{k+1} - c_k
+        else:  # degenerate span for the grid (overflow): exact search
+            kk[:] = interval_index(xc, grid.c)
+            np.subtract(xc, grid.c[kk], out=dd)
+            gg[:] = grid.width[kk]
+        np.multiply(uu, gg, out=vv)
+        np.less(vv, dd, out=mm)  # up with probability (x - c_k) / (c_{k+1} - c_k)
+        out = ids[s:e]
+        np.add(kk, mm, out=out, casting="unsafe")
         if return_J:
-            J += float(np.dot((gg - tt).astype(np.float64), tt.astype(np.float64)))
-        sub.random(out=uu, dtype=work.type)
-        np.multiply(uu, gg, out=uu)
-        np.less(uu, tt, out=mm)  # up with probability (x - c_k) / (c_{k+1} - c_k)
-        np.add(kk, mm, out=ids[s:e], casting="unsafe")
+            J += float(np.dot(dd.astype(np.float64), (gg - dd).astype(np.float64)))
+        np.greater_equal(dd, gg, out=mm)  # x at or above c_{k+1}: a level inside the bin
+        late = np.flatnonzero(mm)
+        if late.size:
+            J += _fixup(xc, grid, late, uu, out, dd, gg, return_J)
     return (ids, J) if return_J else ids
+
+
+def _fixup(xc, grid, late, uu, out, dd, gg, return_J) -> float:
+    """Exact interval for the few elements that sit at or above a level inside their grid bin.
+
+    Their uniform was not used (the first test is always 'up' for them), so it is reused here.
+    Returns the correction to J.
+    """
+    xs = xc[late]
+    kk = interval_index(xs, grid.c)
+    d2 = xs - grid.c[kk]
+    w2 = grid.width[kk]
+    out[late] = kk + (uu[late] * w2 < d2)
+    if not return_J:
+        return 0.0
+    old = dd[late].astype(np.float64) * (gg[late] - dd[late]).astype(np.float64)
+    new = d2.astype(np.float64) * (w2 - d2).astype(np.float64)
+    return float(new.sum() - old.sum())
+
+
+class _Uniforms:
+    """Uniforms on [0, 1) from a bit generator: 24-bit (2 per 64-bit draw) for float32, 53-bit for float64."""
+
+    def __init__(self, bitgen: np.random.BitGenerator, work: np.dtype):
+        self.bitgen = bitgen
+        self.gen = np.random.Generator(bitgen)
+        self.work = work
+
+    def fill(self, out: np.ndarray) -> None:
+        if self.work == np.float64:
+            self.gen.random(out=out)
+            return
+        n = out.size
+        raw = self.bitgen.random_raw((n + 1) // 2).view(np.uint32)[:n]
+        np.right_shift(raw, np.uint32(8), out=raw)
+        np.multiply(raw, np.float32(2.0**-24), out=out, dtype=np.float32, casting="unsafe")
 
 
 def dequantize(ids: np.ndarray, c: np.ndarray, dtype=np.float32) -> np.ndarray:

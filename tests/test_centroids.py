@@ -1,0 +1,210 @@
+"""Centroid solvers: invariants, edge cases, the exact DP against brute force, and solver quality (eq. 8-9)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mucsc.codec import centroids
+from mucsc.codec.centroids import solve, variance_J, variance_J_sorted
+from mucsc.errors import InputError, ParameterError
+
+DISTS = ("gauss", "laplace", "t3", "zero80")
+
+
+def make(name: str, d: int, seed: int = 0, scale: float = 1.0, dtype=np.float64) -> np.ndarray:
+    """Test data: Gaussian, Laplace, Student-t(3), and 80% near zero (sd 1e-3) + 20% N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    if name == "gauss":
+        x = rng.standard_normal(d)
+    elif name == "laplace":
+        x = rng.laplace(size=d)
+    elif name == "t3":
+        x = rng.standard_t(3, size=d)
+    elif name == "zero80":
+        x = np.where(rng.random(d) < 0.8, 1e-3 * rng.standard_normal(d), rng.standard_normal(d))
+    else:
+        raise ValueError(name)
+    return (scale * x).astype(dtype)
+
+
+def J_brute(x: np.ndarray, c: np.ndarray) -> float:
+    """J by the definition: each element against its bracketing pair (eq. 8)."""
+    x = np.asarray(x, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    k = np.clip(np.searchsorted(c, x, side="right") - 1, 0, len(c) - 2)
+    return float(np.sum((c[k + 1] - x) * (x - c[k])))
+
+
+def check_levels(c: np.ndarray, x: np.ndarray, z: int) -> None:
+    assert c.dtype == np.float64 and c.ndim == 1
+    assert 1 <= c.size <= z
+    assert c[0] == float(x.min()) and c[-1] == float(x.max())
+    assert np.all(np.diff(c) > 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", list(centroids.SOLVERS))
+@pytest.mark.parametrize("name", DISTS)
+def test_invariants(solver, name):
+    x = make(name, 3000, seed=1)
+    for z in (2, 3, 5, 16, 64):
+        c = solve(x, z, solver, rng=np.random.default_rng(3))
+        check_levels(c, x, z)
+        if solver != "paper":  # 3000 distinct values: z levels (paper's steps may merge two)
+            assert c.size == z
+
+
+def test_objective_forms_agree():
+    x = make("t3", 500, seed=2)
+    c = solve(x, 7)
+    jb = J_brute(x, c)
+    assert variance_J(x, c) == pytest.approx(jb, rel=1e-12)
+    assert variance_J_sorted(np.sort(x), c) == pytest.approx(jb, rel=1e-9)
+    # arbitrary (not data-valued) levels, float32 data
+    x32 = x.astype(np.float32)
+    c2 = np.linspace(float(x32.min()), float(x32.max()), 9)
+    assert variance_J(x32, c2) == pytest.approx(J_brute(x32, c2), rel=1e-12)
+    assert variance_J(x32, np.array([1.0])) == 0.0
+
+
+@pytest.mark.parametrize("solver", list(centroids.SOLVERS))
+def test_edge_cases(solver):
+    s = lambda x, z: solve(np.asarray(x), z, solver, rng=np.random.default_rng(0))  # noqa: E731
+    np.testing.assert_array_equal(s([2.5], 4), [2.5])
+    np.testing.assert_array_equal(s(np.full(10, -3.0, np.float32), 16), [-3.0])
+    np.testing.assert_array_equal(s([3.0, 1.0, 2.0, 1.0], 3), [1.0, 2.0, 3.0])  # z == distinct
+    np.testing.assert_array_equal(s([3.0, 1.0, 2.0, 1.0], 50), [1.0, 2.0, 3.0])  # z > distinct
+    x = make("gauss", 1000)
+    np.testing.assert_array_equal(s(x, 2), [x.min(), x.max()])
+    y = np.unique(x)[:10]
+    np.testing.assert_array_equal(s(y, 10), y)
+    assert variance_J(y, s(y, 10)) == 0.0
+    with pytest.raises(ParameterError):
+        s(x, 1)
+    with pytest.raises(InputError):
+        s(np.array([], np.float32), 4)
+    with pytest.raises(InputError):
+        s(np.array([1.0, np.nan]), 4)
+    with pytest.raises(InputError):
+        s(np.array([1.0, np.inf]), 4)
+    with pytest.raises(InputError):
+        s(np.arange(5), 4)  # integers
+
+
+def test_bad_parameters():
+    x = make("gauss", 100)
+    with pytest.raises(ParameterError, match="unknown centroid solver"):
+        solve(x, 4, "kmeans")
+    for z in (0, -3, 2.5, True):
+        with pytest.raises(ParameterError):
+            solve(x, z)
+
+
+def test_few_distinct_values_large_input():
+    """More than FULL_SORT_MAX elements with fewer distinct values than z: J = 0 levels."""
+    vals = np.array([-1.5, 0.0, 0.25, 7.0], np.float32)
+    x = np.random.default_rng(0).choice(vals, centroids.FULL_SORT_MAX + 10)
+    np.testing.assert_array_equal(solve(x, 4), vals)
+    np.testing.assert_array_equal(solve(x, 16), vals)
+    c = solve(x, 3)
+    check_levels(c, x, 3)
+    assert c.size == 3
+
+
+def test_exact_matches_brute_force():
+    """The DP optimum equals exhaustive search over data-valued levels (optimal levels sit on data)."""
+    rng = np.random.default_rng(7)
+    for trial in range(4):
+        x = np.round(rng.standard_t(2, size=24), 2)
+        u = np.unique(x)
+        for z in (3, 4, 5):
+            best = min(
+                J_brute(x, np.array((u[0], *mid, u[-1])))
+                for mid in itertools.combinations(u[1:-1], z - 2)
+            )
+            c = solve(x, z, "exact")
+            assert variance_J(x, c) == pytest.approx(best, rel=1e-9, abs=1e-12)
+            # a non-data level never beats the optimum
+            assert variance_J(x, np.sort(np.r_[u[0], rng.uniform(u[0], u[-1], z - 2), u[-1]])) >= best
+
+
+def test_determinism():
+    x = make("laplace", 5000, seed=4)
+    for solver in centroids.SOLVERS:
+        a = solve(x, 16, solver, rng=np.random.default_rng(11))
+        b = solve(x.copy(), 16, solver, rng=np.random.default_rng(11))
+        np.testing.assert_array_equal(a, b)
+    big = make("gauss", centroids.FULL_SORT_MAX * 2, seed=5, dtype=np.float32)
+    np.testing.assert_array_equal(solve(big, 16), solve(big.copy(), 16))
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e2])
+@pytest.mark.parametrize("name", DISTS)
+def test_optimal_beats_paper_and_uniform(name, scale):
+    x = make(name, 20000, seed=8, scale=scale)
+    for z in (4, 8, 16):
+        jo = variance_J(x, solve(x, z))
+        jp = variance_J(x, solve(x, z, "paper", rng=np.random.default_rng(0)))
+        ju = variance_J(x, solve(x, z, "uniform"))
+        assert jo <= jp and jo <= ju
+
+
+@pytest.mark.parametrize("name", DISTS)
+def test_optimal_near_exact_small(name):
+    x = make(name, 1500, seed=9)
+    for z in (3, 4, 8, 16, 32):
+        jo = variance_J(x, solve(x, z))
+        je = variance_J(x, solve(x, z, "exact"))
+        assert je <= jo * (1 + 1e-12)  # exact is the minimum
+        assert jo <= 1.01 * je
+
+
+def test_optimal_near_exact_large_z():
+    """Sanity at larger Z (the DP over all distinct values is feasible at this size)."""
+    x = make("zero80", 4000, seed=10)
+    for z in (128, 256):
+        jo = variance_J(x, solve(x, z))
+        je = variance_J(x, solve(x, z, "exact"))
+        assert je <= jo * (1 + 1e-12) and jo <= 1.01 * je
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DISTS)
+def test_optimal_near_exact_1e5(name):
+    x = make(name, 100_000, seed=12, dtype=np.float32)
+    for z in (4, 16):
+        jo = variance_J(x, solve(x, z))
+        je = variance_J(x, solve(x, z, "exact"))
+        assert je <= jo * (1 + 1e-9)
+        assert jo <= 1.01 * je, (name, z, jo / je)
+
+
+def test_scale_invariance():
+    """Levels scale with the data: J(s x) = s^2 J(x) for the deterministic solvers (to rounding)."""
+    x = make("t3", 3000, seed=13)
+    for solver in ("optimal", "exact", "uniform"):
+        j1 = variance_J(x, solve(x, 8, solver))
+        for s in (1e-6, 1e2):
+            js = variance_J(s * x, solve(s * x, 8, solver))
+            assert js == pytest.approx(s * s * j1, rel=1e-6)
+
+
+def test_paper_solver_follows_algorithm_1():
+    """Two levels of gradient: with Z = 3 and the data symmetric, one step of eq. 10 from r_2 moves it
+    by -alpha * (sum_{L_1}(U - r_1) - sum_{L_2}(r_3 - U))."""
+    x = np.array([-1.0, -0.5, 0.2, 0.4, 1.0])
+    rng = np.random.default_rng(1)
+    r2 = np.sort(np.random.default_rng(1).uniform(-1.0, 1.0, 1))[0]
+    c = solve(x, 3, "paper", rng=rng)
+    # replay 5 accepted steps by hand
+    r = r2
+    for _ in range(5):
+        left = x[(x >= -1.0) & (x < r)]
+        right = x[(x >= r) & (x <= 1.0)]
+        r = r - 1e-3 * ((left + 1.0).sum() - (1.0 - right).sum())
+    assert c[1] == pytest.approx(r, rel=1e-12)
