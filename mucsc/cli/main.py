@@ -1,0 +1,413 @@
+"""The ``mucsc`` command: compress checkpoints, decompress, inspect and test messages.
+
+It calls only the public API (``mucsc.encode_with_stats``, ``decode``, ``inspect``, ``verify``) and
+:mod:`mucsc.tensorfiles`.  Conventions follow gzip/zstd: inputs are kept, ``-`` is stdin/stdout, no
+binary to a terminal, no overwrite without ``-f``, atomic outputs, reports on stderr (data on stdout),
+``--json`` for scripts.  Exit codes: see :mod:`mucsc.cli.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, Any
+
+import click
+
+import mucsc
+from mucsc import tensorfiles
+from mucsc.cli import report
+from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
+from mucsc.cli.errors import EXIT_USAGE, Failure, FileProblem, about, to_click_error
+from mucsc.cli.lazy import LazyGroup
+from mucsc.cli.update import (
+    META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
+)
+from mucsc.codec.base import get_codec
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+LAZY = {
+    "sim": ("mucsc.fedsim.cli:sim", "Run the federated-learning simulator (needs torch)."),
+    "rate": ("mucsc.cli.rate:rate", "The paper's compression-rate formulas next to measured bytes."),
+}
+PROGRESS_MIN_BYTES = 64 << 20  # phase messages only for inputs at least this large
+OUT_FORMATS = {"safetensors": "safetensors", "pt": "torch", "torch": "torch", "npz": "npz", "npy": "npy"}
+EXIT_CODES = """\b
+Exit codes: 0 success; 1 bad or unreadable data, I/O error, refused overwrite;
+2 usage error (bad option or value, unknown file suffix)."""
+
+
+class UsageFailure(Failure):
+    """A one-line usage error about a file name (exit status 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class MainGroup(LazyGroup):
+    """The command group; maps every library error to one line on stderr, in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _silence_stdout()
+            raise Failure("<stdout>: broken pipe") from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            err = to_click_error(exc)
+            if err is None:
+                raise
+            raise err from None
+
+
+@click.group(cls=MainGroup, context_settings=CONTEXT, lazy_subcommands=LAZY, epilog=EXIT_CODES)
+@click.version_option(package_name="mucsc", prog_name="mucsc", message="%(prog)s %(version)s")
+def main() -> None:
+    """Compress model checkpoints and updates with MUCSC and the paper's baselines.
+
+    \b
+    mucsc compress model.safetensors            -> model.safetensors.mucsc
+    mucsc compress new.pt --base old.pt -o update.mucsc
+    mucsc decompress update.mucsc --base old.pt -o restored.pt
+    mucsc info model.safetensors.mucsc
+    """
+
+
+# ---- compress ------------------------------------------------------------------------------------
+
+_RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
+             "compress", "help", "version", "format", "max-elements"}
+CODEC_PARAMS = codec_params(_RESERVED)
+
+
+@main.command(short_help="Compress a checkpoint into a .mucsc message.",
+              epilog=codecs_epilog(CODEC_PARAMS) + "\n\n" + EXIT_CODES)
+@click.argument("input", metavar="IN")
+@click.option("-o", "--output", metavar="OUT", help="Output file ('-': stdout). Default: IN.mucsc, or "
+              "stdout when IN is '-'.")
+@click.option("-c", "--codec", default="mucsc", show_default=True, help="Codec (see below).")
+@click.option("--shared/--per-tensor", default=True, show_default=True,
+              help="One codebook for all float tensors (the paper's flattened update) or one per tensor.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the stochastic rounding: same input, options and seed give the same bytes.")
+@click.option("--base", metavar="OLD", help="Compress the update IN - OLD (same names, shapes, dtypes); "
+              "non-float tensors are stored as they are in IN.")
+@click.option("--compress", "compress_mode", default="auto", show_default=True, metavar="auto|off|LEVEL",
+              help="auto: zstd-compress sections when smaller; off: fixed-width (the paper's byte "
+              "counts); 1..22: that zstd level.")
+@click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
+@click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_context
+def compress(ctx: click.Context, input: str, output: str | None, codec: str, shared: bool, seed: int,
+             base: str | None, compress_mode: str, force: bool, quiet: bool, as_json: bool,
+             **codec_values: Any) -> None:
+    """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
+
+    Float tensors are encoded by the codec; integer and bool tensors are carried losslessly.  The size
+    report goes to stderr (or, with --json, to stdout).
+    """
+    params = chosen_params(codec, codec_values, CODEC_PARAMS)
+    codec_obj = get_codec(codec, **params)  # bad values: a usage error before any file is read
+    level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
+    out = output or ("-" if input == "-" else input + ".mucsc")
+    if out == "-" and as_json:
+        raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
+    for path in (input, base):
+        if path is not None and path != "-":
+            _format_of(path)  # an unknown suffix is a usage error, found before any file is read
+    _check_input(input)
+    if base is not None:
+        _check_input(base, allow_stdin=input != "-")
+    _check_output(out, force, inputs=[input, base])
+
+    progress = report.Progress(not quiet and _is_terminal(sys.stderr)
+                               and _size(input) + _size(base) >= PROGRESS_MIN_BYTES)
+    progress.phase(f"loading {input}")
+    loaded = _load(input)
+    tensors, notes = loaded.tensors, list(loaded.notes)
+    if base is not None:
+        progress.phase(f"loading {base}")
+        old = _load(base)
+        notes += old.notes
+        check_same_layout(layout(tensors), layout(old.tensors), input, base)
+        progress.phase("subtracting")
+        tensors = subtract_base(tensors, old.tensors)
+        del old
+    norm2 = squared_norm(tensors)
+    data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
+    del loaded
+    progress.phase(f"encoding with {codec}")
+    meta = {META_KEY: os.path.basename(base)} if base is not None else None
+    with about(_label(input)):
+        blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=shared, compress=level,
+                                              meta=meta, **params)
+    del data, tensors
+    progress.phase(f"writing {out}")
+    _write_bytes(out, blob, force)
+    info = mucsc.inspect(blob)
+    progress.done()
+
+    effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec"}
+    if as_json:
+        click.echo(json.dumps(_compress_json(input, out, base, codec, effective, shared, seed, level,
+                                             stats, info, norm2, notes), indent=2))
+    elif not quiet:
+        for note in notes:
+            click.echo(f"mucsc: note: {note}", err=True)
+        lines = report.compress_lines(input if input != "-" else "<stdin>", out if out != "-" else "<stdout>",
+                                      codec, effective, shared, stats, info, norm2, base)
+        click.echo("\n".join(lines), err=True)
+
+
+compress.params.extend(click_options(CODEC_PARAMS))
+
+
+def _compress_json(input, out, base, codec, params, shared, seed, level, stats, info, norm2, notes):
+    J = stats.J
+    return {
+        "input": input, "output": out, "base": base, "codec": codec, "params": params,
+        "shared": shared, "seed": seed, "compress": level,
+        "original_bytes": stats.original_bytes, "compressed_bytes": stats.message_bytes,
+        "elements": stats.elements, "ratio_original_over_compressed": stats.ratio,
+        "saved_percent": 100.0 * (1 - stats.message_bytes / stats.original_bytes) if stats.original_bytes else None,
+        "bits_per_element": stats.bits_per_element if stats.elements else None,
+        "J": J, "squared_norm": norm2, "relative_error_expected": report.relative_error(J, norm2),
+        "groups": [{"index": g.index, "codec": g.codec, "records": list(g.records), "elements": g.elements,
+                    "bytes": g.bytes, "stats": gs.stats} for g, gs in zip(info.groups, stats.groups)],
+        "notes": notes,
+    }
+
+
+# ---- decompress ----------------------------------------------------------------------------------
+
+@main.command(short_help="Decode a .mucsc message into a tensor file.", epilog=EXIT_CODES)
+@click.argument("input", metavar="IN.mucsc")
+@click.option("-o", "--output", metavar="OUT", help="Output file; its suffix picks the format "
+              "(.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy). Default: IN without .mucsc (plus "
+              ".safetensors when that leaves no tensor suffix); stdout when IN is '-'.")
+@click.option("-F", "--format", "out_format", type=click.Choice(sorted(OUT_FORMATS)),
+              help="Output format, overriding the suffix (default for stdout: safetensors).")
+@click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only).")
+@click.option("--max-elements", type=click.IntRange(min=0), default=1 << 32, show_default=True,
+              help="Refuse messages that decode to more elements than this.")
+@click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
+@click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
+def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
+               max_elements: int, force: bool, quiet: bool) -> None:
+    """Decode a .mucsc message into a tensor file (dtypes and shapes restored)."""
+    out = output or _default_decompressed_name(input)
+    fmt = OUT_FORMATS[out_format] if out_format else ("safetensors" if out == "-" else _format_of(out))
+    _check_input(input)
+    if base is not None:
+        if base != "-":
+            _format_of(base)
+        _check_input(base, allow_stdin=input != "-")
+    _check_output(out, force, inputs=[input, base])
+
+    blob = _read_bytes(input)
+    with about(_label(input)):
+        info = mucsc.inspect(blob)
+        if fmt == "npy" and len(info.records) != 1:
+            raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
+                               "tensors (write .npz, .safetensors or .pt)")
+        has_bf16 = any(r.dtype == "bfloat16" for r in info.records)
+        decoded = mucsc.decode(blob, as_torch=fmt == "torch" or (fmt == "safetensors" and has_bf16),
+                               max_elements=max_elements)
+    del blob
+    tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
+    # decode(as_torch=True) returns 0-d tensors as shape (1,) (np.ascontiguousarray in
+    # mucsc.codec.tensors.from_record); restore every record's shape (a view, no copy)
+    shapes = {r.name or tensorfiles.BARE_NAME: tuple(r.shape) for r in info.records}
+    tensors = {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
+    notes = []
+    if base is not None:
+        old = _load(base)
+        notes += old.notes
+        rec_layout = {r.name or tensorfiles.BARE_NAME: (tuple(r.shape), r.dtype) for r in info.records}
+        check_same_layout(rec_layout, layout(old.tensors), input, base)
+        tensors = add_base(tensors, old.tensors)
+        del old
+        if META_KEY not in info.meta:
+            notes.append(f"{input} was not made with --base; added it to {base} anyway")
+    elif META_KEY in info.meta:
+        notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
+                     "use --base OLD to add it back")
+    if fmt in ("npz", "npy"):
+        tensors, widened = _without_bfloat16(tensors)
+        if widened:
+            notes.append(f"bfloat16 tensors written as float32 (.{fmt} has no bfloat16): {widened}")
+    target = tensors if isinstance(decoded, dict) or fmt != "npy" else tensors[tensorfiles.BARE_NAME]
+    del decoded
+    if out == "-":
+        tensorfiles.save(sys.stdout.buffer, target, fmt=fmt)
+    else:
+        tensorfiles.save(out, target, fmt=fmt, force=force)
+    if not quiet:
+        for note in notes:
+            click.echo(f"mucsc: note: {note}", err=True)
+        click.echo(f"{input if input != '-' else '<stdin>'} -> {out if out != '-' else '<stdout>'}: "
+                   f"{len(info.records)} tensor(s), {report.nbytes(info.original_bytes)} bytes ({fmt})",
+                   err=True)
+
+
+def _default_decompressed_name(input: str) -> str:
+    if input == "-":
+        return "-"
+    if input.endswith(".mucsc") and len(os.path.basename(input)) > len(".mucsc"):
+        stem = input[: -len(".mucsc")]
+        known = os.path.splitext(stem)[1].lower() in tensorfiles.SUFFIXES
+        return stem if known else stem + ".safetensors"
+    raise UsageFailure(f"{input}: does not end in .mucsc; give the output name with -o")
+
+
+def _without_bfloat16(tensors: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    out, widened = {}, []
+    for k, v in tensors.items():
+        if dtype_name(v) == "bfloat16":
+            v = v.float().numpy()
+            widened.append(k)
+        out[k] = v
+    return out, ", ".join(map(repr, widened[:5])) + (" ..." if len(widened) > 5 else "")
+
+
+# ---- info and test -------------------------------------------------------------------------------
+
+@main.command(short_help="List tensors, codecs, sections and sizes of a message.", epilog=EXIT_CODES)
+@click.argument("input", metavar="IN.mucsc")
+@click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
+def info(input: str, as_json: bool) -> None:
+    """List a message's tensors, groups (codec and parameters), sections and sizes."""
+    _check_input(input)
+    blob = _read_bytes(input)
+    with about(_label(input)):
+        summary = mucsc.inspect(blob)
+    if as_json:
+        click.echo(json.dumps({"file": input, **summary.to_dict()}, indent=2))
+    else:
+        click.echo("\n".join(report.info_lines(input if input != "-" else "<stdin>", summary)))
+
+
+@main.command("test", short_help="Verify messages (checksum, every tensor decodes).", epilog=EXIT_CODES)
+@click.argument("inputs", metavar="IN.mucsc...", nargs=-1, required=True)
+@click.option("--max-elements", type=click.IntRange(min=0), default=1 << 32, show_default=True,
+              help="Refuse messages that decode to more elements than this.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only failures.")
+@click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
+def test_cmd(inputs: tuple[str, ...], max_elements: int, quiet: bool, as_json: bool) -> None:
+    """Check messages like gzip -t: the checksum holds and every tensor decodes (exit 0), else exit 1."""
+    results = []
+    for path in inputs:
+        try:
+            _check_input(path)
+            blob = _read_bytes(path)
+            with about(_label(path)):
+                mucsc.verify(blob, max_elements=max_elements)
+            results.append({"file": path, "ok": True, "error": None})
+            if not (quiet or as_json):
+                click.echo(f"{_label(path)}: OK")
+        except Exception as exc:  # noqa: BLE001 - mapped to one line, or re-raised when not ours
+            err = exc if isinstance(exc, click.ClickException) else to_click_error(exc)
+            if err is None:
+                raise
+            results.append({"file": path, "ok": False, "error": err.format_message()})
+            if not as_json:
+                err.show()
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    if not all(r["ok"] for r in results):
+        raise click.exceptions.Exit(1)
+
+
+# ---- shared helpers ------------------------------------------------------------------------------
+
+def _check_input(path: str, allow_stdin: bool = True) -> None:
+    """Refuse a terminal as binary input and a second use of stdin (a usage error)."""
+    if path == "-":
+        if not allow_stdin:
+            raise UsageFailure("-: stdin can be used for one input only")
+        if _is_terminal(sys.stdin):
+            raise UsageFailure("<stdin>: refusing to read binary data from a terminal")
+
+
+def _check_output(out: str, force: bool, inputs: list[str | None]) -> None:
+    """Before any work: no binary to a terminal, no silent overwrite, never the input itself."""
+    if out == "-":
+        if _is_terminal(sys.stdout) and not force:
+            raise UsageFailure("<stdout>: refusing to write binary data to a terminal "
+                               "(use -o FILE, a pipe, or -f)")
+        return
+    for src in inputs:
+        if src and src != "-" and os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src):
+            raise Failure(f"{out}: is also an input; refusing to overwrite it")
+    if os.path.isdir(out):
+        raise Failure(f"{out}: is a directory")
+    if not force and os.path.lexists(out):
+        raise Failure(f"{out}: already exists (use -f to overwrite)")
+
+
+def _format_of(path: str) -> str:
+    try:
+        return tensorfiles.format_of(path)
+    except tensorfiles.TensorFileError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+def _load(path: str) -> tensorfiles.Loaded:
+    if path == "-":
+        return tensorfiles.load(sys.stdin.buffer, name="<stdin>")
+    return tensorfiles.load(path)
+
+
+def _read_bytes(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with about(_label(path)):
+        if os.path.isdir(path):
+            raise Failure(f"{path}: is a directory")
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _write_bytes(out: str, blob: bytes, force: bool) -> None:
+    if out == "-":
+        stream = sys.stdout.buffer
+        stream.write(blob)
+        stream.flush()
+        return
+    with tensorfiles.atomic_open(out, force=force) as f:
+        f.write(blob)
+
+
+def _label(path: str) -> str:
+    """How a path is named in messages ('-' is '<stdin>')."""
+    return "<stdin>" if path == "-" else path
+
+
+def _size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path and path != "-" else 0
+    except OSError:
+        return 0
+
+
+def _is_terminal(stream: IO[Any]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    main(prog_name="mucsc")
