@@ -11,8 +11,11 @@ headers, 8-byte padding and the CRC; :func:`message_bytes` adds it to the sectio
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
 
 from mucsc.codec import sparse
 
@@ -151,3 +154,50 @@ def summarize_paper_table(d: int) -> dict[str, float]:
     return {"mucsc": paper_mucsc_rate(d, (4, 8, 16), 16, 0.1),
             "mucsc_zu16": paper_mucsc_rate(d, 16, 16, 0.1),
             "bmucsc": paper_bmucsc_rate(d, d0, 256, 256, 0.1)}
+
+
+# ---- the paper check: formulas next to measured message bytes -------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RateRow:
+    """One line of ``mucsc rate``: bytes per uplink (mean over the client classes' Z_U) and downlink
+    transfer, and the resulting per-client, per-round compression rate 2 h d / (K/N up + down)."""
+
+    label: str
+    kind: str  # "formula" or "measured"
+    uplink: float
+    downlink: float
+    rate: float
+
+
+def paper_check(d: int, z_u: Sequence[int] = (4, 8, 16), z_d: int = 16, kn: float = 0.1,
+                keep: float = 0.01, z_b: int = 256, seed: int = 0) -> list[RateRow]:
+    """The paper's two formulas and the real codecs' message sizes on a Gaussian vector of size d.
+
+    Fixed-width modes (compress="off"; B-MUCSC positions="paper") reproduce the formulas up to the
+    framing; the compact defaults (zstd'd IDs, Rice/EF positions) are smaller.
+    """
+    from mucsc.codec.api import encode  # late: api imports the codec registry
+
+    x = np.random.default_rng(seed).standard_normal(d).astype(np.float32)
+    d0 = sparse.keep_count(keep, d)
+
+    def size(codec: str, **kw) -> int:
+        return len(encode(x, codec, seed=seed, **kw))
+
+    def row(label: str, kind: str, up: float, down: float) -> RateRow:
+        return RateRow(label, kind, up, down, rate(d, up, down, kn))
+
+    zs = list(z_u)
+    rows = [row("MUCSC eq. CompressionRateofMUCSC", "formula",
+                _mean(paper_mucsc_bytes(d, z) for z in zs), paper_mucsc_bytes(d, z_d))]
+    for comp, label in (("off", "MUCSC fixed-width IDs (compress=off)"), ("auto", "MUCSC zstd'd IDs (compress=auto)")):
+        rows.append(row(label, "measured", _mean(size("mucsc", z=z, compress=comp) for z in zs),
+                        size("mucsc", z=z_d, compress=comp)))
+    rows.append(row("B-MUCSC eq. CompressRateB", "formula", paper_bmucsc_bytes(d, d0, z_b),
+                    paper_bmucsc_bytes(d, d0, z_b)))
+    for comp, pos, label in (("off", "paper", "B-MUCSC positions=paper, compress=off"),
+                             ("auto", "auto", "B-MUCSC positions=auto, compress=auto")):
+        b = size("bmucsc", keep=keep, z=z_b, positions=pos, compress=comp)
+        rows.append(row(label, "measured", b, b))
+    return rows
