@@ -95,7 +95,7 @@ class _Grid:
     which is how the rounding pass detects them (they are then located exactly, see ``_fixup``).
     """
 
-    def __init__(self, c: np.ndarray, work: np.dtype):
+    def __init__(self, c: np.ndarray, work: np.dtype, n: int):
         self.work = work
         self.c = c.astype(work)
         z = self.c.size
@@ -103,7 +103,8 @@ class _Grid:
         self.width = np.diff(self.c)  # c_{k+1} - c_k in the working precision
         self.lo = self.c[0]
         span = self.c[-1] - self.c[0]
-        nb = 1 << 14 if z <= 1 << 8 else 1 << 16  # bins: few elements share a bin with a level
+        # enough bins that few elements share a bin with a level, but not more than the data needs
+        nb = int(min(1 << 14 if z <= 1 << 8 else 1 << 16, max(1 << 8, 1 << max(n // 2, 1).bit_length())))
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             self.scale = work.type(nb) / span
         self.ok = bool(np.isfinite(span) and span > 0 and np.isfinite(self.scale) and self.scale > 0)
@@ -179,7 +180,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if c.size == 1 or n == 0:
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
-    grid = _Grid(c, work)
+    grid = _Grid(c, work, n)
     seed = rng.integers(0, 1 << 63, size=2)
     draw = _Uniforms(np.random.SFC64(seed), work)
     step = min(CHUNK, n)
