@@ -37,7 +37,7 @@ import numpy as np
 from mucsc.errors import MucscError
 
 __all__ = [
-    "TensorFileError", "Loaded", "load", "save", "atomic_open", "format_of", "sniff_format",
+    "TensorFileError", "Loaded", "load", "save", "atomic_open", "WriteAll", "format_of", "sniff_format",
     "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes",
 ]
 
@@ -574,7 +574,35 @@ def save(dest: str | os.PathLike | IO[bytes], tensors: Mapping[str, Any] | Any, 
     else:
         if fmt is None:
             raise TensorFileError("a format is needed to write to a stream")
-        _write(dest, tensors, fmt, "<stdout>")
+        _write(WriteAll(dest), tensors, fmt, "<stdout>")
+
+
+class WriteAll(io.RawIOBase):
+    """A write-only stream that never loses a short write.
+
+    Seen here: when the reader of a pipe exits mid-write, ``sys.stdout.buffer.write`` returned the
+    partial count instead of raising; this wrapper retries the rest, so the next write raises EPIPE.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        mv = memoryview(data).cast("B")
+        total = len(mv)
+        while len(mv):
+            n = self._stream.write(mv)
+            if not n:
+                raise BrokenPipeError(32, "short write")
+            mv = mv[n:]
+        return total
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 def _write(f: IO[bytes], tensors: Mapping[str, Any], fmt: str, label: str) -> None:

@@ -373,7 +373,7 @@ def _read_bytes(path: str) -> bytes:
 
 def _write_bytes(out: str, blob: bytes, force: bool) -> None:
     if out == "-":
-        stream = sys.stdout.buffer
+        stream = tensorfiles.WriteAll(sys.stdout.buffer)
         stream.write(blob)
         stream.flush()
         return
