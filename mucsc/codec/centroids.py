@@ -30,6 +30,7 @@ SUBSAMPLE = 1 << 17
 # Above this Z the DP over candidates is replaced by f^(1/3) companding + coordinate polishing.
 DP_MAX_Z = 256
 POLISH_SWEEPS = 200
+DENSE_DP_MAX = 1 << 23  # z * m^2 up to this: one dense matrix per DP layer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,6 +216,8 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
     m = v.size
     if z >= m:
         return np.arange(m)
+    if z * m * m <= DENSE_DP_MAX:
+        return _dp_dense(v, n, s1, s2, z)
     inf = np.inf
     prev = np.full(m, inf)
     prev[0] = 0.0
@@ -227,6 +230,10 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
         cur = np.full(m, inf)
         _dc_layer(prev, cur, args[k], v, n, s1, s2, jlo, jhi, k - 1)
         prev = cur
+    return _backtrack(args, m, z)
+
+
+def _backtrack(args: np.ndarray, m: int, z: int) -> np.ndarray:
     idx = np.empty(z, dtype=np.int64)
     j = m - 1
     for k in range(z - 1, 0, -1):
@@ -234,6 +241,25 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
         j = int(args[k, j])
     idx[0] = 0
     return idx
+
+
+def _dp_dense(v, n, s1, s2, z):
+    """The same DP with the whole m x m segment-cost matrix (faster for small m: few numpy calls)."""
+    m = v.size
+    vi, vj = v[:, None], v[None, :]
+    cost = (vi + vj) * (s1[None, :] - s1[:, None]) - vi * vj * (n[None, :] - n[:, None])
+    cost -= s2[None, :] - s2[:, None]
+    cost[np.tril_indices(m)] = np.inf  # i < j only
+    prev = np.full(m, np.inf)
+    prev[0] = 0.0
+    args = np.zeros((z, m), dtype=np.int32)
+    tot = np.empty((m, m))
+    for k in range(1, z):
+        np.add(prev[:, None], cost, out=tot)
+        a = np.argmin(tot, axis=0)
+        args[k] = a
+        prev = tot[a, np.arange(m)]
+    return _backtrack(args, m, z)
 
 
 def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo):

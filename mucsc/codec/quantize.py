@@ -192,6 +192,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     m = np.empty(step, bool)
     k = np.empty(step, ids.dtype)
     J = 0.0
+    pend = []  # (positions, uniforms, d, w) of elements needing an exact interval
     for s in range(0, n, step):
         e = min(s + step, n)
         L = e - s
@@ -210,31 +211,33 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
             gg[:] = grid.width[kk]
         np.multiply(uu, gg, out=vv)
         np.less(vv, dd, out=mm)  # up with probability (x - c_k) / (c_{k+1} - c_k)
-        out = ids[s:e]
-        np.add(kk, mm, out=out, casting="unsafe")
+        np.add(kk, mm.view(np.uint8), out=ids[s:e], casting="unsafe")
         if return_J:
             J += float(np.dot(dd.astype(np.float64), (gg - dd).astype(np.float64)))
         np.greater_equal(dd, gg, out=mm)  # x at or above c_{k+1}: a level inside the bin
         late = np.flatnonzero(mm)
         if late.size:
-            J += _fixup(xc, grid, late, uu, out, dd, gg, return_J)
+            pend.append((late + s, uu[late], dd[late], gg[late]))
+    if pend:
+        J += _fixup(x, grid, ids, pend, return_J)
     return (ids, J) if return_J else ids
 
 
-def _fixup(xc, grid, late, uu, out, dd, gg, return_J) -> float:
+def _fixup(x, grid, ids, pend, return_J) -> float:
     """Exact interval for the few elements that sit at or above a level inside their grid bin.
 
     Their uniform was not used (the first test is always 'up' for them), so it is reused here.
     Returns the correction to J.
     """
-    xs = xc[late]
+    idx, u, d, g = (np.concatenate(p) for p in zip(*pend))
+    xs = x[idx]
     kk = interval_index(xs, grid.c)
     d2 = xs - grid.c[kk]
     w2 = grid.width[kk]
-    out[late] = kk + (uu[late] * w2 < d2)
+    ids[idx] = kk + (u * w2 < d2)
     if not return_J:
         return 0.0
-    old = dd[late].astype(np.float64) * (gg[late] - dd[late]).astype(np.float64)
+    old = d.astype(np.float64) * (g - d).astype(np.float64)
     new = d2.astype(np.float64) * (w2 - d2).astype(np.float64)
     return float(new.sum() - old.sum())
 
