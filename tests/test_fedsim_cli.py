@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import mucsc
+import mucsc.codec.state
 from mucsc.errors import ParameterError
 from mucsc.fedsim.cli import sim
 
@@ -61,13 +62,14 @@ def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
     real = mucsc.encode
     calls = {"n": 0}
 
-    def failing(data, codec="mucsc", **kw):
+    def failing(data, codec="mucsc", *a, **kw):
         if codec == "signsgd":
             calls["n"] += 1
             if calls["n"] > 4:  # second round of the signsgd run
                 raise ParameterError("simulated codec failure")
-        return real(data, codec=codec, **kw)
+        return real(data, codec, *a, **kw)
     monkeypatch.setattr(mucsc, "encode", failing)
+    monkeypatch.setattr(mucsc.codec.state, "encode", failing)
     r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path)])
     assert r.exit_code == 1
     assert "run 'signsgd' failed after 1 rounds" in r.stderr and "simulated codec failure" in r.stderr

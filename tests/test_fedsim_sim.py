@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mucsc
+import mucsc.codec.state
 from mucsc.errors import InputError
 from mucsc.fedsim import network, report, simulation
 from mucsc.fedsim.config import SimConfig, make_config, parse_param
@@ -71,6 +72,7 @@ def test_byte_totals_are_message_lengths(monkeypatch):
         seen.append(len(blob))
         return blob
     monkeypatch.setattr(mucsc, "encode", spy)
+    monkeypatch.setattr(mucsc.codec.state, "encode", spy)  # the stateful wrappers call it directly
     cfg = tiny(rounds=3, downlink="participants", codecs=("stc",))
     setup = simulation.prepare(cfg, DIGITS)
     res = simulation.run(cfg, "stc", setup)
@@ -114,6 +116,7 @@ def test_error_feedback_keeps_residual():
     sent, _ = receive(blob)
     np.testing.assert_allclose(sent["a"] + s.residual["a"], u["a"], atol=1e-6)
     assert not Sender(LinkCodec("mucsc")).error_feedback and not Sender(LinkCodec("none")).error_feedback
+    assert Sender(LinkCodec("mucsc")).residual is None
 
 
 def test_network_slowest_transfer():
@@ -160,3 +163,26 @@ def test_config_toml_and_overrides(tmp_path):
         make_config(f)
     with pytest.raises(InputError):
         SimConfig(clients=5, per_round=6)
+
+
+@pytest.mark.parametrize("compress", ["auto", "off"])
+def test_error_feedback_residual_paths(compress):
+    from mucsc.fedsim.transport import LinkCodec, Sender, receive
+    rng = np.random.default_rng(1)
+    u = {"a": rng.normal(size=300).astype(np.float32), "b": rng.normal(size=(4, 5)).astype(np.float32)}
+    s = Sender(LinkCodec("stc", (("keep", 0.05),), None, compress))
+    total_sent = {k: np.zeros_like(v) for k, v in u.items()}
+    for r in range(3):
+        blob, _ = s.send(u, seed=r, rnd=r)
+        for k, v in receive(blob)[0].items():
+            total_sent[k] += v
+    for k in u:  # everything offered so far = everything sent + what is still owed
+        np.testing.assert_allclose(total_sent[k] + s.residual[k], 3 * u[k], atol=1e-5)
+
+
+def test_dgc_uses_momentum_correction_and_warmup():
+    from mucsc.fedsim.transport import LinkCodec, Sender, receive
+    u = {"a": np.random.default_rng(2).normal(size=4000).astype(np.float32)}
+    s = Sender(LinkCodec("dgc", (("keep", 0.01), ("momentum", 0.5), ("warmup_period", 2))))
+    nnz = [int(np.count_nonzero(receive(s.send(u, seed=r, rnd=r)[0])[0]["a"])) for r in range(10)]
+    assert nnz[0] == nnz[1] == 1000 and nnz[2] == 250 and nnz[-1] == 40  # 25 %, 6.25 %, ..., then keep

@@ -205,7 +205,7 @@ def run(cfg: SimConfig, codec: str, setup: Setup,
             sender = senders.get(c)
             if sender is None:
                 sender = senders[c] = Sender(ups[c])
-            blob, t_enc = sender.send(update, codec_seed(cfg.seed, _S_UP, rnd, slot))
+            blob, t_enc = sender.send(update, codec_seed(cfg.seed, _S_UP, rnd, slot), rnd)
             decoded, t_dec = receive(blob)
             updates.append(decoded)
             up_bytes.append(len(blob))
@@ -217,7 +217,7 @@ def run(cfg: SimConfig, codec: str, setup: Setup,
             q = sizes[selected] / sizes[selected].sum()               # eq. 4: weights by local data size
         agg = {n: sum(float(qi) * u[n].astype(np.float64) for qi, u in zip(q, updates)).astype(np.float32)
                for n in names}
-        down_blob, t_senc = server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd))
+        down_blob, t_senc = server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
         applied, t_cdec = receive(down_blob)
         with torch.no_grad():
             for n, g in zip(names, global_w):

@@ -1,10 +1,11 @@
 """Where model updates become bytes and back: the only module of the simulator that calls the codec.
 
-Every update crosses the public API (``mucsc.encode`` / ``mucsc.decode``) as one message whose
-length is what the simulator counts.  Biased codecs keep the part they did not send (error
-feedback, section IV-E baselines): ``residual += update; send C(residual); residual -= sent``.
-That minimal residual accumulation lives here until the codec package's stateful wrapper
-(``mucsc.codec.state``) is available; :class:`Sender` is the one place to switch.
+Every update crosses the public API as one message whose length is what the simulator counts.
+Encoding goes through the codec package's stateful wrappers (:mod:`mucsc.codec.state`):
+``Compressor`` keeps the error-feedback residual of biased codecs (``residual += update; send
+C(residual); residual -= sent``), ``DGCCompressor`` adds DGC's momentum correction, masking, clipping
+and sparsity warm-up.  Decoding is ``mucsc.decode``.  ``Compressor`` has no ``compress=`` option, so
+the fixed-width container mode (``compress="off"``) uses the same residual rule implemented here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import numpy as np
 
 import mucsc
 from mucsc.codec.base import codec_class
+from mucsc.codec.state import DGC_WARMUP, Compressor, DGCCompressor
+
+# DGC's stateful options (not codec parameters): momentum, clip_norm, warmup_period (in rounds).
+DGC_STATE_KEYS = ("momentum", "clip_norm", "warmup_period")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +36,12 @@ class LinkCodec:
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return dict(self.params)
+        """Codec parameters (DGC's state options removed)."""
+        return {k: v for k, v in self.params if not (self.codec == "dgc" and k in DGC_STATE_KEYS)}
+
+    @property
+    def dgc_state(self) -> dict[str, Any]:
+        return {k: v for k, v in self.params if self.codec == "dgc" and k in DGC_STATE_KEYS}
 
     def uses_error_feedback(self) -> bool:
         if self.error_feedback is not None:
@@ -58,38 +68,65 @@ def is_biased(codec: str) -> bool:
 def check_codec(link: LinkCodec) -> None:
     """Fail early (UnknownCodecError / ParameterError) on a bad codec name or parameter."""
     mucsc.get_codec(link.codec, **link.kwargs)
+    Sender(link)  # the stateful wrapper validates its own options
 
 
 class Sender:
-    """One endpoint's encoder for one direction, with its error-feedback residual when enabled."""
+    """One endpoint's encoder for one direction, with its state (error feedback, DGC momentum)."""
 
     def __init__(self, link: LinkCodec) -> None:
         self.link = link
         self.error_feedback = link.uses_error_feedback()
-        self.residual: dict[str, np.ndarray] | None = None
+        self._residual: dict[str, np.ndarray] | None = None  # only for compress="off"
+        self._dgc = self._compressor = None
+        if link.codec == "dgc" and self.error_feedback:
+            st = link.dgc_state
+            self._dgc = DGCCompressor(momentum=st.get("momentum", 0.9), clip_norm=st.get("clip_norm"),
+                                      warmup=DGC_WARMUP, warmup_period=int(st.get("warmup_period", 1)),
+                                      **link.kwargs)
+        elif link.compress == "auto":
+            self._compressor = Compressor(link.codec, error_feedback=self.error_feedback, **link.kwargs)
 
-    def send(self, update: Mapping[str, np.ndarray], seed: int) -> tuple[bytes, float]:
-        """Encode ``update`` (name -> float32 array) -> (message bytes, encode wall seconds).
+    def send(self, update: Mapping[str, np.ndarray], seed: int, rnd: int = 0) -> tuple[bytes, float]:
+        """Encode ``update`` (name -> float32 array) in global round ``rnd`` -> (bytes, encode seconds).
 
-        With error feedback the residual is added before encoding and what was sent (decoded from
-        the same bytes) is subtracted after; that decode is part of the sender's encode cost.
+        Error feedback decodes the message to learn what was sent; that decode is part of the
+        sender's encode cost.  DGC's warm-up stage follows the global round.
         """
         t0 = time.perf_counter()
+        if self._dgc is not None:
+            blob = self._dgc.compress(update, seed, epoch=rnd)
+        elif self._compressor is not None:
+            blob = self._compressor.compress(update, seed)
+        else:
+            blob = self._send_fixed_width(update, seed)
+        return blob, time.perf_counter() - t0
+
+    @property
+    def residual(self) -> dict[str, np.ndarray] | None:
+        """What error feedback still owes the receiver (DGC: its accumulated v), or None."""
+        if self._dgc is not None:
+            return self._dgc.v
+        if self._compressor is not None:
+            return self._compressor.residual if self.error_feedback else None
+        return self._residual
+
+    def _send_fixed_width(self, update: Mapping[str, np.ndarray], seed: int) -> bytes:
         if self.error_feedback:
-            if self.residual is None:
-                self.residual = {k: np.zeros_like(v) for k, v in update.items()}
+            if self._residual is None:
+                self._residual = {k: np.zeros_like(v) for k, v in update.items()}
             for k, v in update.items():
-                self.residual[k] += v
-            payload = self.residual
+                self._residual[k] += v
+            payload = self._residual
         else:
             payload = update
         blob = mucsc.encode(payload, codec=self.link.codec, seed=seed, shared=True,
                             compress=self.link.compress, **self.link.kwargs)
         if self.error_feedback:
             sent = mucsc.decode(blob)
-            for k in self.residual:
-                self.residual[k] -= sent[k]
-        return blob, time.perf_counter() - t0
+            for k in self._residual:
+                self._residual[k] -= sent[k]
+        return blob
 
 
 def receive(blob: bytes) -> tuple[dict[str, np.ndarray], float]:
