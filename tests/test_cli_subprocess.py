@@ -62,7 +62,7 @@ def test_python_dash_m_and_exit_statuses(tmp_path, npz):
     mucsc("compress", npz, "-q")
     (tmp_path / "cut.mucsc").write_bytes((tmp_path / "m.npz.mucsc").read_bytes()[:100])
     r = mucsc("decompress", tmp_path / "cut.mucsc", "-o", tmp_path / "o.npz", code=1)
-    assert r.stderr.count(b"\n") == 1 and b"cut.mucsc: truncated" in r.stderr
+    assert r.stderr.count(b"\n") == 1 and b"cut.mucsc: " in r.stderr and b"truncated" in r.stderr
     assert not (tmp_path / "o.npz").exists()
 
 

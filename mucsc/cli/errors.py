@@ -59,7 +59,11 @@ def to_click_error(exc: BaseException) -> click.ClickException | None:
     if isinstance(exc, TensorFileError):
         return Failure(str(exc))
     if isinstance(exc, MucscError):
-        return Failure(_prefix(path, f"{_kind(exc)}{exc}"))
+        kind = _kind(exc)
+        text = str(exc)
+        if kind and (kind.split(":")[0] in text.lower() or "mucsc message" in text):
+            kind = ""  # the library's message already says it
+        return Failure(_prefix(path, f"{kind}{text}"))
     if isinstance(exc, MemoryError):
         return Failure(_prefix(path, "out of memory"))
     if isinstance(exc, OSError):
