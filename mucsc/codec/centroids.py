@@ -30,6 +30,7 @@ SUBSAMPLE = 1 << 17
 # Above this Z the DP over candidates is replaced by f^(1/3) companding + coordinate polishing.
 DP_MAX_Z = 256
 POLISH_SWEEPS = 200
+CAND_MIN, CAND_PER_LEVEL = 384, 12  # DP candidates: max(CAND_MIN, CAND_PER_LEVEL * z)
 DENSE_DP_MAX = 1 << 23  # z * m^2 up to this: one dense matrix per DP layer
 
 
@@ -395,7 +396,7 @@ def _solve_optimal(x, z, lo, hi, rng):
     xc = xs - shift
     p1 = np.concatenate(([0.0], np.cumsum(xc)))
     if z <= DP_MAX_Z:
-        m = int(min(xs.size, max(384, 12 * z)))
+        m = int(min(xs.size, max(CAND_MIN, CAND_PER_LEVEL * z)))
         cand = _candidates(xs, m) - shift
         pos = np.searchsorted(xc, cand, side="left")
         p2 = np.concatenate(([0.0], np.cumsum(xc * xc)))
