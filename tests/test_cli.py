@@ -486,3 +486,19 @@ def test_lazy_attribute_missing(tmp_path, monkeypatch):
     group = _lazy_group(tmp_path, monkeypatch, "x = 1\n")
     r = CliRunner().invoke(group, ["broken"])
     assert r.exit_code == 2 and "has no 'cmd'" in r.stderr
+
+
+def test_progress_only_on_a_terminal_for_large_inputs(tmp_path, monkeypatch):
+    from mucsc.cli import main as cli_main
+
+    src = write_ckpt(tmp_path / "m.npz", checkpoint())
+    r = run(["compress", src, "-o", tmp_path / "a.mucsc"])
+    assert "loading" not in r.stderr  # CliRunner's stderr is not a terminal
+    monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
+    r = run(["compress", src, "-o", tmp_path / "b.mucsc"])
+    assert "loading" not in r.stderr  # a terminal, but a small input
+    monkeypatch.setattr(cli_main, "PROGRESS_MIN_BYTES", 0)
+    r = run(["compress", src, "-o", tmp_path / "c.mucsc"])
+    assert "mucsc: loading" in r.stderr and "mucsc: encoding with mucsc" in r.stderr
+    assert "\r\x1b[2K" in r.stderr
+    assert "loading" not in run(["compress", src, "-o", tmp_path / "d.mucsc", "-q"]).stderr

@@ -100,8 +100,7 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@click.pass_context
-def compress(ctx: click.Context, input: str, output: str | None, codec: str, shared: bool, seed: int,
+def compress(input: str, output: str | None, codec: str, shared: bool, seed: int,
              base: str | None, compress_mode: str, force: bool, quiet: bool, as_json: bool,
              **codec_values: Any) -> None:
     """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
@@ -125,30 +124,32 @@ def compress(ctx: click.Context, input: str, output: str | None, codec: str, sha
 
     progress = report.Progress(not quiet and _is_terminal(sys.stderr)
                                and _size(input) + _size(base) >= PROGRESS_MIN_BYTES)
-    progress.phase(f"loading {input}")
-    loaded = _load(input)
-    tensors, notes = loaded.tensors, list(loaded.notes)
-    if base is not None:
-        progress.phase(f"loading {base}")
-        old = _load(base)
-        notes += old.notes
-        check_same_layout(layout(tensors), layout(old.tensors), input, base)
-        progress.phase("subtracting")
-        tensors = subtract_base(tensors, old.tensors)
-        del old
-    norm2 = squared_norm(tensors)
-    data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
-    del loaded
-    progress.phase(f"encoding with {codec}")
-    meta = {META_KEY: os.path.basename(base)} if base is not None else None
-    with about(_label(input)):
-        blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=shared, compress=level,
-                                              meta=meta, **params)
-    del data, tensors
-    progress.phase(f"writing {out}")
-    _write_bytes(out, blob, force)
-    info = mucsc.inspect(blob)
-    progress.done()
+    try:  # the phase line is cleared on success and on error alike
+        progress.phase(f"loading {input}")
+        loaded = _load(input)
+        tensors, notes = loaded.tensors, list(loaded.notes)
+        if base is not None:
+            progress.phase(f"loading {base}")
+            old = _load(base)
+            notes += old.notes
+            check_same_layout(layout(tensors), layout(old.tensors), input, base)
+            progress.phase("subtracting")
+            tensors = subtract_base(tensors, old.tensors)
+            del old
+        norm2 = squared_norm(tensors)
+        data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
+        del loaded
+        progress.phase(f"encoding with {codec}")
+        meta = {META_KEY: os.path.basename(base)} if base is not None else None
+        with about(_label(input)):
+            blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=shared, compress=level,
+                                                  meta=meta, **params)
+        del data, tensors
+        progress.phase(f"writing {out}")
+        _write_bytes(out, blob, force)
+        info = mucsc.inspect(blob)
+    finally:
+        progress.done()
 
     effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec"}
     if as_json:
