@@ -59,14 +59,13 @@ class QSGD(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         s, bucket = self.params.s, self.params.bucket
         n = x.size
-        nb = -(-n // bucket)
-        xb = np.zeros(nb * bucket, np.float64)
-        xb[:n] = x
-        xb = xb.reshape(nb, bucket)
-        norms = round_up_f32(np.sqrt(np.einsum("ij,ij->i", xb, xb)))  # eq.: ||v|| per bucket
+        x64 = x.astype(np.float64, copy=False)
+        sq = np.add.reduceat(x64 * x64, np.arange(0, n, bucket)) if n else np.zeros(0)
+        norms = round_up_f32(np.sqrt(sq))  # ||v|| per bucket, rounded up to float32
         scale = norms.astype(np.float64)
-        ratio = np.divide(np.abs(xb), scale[:, None], out=np.zeros_like(xb), where=scale[:, None] > 0)
-        r = (s * ratio).reshape(-1)[:n]  # in [0, s]: |v_i| <= ||v|| <= float32 norm
+        per = _per_element(scale, bucket, n)
+        ratio = np.divide(np.abs(x64), per, out=np.zeros(n), where=per > 0)
+        r = s * ratio  # in [0, s]: |v_i| <= ||v|| <= float32 norm
         lev = np.floor(r)
         lev += rng.random(n) < (r - lev)  # (l + 1) with probability r - l: unbiased
         lev = lev.astype(np.int64)
@@ -119,15 +118,19 @@ class QSGD(Codec):
             neg = np.zeros(n, bool)
             lev[pos] = levels
             neg[pos] = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
-        scale = np.repeat(norms / s, bucket)[:n]
-        out = scale * lev
+        out = _per_element(norms / s, bucket, n) * lev
         np.negative(out, out=out, where=neg)
         return out.astype(dtype)
 
 
+def _per_element(per_bucket: np.ndarray, bucket: int, n: int) -> np.ndarray:
+    """Each element's bucket value (n values: never allocates n_buckets * bucket)."""
+    return per_bucket[np.arange(n) // bucket] if n else np.zeros(0)
+
+
 def _variance(x: np.ndarray, scale: np.ndarray, s: int, bucket: int) -> float:
     """Exact E||Q(v) - v||^2 = sum (norm/s)^2 (r - l)(l + 1 - r), r = s |v_i| / norm."""
-    step = np.repeat(scale / s, bucket)[: x.size]
+    step = _per_element(scale / s, bucket, x.size)
     r = np.divide(np.abs(x), step, out=np.zeros(x.size), where=step > 0)
     frac = r - np.floor(r)
     return float(np.sum(step * step * frac * (1.0 - frac)))
