@@ -172,3 +172,13 @@ def test_biased_flags():
     assert codec_class("qsgd").unbiased and codec_class("terngrad").unbiased
     for name in ("signsgd", "stc", "dgc", "topk", "bmucsc", "fp16", "none"):
         assert not codec_class(name).unbiased and not codec_class(name).lossless
+
+
+def test_qsgd_huge_bucket_does_not_allocate_buckets_times_size():
+    import tracemalloc
+    x = _x(5, 14)
+    tracemalloc.start()
+    y = mucsc.decode(mucsc.encode(x, "qsgd", bucket=1 << 30))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert y.shape == (5,) and peak < 1 << 20
