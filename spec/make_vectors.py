@@ -142,6 +142,11 @@ def invalid_files():
         "ids_out_of_range": (_ids_out_of_range(), "FormatError", "Z = 3 but an id equals 3"),
         "centroids_unsorted": (_unsorted_centroids(base, sec[1]), "FormatError", "CENT not increasing"),
     }
+    try:
+        from vector_cases_codecs import invalid_cases as codec_invalid_cases
+        cases.update(codec_invalid_cases())
+    except ImportError:
+        pass
     files, index = {}, {}
     for name, (blob, err, desc) in cases.items():
         files[f"invalid/{name}.mucsc"] = blob
