@@ -132,3 +132,9 @@ def test_z_limits_accepted():
     for z in (2, 65536):
         y = mucsc.decode(mucsc.encode(x, z=z))
         assert y.shape == x.shape
+
+
+def test_scalars_stay_zero_dimensional_as_torch():
+    sd = {"s": np.array(1.5, np.float32), "b": torch.tensor(2.0, dtype=torch.bfloat16), "i": np.array(3)}
+    out = mucsc.decode(mucsc.encode(sd, z=4), as_torch=True)
+    assert all(out[k].shape == () for k in sd)

@@ -88,13 +88,14 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
         if as_torch:
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(array, np.float32).reshape(shape)).to(torch.bfloat16)
+            return torch.from_numpy(np.require(np.asarray(array, np.float32).reshape(shape), requirements="C")
+                                    ).to(torch.bfloat16)
         return np.asarray(array, np.float32).reshape(shape)
     out = np.asarray(array).astype(np.dtype(dtype), copy=False).reshape(shape)
     if as_torch:
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(out))
+        return torch.from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
     return out
 
 
