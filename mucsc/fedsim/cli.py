@@ -204,8 +204,9 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
             progress.round(rec)
         try:
             res = simulation.run(cfg, name, setup, on_round)
-        except (MucscError, ValueError, RuntimeError, ArithmeticError) as exc:
-            failure = f"run {name!r} failed after {progress.rnd} rounds: {type(exc).__name__}: {exc}"
+        except (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt) as exc:
+            what = "was interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            failure = f"run {name!r} {what} after {progress.rnd} rounds: {type(exc).__name__}: {exc}"
             if writer:
                 writer.close(None, error=failure)
             break

@@ -77,7 +77,8 @@ def _row(rec: RoundRecord, cum: int) -> dict[str, Any]:
     return {"round": rec.round, "iteration": rec.iteration, "lr": _fmt(rec.lr), "accuracy": _fmt(rec.accuracy),
             "loss": _fmt(rec.loss), "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down,
             "down_msg_bytes": rec.down_msg_bytes, "down_recipients": rec.down_recipients, "cum_bytes": cum,
-            "comm_up_s": _fmt(rec.comm_up_s), "comm_down_s": _fmt(rec.comm_down_s), "comm_s": _fmt(rec.comm_s), "train_s": _fmt(rec.train_s), "encode_s": _fmt(rec.encode_s),
+            "comm_up_s": _fmt(rec.comm_up_s), "comm_down_s": _fmt(rec.comm_down_s), "comm_s": _fmt(rec.comm_s),
+            "train_s": _fmt(rec.train_s), "encode_s": _fmt(rec.encode_s),
             "decode_s": _fmt(rec.decode_s), "comp_s": _fmt(rec.comp_s)}
 
 
@@ -186,7 +187,8 @@ def format_table(rows: list[dict[str, Any]], cfg: SimConfig) -> str:
             "-" if r["rate_paper"] is None else f"{r['rate_paper']:.2f}x"))
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [f"target accuracy {target:.2f}; R = rounds run (>R: target not reached), T = R*E global iterations; "
+    goal = f"target accuracy {target:.2f}" if target else "no target accuracy"
+    out = [f"{goal}; R = rounds run (>R: target not reached), T = R*E global iterations; "
            f"traffic = uplink + downlink to {'all N' if cfg.downlink == 'all' else 'next participants'}",
            fmt(head), fmt(["-" * w for w in widths])]
     out += [fmt(l) for l in lines]
