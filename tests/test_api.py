@@ -138,3 +138,13 @@ def test_scalars_stay_zero_dimensional_as_torch():
     sd = {"s": np.array(1.5, np.float32), "b": torch.tensor(2.0, dtype=torch.bfloat16), "i": np.array(3)}
     out = mucsc.decode(mucsc.encode(sd, z=4), as_torch=True)
     assert all(out[k].shape == () for k in sd)
+
+
+def test_adjacent_views_encode_like_separate_arrays():
+    buf = gauss(300, 12)
+    views = {"a": buf[:100].reshape(10, 10), "b": buf[100:120], "c": buf[120:]}
+    copies = {k: v.copy() for k, v in views.items()}
+    assert mucsc.encode(views, z=16) == mucsc.encode(copies, z=16)
+    gapped = {"a": buf[:100], "c": buf[120:]}  # not adjacent: concatenated
+    np.testing.assert_array_equal(np.concatenate(list(mucsc.decode(mucsc.encode(gapped, z=300)).values())),
+                                  np.concatenate([buf[:100], buf[120:]]))

@@ -147,8 +147,28 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
     for t, p in zip(members, parts):
         if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
             raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
-    x = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    x = parts[0] if len(parts) == 1 else _adjacent_view(parts)
+    if x is None:
+        x = np.concatenate(parts)
     return x, gdtype
+
+
+def _adjacent_view(parts: list[np.ndarray]) -> np.ndarray | None:
+    """One read-only vector over parts that already lie back to back in memory, else None.
+
+    Tensors read from one file buffer (safetensors) usually do; viewing them saves a full copy of a
+    shared group.  The view lives only while the caller's arrays do, i.e. during the encode call.
+    """
+    parts = [p for p in parts if p.size]
+    if not parts:
+        return None
+    addr = parts[0].__array_interface__["data"][0]
+    for p in parts:
+        if p.__array_interface__["data"][0] != addr or not p.flags.c_contiguous:
+            return None
+        addr += p.nbytes
+    n = sum(p.size for p in parts)
+    return np.lib.stride_tricks.as_strided(parts[0], shape=(n,), strides=(parts[0].itemsize,), writeable=False)
 
 
 def _check_header_limits(header: fmt.Header) -> None:
