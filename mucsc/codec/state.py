@@ -56,11 +56,12 @@ class Compressor:
 
     ``error_feedback=None`` enables it for biased codecs (class ``unbiased`` and ``lossless`` both
     False).  ``seed`` seeds round r's encoding as ``SeedSequence([seed, r])`` unless ``compress`` is
-    given an explicit ``seed``.  ``shared`` and ``params`` are passed to :func:`mucsc.encode`.
+    given an explicit ``seed``.  ``shared``, ``compress`` and ``params`` are passed to
+    :func:`mucsc.encode`.
     """
 
     def __init__(self, codec: str, *, error_feedback: bool | None = None, seed: int = 0,
-                 shared: bool = True, **params: Any) -> None:
+                 shared: bool = True, compress: str | int = "auto", **params: Any) -> None:
         get_codec(codec, **params)  # validates the name and parameters now, not at the first round
         cls = codec_class(codec)
         self.codec = codec
@@ -69,6 +70,7 @@ class Compressor:
             else bool(error_feedback)
         self.seed = int(seed)
         self.shared = shared
+        self.compress_mode = compress
         self.rounds = 0
         self.residual: dict[str, np.ndarray] = {}
 
@@ -76,12 +78,13 @@ class Compressor:
         """The message for this round's ``update`` (an array or a mapping of arrays/tensors)."""
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
         if not self.error_feedback:
-            blob = encode(update, self.codec, seed=s, shared=self.shared, **self.params)
+            blob = encode(update, self.codec, seed=s, shared=self.shared, compress=self.compress_mode,
+                          **self.params)
         else:
             tensors, is_map = _split(update)
             corrected = {n: self._add_residual(n, a) for n, a in tensors.items()}
             blob = encode(corrected if is_map else corrected[""], self.codec, seed=s, shared=self.shared,
-                          **self.params)
+                          compress=self.compress_mode, **self.params)
             out = decode(blob)
             received = out if is_map else {"": out}
             for name, a in corrected.items():
@@ -116,7 +119,7 @@ class DGCCompressor:
 
     def __init__(self, *, keep: float = 0.01, momentum: float = 0.9, clip_norm: float | None = None,
                  warmup: Sequence[float] = DGC_WARMUP, warmup_period: int = 1, positions: str = "auto",
-                 seed: int = 0, shared: bool = True) -> None:
+                 seed: int = 0, shared: bool = True, compress: str | int = "auto") -> None:
         get_codec("dgc", keep=keep, positions=positions)
         if not 0.0 <= momentum < 1.0:
             raise ParameterError(f"momentum must be in [0, 1), got {momentum}")
@@ -127,6 +130,7 @@ class DGCCompressor:
         self.keep, self.momentum, self.clip_norm = keep, momentum, clip_norm
         self.warmup, self.warmup_period = tuple(warmup), int(warmup_period)
         self.positions, self.seed, self.shared = positions, int(seed), shared
+        self.compress_mode = compress
         self.rounds = 0
         self.u: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
@@ -158,7 +162,7 @@ class DGCCompressor:
             acc[name] = v
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
         blob = encode(acc if is_map else acc[""], "dgc", seed=s, shared=self.shared,
-                      keep=self.keep_at(stage), positions=self.positions)
+                      compress=self.compress_mode, keep=self.keep_at(stage), positions=self.positions)
         out = decode(blob)
         received = out if is_map else {"": out}
         for name in self.v:

@@ -4,8 +4,7 @@ Every update crosses the public API as one message whose length is what the simu
 Encoding goes through the codec package's stateful wrappers (:mod:`mucsc.codec.state`):
 ``Compressor`` keeps the error-feedback residual of biased codecs (``residual += update; send
 C(residual); residual -= sent``), ``DGCCompressor`` adds DGC's momentum correction, masking, clipping
-and sparsity warm-up.  Decoding is ``mucsc.decode``.  ``Compressor`` has no ``compress=`` option, so
-the fixed-width container mode (``compress="off"``) uses the same residual rule implemented here.
+and sparsity warm-up.  Decoding is ``mucsc.decode``.
 """
 
 from __future__ import annotations
@@ -53,14 +52,8 @@ class LinkCodec:
         return f"{self.codec}({args})" if args else self.codec
 
 
-# Exact for the float32 updates the simulator sends, though the registry does not flag it lossless.
-_EXACT_FOR_FLOAT32 = frozenset({"none"})
-
-
 def is_biased(codec: str) -> bool:
     """True when decode(encode(x)) is not an unbiased estimate of x (and the codec is lossy)."""
-    if codec in _EXACT_FOR_FLOAT32:
-        return False
     cls = codec_class(codec)
     return not (cls.unbiased or cls.lossless)
 
@@ -77,15 +70,15 @@ class Sender:
     def __init__(self, link: LinkCodec) -> None:
         self.link = link
         self.error_feedback = link.uses_error_feedback()
-        self._residual: dict[str, np.ndarray] | None = None  # only for compress="off"
         self._dgc = self._compressor = None
         if link.codec == "dgc" and self.error_feedback:
             st = link.dgc_state
             self._dgc = DGCCompressor(momentum=st.get("momentum", 0.9), clip_norm=st.get("clip_norm"),
                                       warmup=DGC_WARMUP, warmup_period=int(st.get("warmup_period", 1)),
-                                      **link.kwargs)
-        elif link.compress == "auto":
-            self._compressor = Compressor(link.codec, error_feedback=self.error_feedback, **link.kwargs)
+                                      compress=link.compress, **link.kwargs)
+        else:
+            self._compressor = Compressor(link.codec, error_feedback=self.error_feedback,
+                                          compress=link.compress, **link.kwargs)
 
     def send(self, update: Mapping[str, np.ndarray], seed: int, rnd: int = 0) -> tuple[bytes, float]:
         """Encode ``update`` (name -> float32 array) in global round ``rnd`` -> (bytes, encode seconds).
@@ -96,10 +89,8 @@ class Sender:
         t0 = time.perf_counter()
         if self._dgc is not None:
             blob = self._dgc.compress(update, seed, epoch=rnd)
-        elif self._compressor is not None:
-            blob = self._compressor.compress(update, seed)
         else:
-            blob = self._send_fixed_width(update, seed)
+            blob = self._compressor.compress(update, seed)
         return blob, time.perf_counter() - t0
 
     @property
@@ -107,26 +98,7 @@ class Sender:
         """What error feedback still owes the receiver (DGC: its accumulated v), or None."""
         if self._dgc is not None:
             return self._dgc.v
-        if self._compressor is not None:
-            return self._compressor.residual if self.error_feedback else None
-        return self._residual
-
-    def _send_fixed_width(self, update: Mapping[str, np.ndarray], seed: int) -> bytes:
-        if self.error_feedback:
-            if self._residual is None:
-                self._residual = {k: np.zeros_like(v) for k, v in update.items()}
-            for k, v in update.items():
-                self._residual[k] += v
-            payload = self._residual
-        else:
-            payload = update
-        blob = mucsc.encode(payload, codec=self.link.codec, seed=seed, shared=True,
-                            compress=self.link.compress, **self.link.kwargs)
-        if self.error_feedback:
-            sent = mucsc.decode(blob)
-            for k in self._residual:
-                self._residual[k] -= sent[k]
-        return blob
+        return self._compressor.residual if self.error_feedback else None
 
 
 def receive(blob: bytes) -> tuple[dict[str, np.ndarray], float]:

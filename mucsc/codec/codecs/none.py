@@ -20,6 +20,9 @@ from mucsc.errors import FormatError
 class NoCompression(Codec):
     name = "none"
     summary = "none: uncompressed float32 (the paper's NC)"
+    # Exact for float32/float16/bfloat16 input, so error feedback has nothing to carry (float64 is
+    # rounded to nearest float32, as NC's h = 4 bytes does).
+    unbiased = True
 
     @dataclasses.dataclass(frozen=True)
     class Params:
