@@ -160,3 +160,23 @@ def test_dequantize():
     np.testing.assert_array_equal(out, [-1.0, 2.0, 0.5, 0.5])
     with pytest.raises(InputError):
         dequantize(np.array([3], np.uint8), c)
+
+
+@pytest.mark.parametrize("name", ["t3", "zero80"])
+def test_bit_grid_matches_uniform_grid(name, monkeypatch):
+    """Long float32 input (bit-pattern grid) gives the same ids and J as the uniform-grid path, with
+    signed zeros and values sitting exactly on levels; the grid J equals the binary-search J."""
+    x = make(name, quantize.BITGRID_MIN_N + 1001, seed=26, dtype=np.float32)
+    x[:3] = [0.0, -0.0, 1e-30]
+    for z in (16, 300):
+        c = wire_centroids(solve(x, z), x, np.float32)
+        x[3:3 + c.size] = c  # elements exactly on every level
+        a, ja = stochastic_round(x, c, np.random.default_rng(5), return_J=True)
+        with monkeypatch.context() as mp:
+            mp.setattr(quantize, "BITGRID_MIN_N", 1 << 62)
+            b, jb = stochastic_round(x, c, np.random.default_rng(5), return_J=True)
+        np.testing.assert_array_equal(a, b)
+        assert ja == pytest.approx(jb, rel=1e-9)
+        k = quantize.interval_index(x, c)
+        J_search = float(np.dot(c.astype(np.float64)[k + 1] - x, x - c.astype(np.float64)[k]))
+        assert variance_J(x, c) == pytest.approx(J_search, rel=1e-12)

@@ -44,12 +44,14 @@ def variance_J(x: np.ndarray, c: np.ndarray) -> float:
 
     ``c`` must be sorted and bracket ``x``; elements equal to a level contribute 0.
     """
-    from mucsc.codec.quantize import interval_index  # the fast bin lookup lives with the quantizer
+    from mucsc.codec.quantize import BITGRID_MIN_N, grid_J, interval_index  # lookups live with the quantizer
 
     x = np.asarray(x)
     c = np.asarray(c, dtype=np.float64)
     if x.size == 0 or c.size <= 1:
         return 0.0
+    if x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous and x.size >= BITGRID_MIN_N:
+        return grid_J(x, c)  # same float64 arithmetic, grid lookup instead of a binary search
     total = 0.0
     step = 1 << 16
     for s in range(0, x.size, step):
@@ -88,11 +90,13 @@ def segment_costs(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray) 
 # --------------------------------------------------------------------------------------------------
 
 
-def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generator | None = None) -> np.ndarray:
+def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generator | None = None, *,
+          bounds: tuple[float, float] | None = None) -> np.ndarray:
     """Levels for ``x`` with at most ``z`` entries: float64, strictly increasing, [min x, max x] ends.
 
     ``rng`` is used by the ``paper`` solver's random initialisation (default: seed 0); the other
-    solvers are deterministic functions of (x, z).
+    solvers are deterministic functions of (x, z).  ``bounds``: (min x, max x) when the caller already
+    has them (saves two passes over x; they must be exact).
     """
     try:
         fn = SOLVERS[solver]
@@ -107,7 +111,7 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     x = x.reshape(-1)
     if x.size == 0:
         raise InputError("cannot choose centroids for an empty vector")
-    lo, hi = float(x.min()), float(x.max())
+    lo, hi = (float(x.min()), float(x.max())) if bounds is None else (float(bounds[0]), float(bounds[1]))
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError("input contains NaN or Inf")
     if lo == hi:

@@ -25,7 +25,7 @@ __all__ = [
 
 WIRE_DTYPES = (np.float16, np.float32, np.float64)
 CHUNK = 1 << 15  # elements per chunk: all working buffers stay in L2
-_MAX_EXTRA = 3  # more levels than this in one grid bin -> searchsorted for that call
+BITGRID_MIN_N = 1 << 17  # float32 inputs this long use the bit-pattern grid (its tables cost ~1 ms)
 
 
 def id_dtype(z: int) -> np.dtype:
@@ -42,11 +42,13 @@ def id_dtype(z: int) -> np.dtype:
 # --------------------------------------------------------------------------------------------------
 
 
-def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32) -> np.ndarray:
+def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
+                   bounds: tuple[float, float] | None = None) -> np.ndarray:
     """``c`` rounded to the wire dtype, strictly increasing and still bracketing [min x, max x].
 
     Rounding may merge neighbours (duplicates are dropped) or move an end inward (it is moved outward
     with nextafter).  Raises InputError if the data range does not fit the wire dtype (float16).
+    ``bounds``: the exact (min x, max x) when the caller has them (saves two passes over x).
     """
     dt = np.dtype(dtype)
     if dt not in [np.dtype(t) for t in WIRE_DTYPES]:
@@ -55,7 +57,9 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32) -> np.ndarray
     x = np.asarray(x)
     if c.ndim != 1 or c.size == 0:
         raise ParameterError("centroids must be a non-empty 1-D array")
-    if x.size:
+    if bounds is not None and x.size:
+        lo, hi = float(bounds[0]), float(bounds[1])
+    elif x.size:
         lo, hi = float(x.min()), float(x.max())
     else:
         lo, hi = float(c[0]), float(c[-1])
@@ -128,6 +132,73 @@ class _Grid:
         return b
 
 
+class _BitGrid:
+    """Per-bin tables indexed by the top 16 bits of the float32 bit pattern (sign, exponent, 7 mantissa
+    bits): 128 bins per octave at every scale, so levels crowded near zero or in heavy tails still fall
+    in separate bins, and the bin is one shift of the raw bits (no arithmetic on the values).
+
+    Each bin holds a contiguous range of values; ``k[b] = #{interior levels < lowest value of bin b}``.
+    As for ``_Grid``, only elements at or above a level inside their own bin get a wrong k, and they
+    show up as x - c_k >= c_{k+1} - c_k (then located exactly by ``_fixup``).
+    """
+
+    ok = True
+
+    def __init__(self, c: np.ndarray, work=np.float32):
+        self.work = np.dtype(work)
+        self.c = c.astype(self.work)
+        self.kdt = id_dtype(self.c.size)
+        self.width = np.diff(self.c)
+        h = np.arange(1 << 16, dtype=np.uint32)
+        low_bits = np.where(h < 0x8000, h << np.uint32(16), (h << np.uint32(16)) | np.uint32(0xFFFF))
+        with np.errstate(invalid="ignore"):
+            low = low_bits.view(np.float32)  # NaN patterns: never hit by finite data
+            k = np.searchsorted(self.c[1:-1], low, side="left")
+        self.kb = k.astype(self.kdt)
+        self.cb = self.c[k]
+        self.wb = self.width[k]
+
+    def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
+        """Table index of each float32 value: its bit pattern >> 16 (``t`` unused, ``b`` intp buffer)."""
+        if b is None:
+            b = np.empty(v.size, np.intp)
+        np.right_shift(v.view(np.uint32), 16, out=b, casting="unsafe")
+        return b
+
+
+def grid_J(x: np.ndarray, c: np.ndarray) -> float:
+    """Exact J of eq. 8-9 (float64 arithmetic, as ``centroids.variance_J``) for float32 ``x``: the
+    intervals come from the bit-pattern grid (float64 tables) instead of a binary search per element."""
+    c = np.asarray(c, dtype=np.float64)
+    grid = _BitGrid(c, np.float64)
+    J = 0.0
+    step = CHUNK
+    b = np.empty(step, np.intp)
+    d = np.empty(step)
+    g = np.empty(step)
+    late = []
+    for s in range(0, x.size, step):
+        xc = x[s : s + step]
+        L = xc.size
+        bb, dd, gg = b[:L], d[:L], g[:L]
+        grid.bins(xc, None, bb)
+        np.take(grid.cb, bb, out=dd, mode="clip")
+        np.subtract(xc, dd, out=dd)  # x - c_k (float64)
+        np.take(grid.wb, bb, out=gg, mode="clip")
+        m = dd >= gg
+        if m.any():
+            i = np.flatnonzero(m)
+            late.append(i + s)
+            dd[i] = 0.0  # recomputed exactly below
+        np.subtract(gg, dd, out=gg)
+        J += float(np.dot(dd, gg))
+    if late:
+        xs = x[np.concatenate(late)].astype(np.float64)
+        k = interval_index(xs, c)
+        J += float(np.dot(c[k + 1] - xs, xs - c[k]))
+    return J
+
+
 def interval_index(x: np.ndarray, c: np.ndarray) -> np.ndarray:
     """k with c[k] <= x <= c[k+1] (k in 0..len(c)-2; a level value maps to the interval it starts)."""
     x = np.asarray(x)
@@ -149,7 +220,7 @@ def _work_dtype(x: np.ndarray, c: np.ndarray) -> np.dtype:
     return np.dtype(np.float64)
 
 
-def _check_inputs(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _check_inputs(x: np.ndarray, c: np.ndarray, bounds=None) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x)
     c = np.asarray(c)
     if x.dtype not in (np.float32, np.float64):
@@ -159,12 +230,15 @@ def _check_inputs(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if c.size > 1 and not np.all(c[1:] > c[:-1]):
         raise ParameterError("centroids must be strictly increasing")
     x = np.ascontiguousarray(x.reshape(-1))
-    if x.size and c.size and (x.min() < c[0] or x.max() > c[-1]):
-        raise InputError("centroids do not bracket the data (use wire_centroids)")
+    if x.size and c.size:
+        lo, hi = (x.min(), x.max()) if bounds is None else bounds
+        if lo < c[0] or hi > c[-1]:
+            raise InputError("centroids do not bracket the data (use wire_centroids)")
     return x, c
 
 
-def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, return_J: bool = False):
+def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, return_J: bool = False,
+                     bounds: tuple[float, float] | None = None):
     """Cluster ids of eq. 7: id k with prob. (c[k+1] - x)/(c[k+1] - c[k]), k + 1 otherwise.
 
     ``c`` are the wire centroids (strictly increasing, bracketing x).  ids use the smallest unsigned
@@ -173,14 +247,15 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     x is float32 and c is exact in float32) and of 2^-53 for float64.  The element goes up iff
     u * (c[k+1] - c[k]) < x - c[k], i.e. with probability (x - c_k) / (c_{k+1} - c_k) up to the
     working precision's rounding.  With ``return_J=True`` also returns J of eq. 8-9 for these levels.
+    ``bounds``: the exact (min x, max x) when the caller has them (the bracketing check needs no pass).
     """
-    x, c = _check_inputs(x, c)
+    x, c = _check_inputs(x, c, bounds)
     n = x.size
     ids = np.zeros(n, dtype=id_dtype(c.size))
     if c.size == 1 or n == 0:
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
-    grid = _Grid(c, work, n)
+    grid = _BitGrid(c) if work == np.float32 and n >= BITGRID_MIN_N else _Grid(c, work, n)
     seed = rng.integers(0, 1 << 63, size=2)
     draw = _Uniforms(np.random.SFC64(seed), work)
     step = min(CHUNK, n)
@@ -215,8 +290,8 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         if return_J:
             J += float(np.dot(dd.astype(np.float64), (gg - dd).astype(np.float64)))
         np.greater_equal(dd, gg, out=mm)  # x at or above c_{k+1}: a level inside the bin
-        late = np.flatnonzero(mm)
-        if late.size:
+        if mm.any():
+            late = np.flatnonzero(mm)
             pend.append((late + s, uu[late], dd[late], gg[late]))
     if pend:
         J += _fixup(x, grid, ids, pend, return_J)

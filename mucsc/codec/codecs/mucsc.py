@@ -51,9 +51,10 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
         wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
         ids = np.zeros(0, np.uint8)
     else:
-        c = centroids.solve(x, p.z, p.solver, rng)
-        wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype))
-        ids = quantize.stochastic_round(x, wire, rng)
+        bounds = (float(x.min()), float(x.max()))  # once, not once per stage
+        c = centroids.solve(x, p.z, p.solver, rng, bounds=bounds)
+        wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
+        ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
     k = int(wire.size)
     params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "solver": p.solver, "z": p.z}
     sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
