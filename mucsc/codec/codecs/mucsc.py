@@ -82,7 +82,7 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
         raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
     if n == 0:
         return np.zeros(0, dtype)
-    return quantize.dequantize(ids, cent, dtype)
+    return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
 
 
 @register
