@@ -59,6 +59,8 @@ CASES = {
     "mucsc_zstd_ids": ("mostly-zero data: IDS_ stored zstd-compressed",
                        np.where(np.arange(4000) % 10 == 0, gauss(4000, 12), 0).astype(np.float32),
                        dict(codec="mucsc", z=4)),
+    "mucsc_z8_aligned": ("Z = 8, IDs widened to 4 bits (id_bits) in a zstd-compressed IDS_",
+                         gauss(4000, 14), dict(codec="mucsc", z=8)),
     "raw_ints": ("lossless raw codec for integer and bool tensors",
                  {"a": np.arange(-5, 5, dtype=np.int32), "mask": np.array([True, False, True])},
                  dict(codec="raw")),

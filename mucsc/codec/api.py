@@ -81,8 +81,8 @@ def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared:
 
 
 def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
-    codec = get_codec(codec_name, **params)
     level = _zstd_level(compress)
+    codec = get_codec(codec_name, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
     container, tensors = to_tensors(data)

@@ -66,6 +66,12 @@ class Codec(ABC):
         args = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.params).items())
         return f"{type(self).__name__}({args})"
 
+    def for_container(self, compressing: bool) -> "Codec":
+        """The codec to use when the container will (``compressing``) or will not zstd the
+        compressible sections.  A codec whose best layout depends on that (mucsc's ID packing)
+        returns a resolved variant; the default is the codec itself."""
+        return self
+
     def get_config(self) -> dict[str, Any]:
         """numcodecs-style config: ``{"codec": name, **params}``."""
         return {"codec": self.name, **dataclasses.asdict(self.params)}

@@ -22,7 +22,8 @@ import numpy as np
 from mucsc.codec import centroids, sparse
 from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
                               section)
-from mucsc.codec.codecs.mucsc import CENTROID_DTYPES, MucscParams, decode_clusters, encode_clusters
+from mucsc.codec.codecs.mucsc import (CENTROID_DTYPES, ID_PACKINGS, MucscParams, decode_clusters,
+                                     encode_clusters, resolve_id_packing)
 from mucsc.codec.codecs.topk import header_keep
 from mucsc.errors import FormatError, ParameterError
 
@@ -42,8 +43,11 @@ class BMUCSC(Codec):
         solver: str = "optimal"
         positions: str = "auto"
         centroid_dtype: str = "float32"
+        id_packing: str = "auto"  # as the mucsc codec's
 
         def __post_init__(self) -> None:
+            if self.id_packing not in ID_PACKINGS:
+                raise ParameterError(f"bmucsc.id_packing must be one of {ID_PACKINGS}")
             if self.centroid_dtype not in CENTROID_DTYPES:
                 raise ParameterError(f"bmucsc.centroid_dtype must be one of {tuple(CENTROID_DTYPES)}")
             if not 0.0 < self.keep <= 1.0:
@@ -58,7 +62,10 @@ class BMUCSC(Codec):
     @property
     def _cluster_params(self) -> MucscParams:
         p = self.params
-        return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype)
+        return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing)
+
+    def for_container(self, compressing: bool) -> Codec:
+        return resolve_id_packing(self, compressing)
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         n = x.size
