@@ -45,7 +45,7 @@ def to_tensor(name: str, value: Any) -> Tensor:
     if is_torch_tensor(value):
         return _from_torch(name, value)
     if not isinstance(value, np.ndarray):
-        if isinstance(value, (list, tuple, int, float)):
+        if isinstance(value, (list, tuple, int, float, np.generic)):
             value = np.asarray(value)
         else:
             raise InputError(f"{_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
