@@ -1,0 +1,427 @@
+/* Optional compiled kernels for mucsc (CPython C API + buffer protocol only; no numpy headers).
+ *
+ * sround:    stochastic rounding of paper eq. 7 with the counter-based SplitMix64 stream of
+ *            spec/FORMAT.md 4.3, one pass, bit-identical to the numpy path in quantize.py.
+ * dp_levels: the divide-and-conquer DP of centroids.dp_levels (same cost formula, same operation
+ *            order, same leftmost-argmin tie rule), bit-identical to the numpy path.
+ *
+ * Build flags (setup.py): -O3 -ffp-contract=off.  No fused multiply-add, no fast-math: every float
+ * operation here is the IEEE operation numpy performs, in the same precision and order.
+ * Every buffer's format and length is validated (ValueError, never a crash); the GIL is released
+ * while the kernels run.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
+#error "float arithmetic must be evaluated in its own precision (FLT_EVAL_METHOD 0)"
+#endif
+
+#define GAMMA 0x9E3779B97F4A7C15ULL
+
+/* SplitMix64 output for state z (Steele, Lea, Flood 2014). */
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* buffer helpers                                                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The format's type character, or 0 when it has a non-native byte-order prefix. */
+static char fmt_char(const Py_buffer *b)
+{
+    const char *f = b->format ? b->format : "B";
+    if (f[0] == '@' || f[0] == '=') f++;
+#if PY_LITTLE_ENDIAN
+    else if (f[0] == '<') f++;
+#else
+    else if (f[0] == '>' || f[0] == '!') f++;
+#endif
+    if (f[0] == 0 || f[1] != 0) return 0;
+    return f[0];
+}
+
+static int get_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: need a C-contiguous%s buffer", name, writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* 'f' -> 4, 'd' -> 8 (a float buffer), else 0. */
+static int float_kind(const Py_buffer *b)
+{
+    char c = fmt_char(b);
+    if (c == 'f' && b->itemsize == 4) return 4;
+    if (c == 'd' && b->itemsize == 8) return 8;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* stochastic rounding                                                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Monotone keys: x <= y implies key(x) <= key(y) for finite values (-0.0 is first mapped to +0.0). */
+static inline uint32_t key32(float v)
+{
+    uint32_t b;
+    v = v + 0.0f;
+    memcpy(&b, &v, 4);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+static inline uint64_t key64(double v)
+{
+    uint64_t b;
+    v = v + 0.0;
+    memcpy(&b, &v, 8);
+    return (b & 0x8000000000000000ULL) ? ~b : (b | 0x8000000000000000ULL);
+}
+
+typedef struct {
+    Py_ssize_t n, z;
+    int xk, wk, ik;          /* itemsizes: data, work precision, ids */
+    const void *x;
+    const void *c;
+    void *ids;
+    uint64_t key;
+    int want_J;
+    int tb;                  /* table bits */
+    uint32_t *klo;           /* klo[b] = #interior levels whose key bin < b (nb + 1 entries) */
+    void *w;                 /* widths c[k+1] - c[k] in the work precision */
+    double J;
+} sround_job;
+
+/* Exact interval of v: k = #interior levels <= v, searched in [klo[b], klo[b+1]]. */
+#define LOCATE(C, V, B, K)                                                  \
+    do {                                                                    \
+        Py_ssize_t lo_ = job->klo[(B)], hi_ = job->klo[(B) + 1];            \
+        while (lo_ < hi_) {                                                 \
+            Py_ssize_t mid_ = (lo_ + hi_ + 1) >> 1;                         \
+            if ((C)[mid_] <= (V)) lo_ = mid_; else hi_ = mid_ - 1;          \
+        }                                                                   \
+        (K) = lo_;                                                          \
+    } while (0)
+
+/* One element in float32 precision: exact interval, then up iff u * (c[k+1] - c[k]) < x - c[k]. */
+static inline Py_ssize_t step_f32(const sround_job *job, const float *c, const float *w, float v,
+                                  uint32_t r, int sh, double *J, const int want_J)
+{
+    float u = (float)(r >> 8) * 0x1p-24f;
+    uint32_t b = key32(v) >> sh;
+    Py_ssize_t k;
+    LOCATE(c, v, b, k);
+    float d = v - c[k];
+    float g = w[k];
+    float p = u * g;
+    if (want_J) {
+        float e = g - d;
+        *J += (double)d * (double)e;
+    }
+    return k + (p < d);
+}
+
+/* float32 work precision (x float32, levels exact in float32): 24-bit uniforms, two per word
+ * (element 2j: bits 8..31 of word j, element 2j + 1: bits 40..63). */
+static inline void sround_f32_body(sround_job *job, const int ik, const int want_J)
+{
+    const float *x = (const float *)job->x, *c = (const float *)job->c, *w = (const float *)job->w;
+    const int sh = 32 - job->tb;
+    const Py_ssize_t n = job->n;
+    uint8_t *o8 = (uint8_t *)job->ids;
+    uint16_t *o16 = (uint16_t *)job->ids;
+    double J = 0.0;
+    Py_ssize_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t word = mix64(job->key + ((uint64_t)(i >> 1) + 1u) * GAMMA);
+        Py_ssize_t a = step_f32(job, c, w, x[i], (uint32_t)word, sh, &J, want_J);
+        Py_ssize_t b = step_f32(job, c, w, x[i + 1], (uint32_t)(word >> 32), sh, &J, want_J);
+        if (ik == 1) { o8[i] = (uint8_t)a; o8[i + 1] = (uint8_t)b; }
+        else { o16[i] = (uint16_t)a; o16[i + 1] = (uint16_t)b; }
+    }
+    if (i < n) {
+        uint64_t word = mix64(job->key + ((uint64_t)(i >> 1) + 1u) * GAMMA);
+        Py_ssize_t a = step_f32(job, c, w, x[i], (uint32_t)word, sh, &J, want_J);
+        if (ik == 1) o8[i] = (uint8_t)a; else o16[i] = (uint16_t)a;
+    }
+    job->J = J;
+}
+
+static void sround_f32(sround_job *job)
+{
+    if (job->ik == 1) { if (job->want_J) sround_f32_body(job, 1, 1); else sround_f32_body(job, 1, 0); }
+    else { if (job->want_J) sround_f32_body(job, 2, 1); else sround_f32_body(job, 2, 0); }
+}
+
+/* float64 work precision (x float32 or float64): 53-bit uniforms, one per word. */
+static inline void sround_f64_body(sround_job *job, const int xk, const int ik, const int want_J)
+{
+    const double *c = (const double *)job->c, *w = (const double *)job->w;
+    const int sh = 64 - job->tb;
+    uint8_t *o8 = (uint8_t *)job->ids;
+    uint16_t *o16 = (uint16_t *)job->ids;
+    double J = 0.0;
+    for (Py_ssize_t i = 0; i < job->n; i++) {
+        uint64_t word = mix64(job->key + ((uint64_t)i + 1u) * GAMMA);
+        double u = (double)(word >> 11) * 0x1p-53;
+        double v = xk == 4 ? (double)((const float *)job->x)[i] : ((const double *)job->x)[i];
+        Py_ssize_t b = (Py_ssize_t)(key64(v) >> sh);
+        Py_ssize_t k;
+        LOCATE(c, v, b, k);
+        double d = v - c[k];
+        double g = w[k];
+        double p = u * g;
+        Py_ssize_t id = k + (p < d);
+        if (ik == 1) o8[i] = (uint8_t)id; else o16[i] = (uint16_t)id;
+        if (want_J) {
+            double e = g - d;
+            J += d * e;
+        }
+    }
+    job->J = J;
+}
+
+static void sround_f64(sround_job *job)
+{
+    int xk = job->xk, ik = job->ik, wj = job->want_J;
+    if (xk == 4) {
+        if (ik == 1) { if (wj) sround_f64_body(job, 4, 1, 1); else sround_f64_body(job, 4, 1, 0); }
+        else { if (wj) sround_f64_body(job, 4, 2, 1); else sround_f64_body(job, 4, 2, 0); }
+    } else {
+        if (ik == 1) { if (wj) sround_f64_body(job, 8, 1, 1); else sround_f64_body(job, 8, 1, 0); }
+        else { if (wj) sround_f64_body(job, 8, 2, 1); else sround_f64_body(job, 8, 2, 0); }
+    }
+}
+
+/* Build the bin table over the interior levels c[1..z-2]. */
+static void build_table(sround_job *job)
+{
+    Py_ssize_t nb = (Py_ssize_t)1 << job->tb;
+    uint32_t *t = job->klo;
+    memset(t, 0, (size_t)(nb + 1) * sizeof(uint32_t));
+    for (Py_ssize_t j = 1; j < job->z - 1; j++) {
+        Py_ssize_t b;
+        if (job->wk == 4) b = (Py_ssize_t)(key32(((const float *)job->c)[j]) >> (32 - job->tb));
+        else b = (Py_ssize_t)(key64(((const double *)job->c)[j]) >> (64 - job->tb));
+        t[b + 1]++;
+    }
+    for (Py_ssize_t b = 0; b < nb; b++) t[b + 1] += t[b];
+    if (job->wk == 4) {
+        const float *c = (const float *)job->c;
+        float *w = (float *)job->w;
+        for (Py_ssize_t k = 0; k + 1 < job->z; k++) w[k] = c[k + 1] - c[k];
+    } else {
+        const double *c = (const double *)job->c;
+        double *w = (double *)job->w;
+        for (Py_ssize_t k = 0; k + 1 < job->z; k++) w[k] = c[k + 1] - c[k];
+    }
+}
+
+PyDoc_STRVAR(sround_doc,
+"sround(x, c, key, ids, want_J) -> J\n\n"
+"Stochastic rounding (eq. 7) of x (float32 or float64) to levels c (float32 or float64: the work\n"
+"precision; strictly increasing, bracketing x, 2..65536 levels) into ids (uint8 or uint16, len(x)).\n"
+"Uniforms: SplitMix64 outputs for state key (spec/FORMAT.md 4.3).  Returns J (eq. 8-9) when\n"
+"want_J, else 0.0.  The caller checks ordering and bracketing.");
+
+static PyObject *py_sround(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *co, *io;
+    unsigned long long key;
+    int want_J;
+    if (!PyArg_ParseTuple(args, "OOKOp", &xo, &co, &key, &io, &want_J)) return NULL;
+    Py_buffer xb, cb, ib;
+    if (get_buf(xo, &xb, 0, "x") < 0) return NULL;
+    if (get_buf(co, &cb, 0, "c") < 0) { PyBuffer_Release(&xb); return NULL; }
+    if (get_buf(io, &ib, 1, "ids") < 0) { PyBuffer_Release(&xb); PyBuffer_Release(&cb); return NULL; }
+    PyObject *res = NULL;
+    sround_job job;
+    memset(&job, 0, sizeof job);
+    job.xk = float_kind(&xb);
+    job.wk = float_kind(&cb);
+    char ic = fmt_char(&ib);
+    job.ik = (ic == 'B' && ib.itemsize == 1) ? 1 : (ic == 'H' && ib.itemsize == 2) ? 2 : 0;
+    if (!job.xk || !job.wk || !job.ik) {
+        PyErr_SetString(PyExc_ValueError, "sround: x and c must be float32/float64, ids uint8/uint16");
+        goto done;
+    }
+    if (job.wk == 4 && job.xk != 4) {
+        PyErr_SetString(PyExc_ValueError, "sround: float32 work precision needs float32 data");
+        goto done;
+    }
+    job.n = xb.len / xb.itemsize;
+    job.z = cb.len / cb.itemsize;
+    if (ib.len / ib.itemsize != job.n) {
+        PyErr_SetString(PyExc_ValueError, "sround: ids must have len(x) elements");
+        goto done;
+    }
+    if (job.z < 2 || job.z > 65536 || (job.ik == 1 && job.z > 256)) {
+        PyErr_SetString(PyExc_ValueError, "sround: need 2..65536 levels (at most 256 for uint8 ids)");
+        goto done;
+    }
+    job.x = xb.buf;
+    job.c = cb.buf;
+    job.ids = ib.buf;
+    job.key = (uint64_t)key;
+    job.want_J = want_J;
+    {
+        int tb = 6;
+        while (tb < 16 && ((Py_ssize_t)1 << tb) < job.n) tb++;
+        job.tb = tb;
+    }
+    job.klo = (uint32_t *)PyMem_RawMalloc((((size_t)1 << job.tb) + 1) * sizeof(uint32_t));
+    job.w = PyMem_RawMalloc((size_t)job.z * (size_t)job.wk);
+    if (!job.klo || !job.w) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    build_table(&job);
+    if (job.wk == 4) sround_f32(&job); else sround_f64(&job);
+    Py_END_ALLOW_THREADS
+    res = PyFloat_FromDouble(job.J);
+done:
+    PyMem_RawFree(job.klo);
+    PyMem_RawFree(job.w);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&ib);
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* DP over candidate levels                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const double *v, *n, *s1, *s2, *prev;
+    double *cur;
+    int32_t *arg;
+} dp_ctx;
+
+/* cur[j] = min_{olo <= i <= min(ohi, j-1)} prev[i] + C(i, j) for j in [lo, hi], leftmost argmin;
+ * the recursion tree of centroids._dc_layer (which runs it breadth first). */
+static void dc(const dp_ctx *q, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t olo, Py_ssize_t ohi)
+{
+    while (lo <= hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        Py_ssize_t top = ohi < mid - 1 ? ohi : mid - 1;
+        const double vj = q->v[mid], nj = q->n[mid], s1j = q->s1[mid], s2j = q->s2[mid];
+        double best = INFINITY;
+        Py_ssize_t bi = olo;
+        int first = 1;
+        for (Py_ssize_t i = olo; i <= top; i++) {
+            double vi = q->v[i];
+            double cost = q->prev[i] + ((vi + vj) * (s1j - q->s1[i]) - vi * vj * (nj - q->n[i]) - (s2j - q->s2[i]));
+            if (first || cost < best) { best = cost; bi = i; first = 0; }
+        }
+        q->cur[mid] = best;
+        q->arg[mid] = (int32_t)bi;
+        if (lo <= mid - 1) dc(q, lo, mid - 1, olo, bi);
+        /* right half iteratively: [mid + 1, hi] with options [bi, ohi] */
+        lo = mid + 1;
+        olo = bi;
+    }
+}
+
+PyDoc_STRVAR(dp_doc,
+"dp_levels(v, n, s1, s2, z, idx)\n\n"
+"Indices of the best z of the m candidates v (float64, m > z >= 2) into idx (int64, length z):\n"
+"the divide-and-conquer DP of centroids.dp_levels with n, s1, s2 the prefix count/sum/sum of\n"
+"squares at each candidate.");
+
+static PyObject *py_dp_levels(PyObject *self, PyObject *args)
+{
+    PyObject *o[4], *io;
+    Py_ssize_t z;
+    if (!PyArg_ParseTuple(args, "OOOOnO", &o[0], &o[1], &o[2], &o[3], &z, &io)) return NULL;
+    Py_buffer b[4], ib;
+    int got = 0;
+    PyObject *res = NULL;
+    double *prev = NULL, *cur = NULL;
+    int32_t *argm = NULL;
+    for (; got < 4; got++) {
+        if (get_buf(o[got], &b[got], 0, "dp_levels input") < 0) goto fail_bufs;
+    }
+    if (get_buf(io, &ib, 1, "idx") < 0) goto fail_bufs;
+    Py_ssize_t m = b[0].len / 8;
+    for (int k = 0; k < 4; k++) {
+        if (float_kind(&b[k]) != 8 || b[k].len != b[0].len) {
+            PyErr_SetString(PyExc_ValueError, "dp_levels: v, n, s1, s2 must be float64 of equal length");
+            goto done;
+        }
+    }
+    {
+        char ic = fmt_char(&ib);
+        if (!((ic == 'q' || ic == 'l') && ib.itemsize == 8) || ib.len / 8 != z) {
+            PyErr_SetString(PyExc_ValueError, "dp_levels: idx must be int64 of length z");
+            goto done;
+        }
+    }
+    if (z < 2 || z >= m || m > 0x7FFFFFFF || (size_t)z > ((size_t)PY_SSIZE_T_MAX / 4) / (size_t)m) {
+        PyErr_SetString(PyExc_ValueError, "dp_levels: need 2 <= z < m < 2^31");
+        goto done;
+    }
+    prev = (double *)PyMem_RawMalloc((size_t)m * sizeof(double));
+    cur = (double *)PyMem_RawMalloc((size_t)m * sizeof(double));
+    argm = (int32_t *)PyMem_RawCalloc((size_t)z * (size_t)m, sizeof(int32_t));
+    if (!prev || !cur || !argm) { PyErr_NoMemory(); goto done; }
+    int64_t *idx = (int64_t *)ib.buf;
+    Py_BEGIN_ALLOW_THREADS
+    dp_ctx q = {(const double *)b[0].buf, (const double *)b[1].buf, (const double *)b[2].buf,
+                (const double *)b[3].buf, prev, cur, NULL};
+    for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
+    prev[0] = 0.0;
+    for (Py_ssize_t k = 1; k < z; k++) {
+        Py_ssize_t jlo = k, jhi = (k < z - 1) ? m - 1 - (z - 1 - k) : m - 1;
+        if (k == z - 1) jlo = m - 1;
+        for (Py_ssize_t j = 0; j < m; j++) cur[j] = INFINITY;
+        q.prev = prev;
+        q.cur = cur;
+        q.arg = argm + (size_t)k * (size_t)m;
+        dc(&q, jlo, jhi, k - 1, jhi - 1);
+        double *t = prev; prev = cur; cur = t;
+    }
+    Py_ssize_t j = m - 1;
+    for (Py_ssize_t k = z - 1; k > 0; k--) {
+        idx[k] = j;
+        j = argm[(size_t)k * (size_t)m + (size_t)j];
+    }
+    idx[0] = 0;
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyMem_RawFree(prev);
+    PyMem_RawFree(cur);
+    PyMem_RawFree(argm);
+    PyBuffer_Release(&ib);
+fail_bufs:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"sround", py_sround, METH_VARARGS, sround_doc},
+    {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "mucsc.codec._kernels",
+    "Optional compiled kernels (stochastic rounding, centroid DP); see mucsc/codec/kernels.py.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void)
+{
+    return PyModule_Create(&moddef);
+}

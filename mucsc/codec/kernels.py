@@ -1,0 +1,63 @@
+"""Dispatch to the optional compiled kernels (``mucsc/codec/_kernels.c``) or the numpy path.
+
+``BACKEND`` is ``"c"`` when the extension was built and imports, else ``"numpy"``.  Setting the
+environment variable ``MUCSC_PURE_NUMPY=1`` before the import forces ``"numpy"``.  Both backends
+give bit-identical results (same random stream, same decision rule, same DP operation order), so
+encoder output never depends on the installation; ``quantize`` and ``centroids`` read ``BACKEND`` at
+call time, which is also how tests compare the two paths in one process.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["BACKEND", "splitmix64", "GAMMA", "use_c"]
+
+GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+MASK64 = (1 << 64) - 1
+
+try:
+    from mucsc.codec import _kernels as _c  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the numpy path runs
+    _c = None
+_FORCE_NUMPY = os.environ.get("MUCSC_PURE_NUMPY", "").strip() not in ("", "0")
+BACKEND = "c" if _c is not None and not _FORCE_NUMPY else "numpy"
+
+
+def use_c() -> bool:
+    """True when the compiled kernels are available and selected (``BACKEND == "c"``)."""
+    return BACKEND == "c" and _c is not None
+
+
+def c_module():
+    """The compiled module, or None when it was not built (it is still importable when
+    MUCSC_PURE_NUMPY=1 selected the numpy path, so tests can compare the two)."""
+    return _c
+
+
+def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
+               tmp: np.ndarray | None = None, ramp: np.ndarray | None = None) -> np.ndarray:
+    """Outputs number start+1 .. start+count of SplitMix64 with state ``key``, i.e.
+    mix(key + (j + 1) * GAMMA) for j in [start, start + count), as uint64 (numpy integer arithmetic
+    wraps mod 2^64).  ``out``/``tmp``: uint64 work buffers; ``ramp``: precomputed
+    ``arange(1, >= count + 1) * GAMMA`` (all optional, for chunked callers)."""
+    if out is None:
+        out = np.empty(count, np.uint64)
+    if tmp is None:
+        tmp = np.empty(count, np.uint64)
+    if ramp is None:
+        ramp = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(GAMMA)
+    z, t = out[:count], tmp[:count]
+    np.add(ramp[:count], np.uint64((key + start * GAMMA) & MASK64), out=z)
+    np.right_shift(z, np.uint64(30), out=t)
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, _M1, out=z)
+    np.right_shift(z, np.uint64(27), out=t)
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, _M2, out=z)
+    np.right_shift(z, np.uint64(31), out=t)
+    np.bitwise_xor(z, t, out=z)
+    return z
