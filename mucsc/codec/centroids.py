@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.errors import InputError, ParameterError
 
 __all__ = ["SOLVERS", "solve", "variance_J", "variance_J_sorted", "segment_costs"]
@@ -31,7 +32,6 @@ SUBSAMPLE = 1 << 17
 DP_MAX_Z = 256
 POLISH_SWEEPS = 200
 CAND_MIN, CAND_PER_LEVEL = 384, 12  # DP candidates: max(CAND_MIN, CAND_PER_LEVEL * z)
-DENSE_DP_MAX = 1 << 23  # z * m^2 up to this: one dense matrix per DP layer
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,13 +216,18 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
     (data centred like ``v``).  D_k[j] = min_i D_{k-1}[i] + C(i, j) with the segment cost
     C(i, j) = (v_i + v_j) S1 - v_i v_j S0 - S2; C obeys the quadrangle inequality, so the leftmost
     argmin is monotone in j and each layer is solved by divide and conquer, breadth first so every
-    recursion depth is one vectorised numpy pass: O(z m log m) for m candidates.
+    recursion depth is one vectorised numpy pass: O(z m log m) for m candidates.  The compiled
+    kernel (``kernels.BACKEND == "c"``) runs the same recursion with the same cost expression and
+    tie rule, so both backends return the same indices.
     """
     m = v.size
     if z >= m:
         return np.arange(m)
-    if z * m * m <= DENSE_DP_MAX:
-        return _dp_dense(v, n, s1, s2, z)
+    if kernels.use_c() and m < 1 << 31:
+        idx = np.empty(z, dtype=np.int64)
+        f = [np.ascontiguousarray(a, dtype=np.float64) for a in (v, n, s1, s2)]
+        kernels.c_module().dp_levels(*f, z, idx)
+        return idx
     inf = np.inf
     prev = np.full(m, inf)
     prev[0] = 0.0
@@ -248,25 +253,6 @@ def _backtrack(args: np.ndarray, m: int, z: int) -> np.ndarray:
     return idx
 
 
-def _dp_dense(v, n, s1, s2, z):
-    """The same DP with the whole m x m segment-cost matrix (faster for small m: few numpy calls)."""
-    m = v.size
-    vi, vj = v[:, None], v[None, :]
-    cost = (vi + vj) * (s1[None, :] - s1[:, None]) - vi * vj * (n[None, :] - n[:, None])
-    cost -= s2[None, :] - s2[:, None]
-    cost[np.tril_indices(m)] = np.inf  # i < j only
-    prev = np.full(m, np.inf)
-    prev[0] = 0.0
-    args = np.zeros((z, m), dtype=np.int32)
-    tot = np.empty((m, m))
-    for k in range(1, z):
-        np.add(prev[:, None], cost, out=tot)
-        a = np.argmin(tot, axis=0)
-        args[k] = a
-        prev = tot[a, np.arange(m)]
-    return _backtrack(args, m, z)
-
-
 def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo):
     """cur[j] = min_{ilo <= i < j} prev[i] + C(i, j) for j in [jlo, jhi], breadth-first D&C."""
     lo = np.array([jlo], dtype=np.int64)
@@ -287,9 +273,9 @@ def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo):
         cost = prev[i] + ((vi + vj) * (s1[j] - s1[i]) - vi * vj * (n[j] - n[i]) - (s2[j] - s2[i]))
         best = np.minimum.reduceat(cost, starts)
         hit = np.flatnonzero(cost <= best[seg])
-        first = hit[np.searchsorted(hit, starts)]
+        first = hit[np.searchsorted(hit, starts)]  # leftmost argmin of each segment
         bi = i[first]
-        cur[mid] = best
+        cur[mid] = cost[first]
         arg[mid] = bi
         # children: left half keeps [olo, bi], right half [bi, ohi]
         left = lo <= mid - 1

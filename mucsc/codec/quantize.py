@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.errors import InputError, ParameterError
 
 __all__ = [
@@ -242,11 +243,13 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     """Cluster ids of eq. 7: id k with prob. (c[k+1] - x)/(c[k+1] - c[k]), k + 1 otherwise.
 
     ``c`` are the wire centroids (strictly increasing, bracketing x).  ids use the smallest unsigned
-    dtype holding len(c) - 1.  Deterministic for a given ``rng`` state: a SFC64 stream seeded from
-    ``rng`` supplies one uniform per element, exact multiples of 2^-24 for float32 arithmetic (used when
-    x is float32 and c is exact in float32) and of 2^-53 for float64.  The element goes up iff
-    u * (c[k+1] - c[k]) < x - c[k], i.e. with probability (x - c_k) / (c_{k+1} - c_k) up to the
-    working precision's rounding.  With ``return_J=True`` also returns J of eq. 8-9 for these levels.
+    dtype holding len(c) - 1.  Deterministic for a given ``rng`` state: one 64-bit key drawn from
+    ``rng`` seeds a counter-based SplitMix64 stream (spec/FORMAT.md 4.3) giving element i its own
+    uniform, an exact multiple of 2^-24 for float32 arithmetic (used when x is float32 and c is exact
+    in float32) or of 2^-53 for float64.  The element goes up iff u * (c[k+1] - c[k]) < x - c[k], i.e.
+    with probability (x - c_k) / (c_{k+1} - c_k) up to the working precision's rounding.  The compiled
+    kernel (``kernels.BACKEND == "c"``) and this numpy path give identical ids.
+    With ``return_J=True`` also returns J of eq. 8-9 for these levels.
     ``bounds``: the exact (min x, max x) when the caller has them (the bracketing check needs no pass).
     """
     x, c = _check_inputs(x, c, bounds)
@@ -255,10 +258,13 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if c.size == 1 or n == 0:
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
+    key = int(rng.integers(0, 1 << 64, dtype=np.uint64))  # the only draw from rng (FORMAT.md 4.3)
+    if kernels.use_c() and c.size <= 1 << 16:
+        J = kernels.c_module().sround(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J)
+        return (ids, J) if return_J else ids
     grid = _BitGrid(c) if work == np.float32 and n >= BITGRID_MIN_N else _Grid(c, work, n)
-    seed = rng.integers(0, 1 << 63, size=2)
-    draw = _Uniforms(np.random.SFC64(seed), work)
     step = min(CHUNK, n)
+    draw = _Uniforms(key, work, step)
     d = np.empty(step, work)
     g = np.empty(step, work)
     u = np.empty(step, work)
@@ -273,7 +279,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         L = e - s
         xc = x[s:e]
         dd, gg, uu, vv, bb, mm, kk = d[:L], g[:L], u[:L], v[:L], b[:L], m[:L], k[:L]
-        draw.fill(uu)
+        draw.fill(uu, s)
         if grid.ok:
             grid.bins(xc, vv, bb)
             np.take(grid.kb, bb, out=kk, mode="clip")
@@ -318,19 +324,34 @@ def _fixup(x, grid, ids, pend, return_J) -> float:
 
 
 class _Uniforms:
-    """Uniforms on [0, 1) from a bit generator: 24-bit (2 per 64-bit draw) for float32, 53-bit for float64."""
+    """Element i's uniform on [0, 1) from the counter-based SplitMix64 stream with state ``key``
+    (spec/FORMAT.md 4.3), so any chunk can be generated on its own:
 
-    def __init__(self, bitgen: np.random.BitGenerator, work: np.dtype):
-        self.bitgen = bitgen
-        self.gen = np.random.Generator(bitgen)
+    * float32 arithmetic: word w_j = splitmix64 output j + 1; element 2j takes bits 8..31 of w_j,
+      element 2j + 1 bits 40..63; u = (those 24 bits) * 2^-24;
+    * float64 arithmetic: u = (w_i >> 11) * 2^-53.
+    """
+
+    def __init__(self, key: int, work: np.dtype, step: int):
+        self.key = key
         self.work = work
+        words = (step + 1) // 2 if work == np.float32 else step
+        self.w = np.empty(words, np.uint64)
+        self.t = np.empty(words, np.uint64)
+        self.ramp = np.arange(1, words + 1, dtype=np.uint64) * np.uint64(kernels.GAMMA)
 
-    def fill(self, out: np.ndarray) -> None:
-        if self.work == np.float64:
-            self.gen.random(out=out)
-            return
+    def fill(self, out: np.ndarray, start: int) -> None:
+        """Uniforms of elements start .. start + len(out) - 1 (``start`` even for float32)."""
         n = out.size
-        raw = self.bitgen.random_raw((n + 1) // 2).view(np.uint32)[:n]
+        if self.work == np.float64:
+            w = kernels.splitmix64(self.key, start, n, self.w, self.t, self.ramp)
+            np.right_shift(w, np.uint64(11), out=w)
+            np.multiply(w, 2.0**-53, out=out, casting="unsafe")
+            return
+        words = (n + 1) // 2
+        w = kernels.splitmix64(self.key, start // 2, words, self.w, self.t, self.ramp)
+        half = w.view("<u4") if w.dtype.byteorder in "<=|" and np.little_endian else w.astype("<u8").view("<u4")
+        raw = half[:n]
         np.right_shift(raw, np.uint32(8), out=raw)
         np.multiply(raw, np.float32(2.0**-24), out=out, dtype=np.float32, casting="unsafe")
 
