@@ -1,0 +1,186 @@
+"""The compiled kernels and the numpy path give bit-identical results (ids, centroids, messages).
+
+Both paths run in one process by switching ``kernels.BACKEND`` (read at call time); a subprocess with
+MUCSC_PURE_NUMPY=1 checks the import-time switch.  Without the compiled module only the numpy-path
+tests run (the comparison tests are skipped, never silently passed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import centroids, kernels, quantize
+
+from test_centroids import make
+
+HAVE_C = kernels.c_module() is not None
+needs_c = pytest.mark.skipif(not HAVE_C, reason="compiled kernels not built")
+
+
+def both(monkeypatch, fn):
+    """fn() with the C backend and with the numpy backend."""
+    out = []
+    for backend in ("c", "numpy"):
+        with monkeypatch.context() as mp:
+            mp.setattr(kernels, "BACKEND", backend)
+            out.append(fn())
+    return out
+
+
+def cases():
+    """(data name, size, dtype, z, wire dtype) covering sizes 0..2e5, Z 2..256, both float dtypes."""
+    rng = np.random.default_rng(2024)
+    sizes = (0, 1, 2, 3, 7, 64, 1000, 4097, 32769, 65536 + 3, 200_000)
+    out = []
+    for i, n in enumerate(sizes):
+        for name in ("gauss", "t3", "zero80"):
+            dtype = (np.float32, np.float64)[(i + len(name)) % 2]
+            z = int(rng.choice((2, 3, 4, 5, 16, 64, 256)))
+            wire = (np.float32, np.float64, np.float16)[i % 3]
+            out.append((name, n, dtype, z, wire))
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("name,n,dtype,z,wire", cases())
+def test_backends_identical(monkeypatch, name, n, dtype, z, wire):
+    x = make(name, n, seed=n + z, dtype=dtype)
+    if n > 8:
+        x[:4] = [0.0, -0.0, x[5], x[6]]  # signed zeros and duplicated values
+    if n == 0:
+        c_c = c_np = np.zeros(0)
+    else:
+        c_c, c_np = both(monkeypatch, lambda: centroids.solve(x, z))
+        np.testing.assert_array_equal(c_c, c_np)
+    if n == 0:
+        w = np.array([0.0, 1.0], wire)
+    else:
+        w = quantize.wire_centroids(c_c, x, wire)
+        x[7 % n] = w[min(1, w.size - 1)]  # an element exactly on a level
+    (ids_c, J_c), (ids_np, J_np) = both(
+        monkeypatch, lambda: quantize.stochastic_round(x, w, np.random.default_rng(n), return_J=True))
+    assert ids_c.dtype == ids_np.dtype
+    np.testing.assert_array_equal(ids_c, ids_np)
+    assert J_c == pytest.approx(J_np, rel=1e-9, abs=1e-300)
+
+
+@needs_c
+@pytest.mark.parametrize("z", [2, 3, 17, 256, 300, 1000])
+def test_messages_identical(monkeypatch, z):
+    """Whole messages (solve + wire + rounding + packing) are byte-identical across backends."""
+    x = make("t3", 5000, seed=z, dtype=np.float32)
+    a, b = both(monkeypatch, lambda: mucsc.encode(x, z=z, seed=7))
+    assert a == b
+    a, b = both(monkeypatch, lambda: mucsc.encode(x, codec="bmucsc", keep=0.1, seed=3))
+    assert a == b
+
+
+@needs_c
+def test_dp_identical_exact_solver(monkeypatch):
+    """The DP over all distinct values (solver="exact") at sizes where D&C recursion is deep."""
+    for name in ("gauss", "zero80"):
+        x = make(name, 3000, seed=5)
+        for z in (3, 16, 128):
+            a, b = both(monkeypatch, lambda: centroids.solve(x, z, "exact"))
+            np.testing.assert_array_equal(a, b)
+
+
+@needs_c
+def test_dp_ties_leftmost(monkeypatch):
+    """Equal costs (repeated candidates' sums): both backends pick the same (leftmost) argmin."""
+    v = np.repeat(np.arange(40, dtype=np.float64), 1)
+    n = np.arange(40, dtype=np.float64)
+    s1 = np.zeros(40)
+    s2 = np.zeros(40)
+    for z in (2, 3, 10, 39):
+        a, b = both(monkeypatch, lambda: centroids.dp_levels(v, n, s1, s2, z))
+        np.testing.assert_array_equal(a, b)
+
+
+def test_uniform_stream_is_splitmix64():
+    """The numpy stream equals scalar SplitMix64 (FORMAT.md 4.3), chunk by chunk."""
+    mask = (1 << 64) - 1
+    key = 0x0123456789ABCDEF
+
+    def scalar(j):
+        s = (key + (j + 1) * kernels.GAMMA) & mask
+        s = ((s ^ (s >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        s = ((s ^ (s >> 27)) * 0x94D049BB133111EB) & mask
+        return s ^ (s >> 31)
+
+    got = kernels.splitmix64(key, 1000, 5)
+    assert [int(g) for g in got] == [scalar(j) for j in range(1000, 1005)]
+    # published first output of SplitMix64 seeded with 1234567
+    assert int(kernels.splitmix64(1234567, 0, 1)[0]) == 6457827717110365317
+
+
+def test_uniforms_float32_layout(monkeypatch):
+    """float32 uniforms: element 2j uses bits 8..31 and element 2j + 1 bits 40..63 of word j."""
+    monkeypatch.setattr(kernels, "BACKEND", "numpy")
+    key = 99
+    u = np.empty(6, np.float32)
+    quantize._Uniforms(key, np.dtype(np.float32), 6).fill(u, 0)
+    words = [int(w) for w in kernels.splitmix64(key, 0, 3)]
+    want = []
+    for w in words:
+        want += [((w & 0xFFFFFFFF) >> 8) * 2.0**-24, (w >> 40) * 2.0**-24]
+    np.testing.assert_array_equal(u, np.array(want, np.float32))
+    u64 = np.empty(3)
+    quantize._Uniforms(key, np.dtype(np.float64), 3).fill(u64, 0)
+    np.testing.assert_array_equal(u64, [(w >> 11) * 2.0**-53 for w in words])
+
+
+@needs_c
+def test_c_validates_buffers():
+    m = kernels.c_module()
+    x = np.zeros(4, np.float32)
+    c = np.array([0.0, 1.0], np.float32)
+    ids = np.zeros(4, np.uint8)
+    with pytest.raises(ValueError):
+        m.sround(x, c, 1, np.zeros(3, np.uint8), False)  # wrong length
+    with pytest.raises(ValueError):
+        m.sround(x, c, 1, np.zeros(4, np.int32), False)  # wrong id type
+    with pytest.raises(ValueError):
+        m.sround(x.astype(np.float64), c, 1, ids, False)  # float32 work, float64 data
+    with pytest.raises(ValueError):
+        m.sround(x, c[:1], 1, ids, False)  # one level
+    with pytest.raises(ValueError):
+        m.sround(x, np.zeros(300, np.float32), 1, ids, False)  # uint8 ids for 300 levels
+    with pytest.raises(ValueError):
+        m.sround(x[::2], c, 1, ids[:2], False)  # not contiguous
+    ro = np.zeros(4, np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        m.sround(x, c, 1, ro, False)  # read-only output
+    v = np.arange(10.0)
+    idx = np.zeros(3, np.int64)
+    with pytest.raises(ValueError):
+        m.dp_levels(v, v, v, v[:9], 3, idx)  # unequal lengths
+    with pytest.raises(ValueError):
+        m.dp_levels(v, v, v, v, 4, idx)  # idx length != z
+    with pytest.raises(ValueError):
+        m.dp_levels(v, v, v, v.astype(np.float32), 3, idx)
+    with pytest.raises(ValueError):
+        m.dp_levels(v[:3], v[:3], v[:3], v[:3], 3, idx)  # z >= m
+    with pytest.raises(ValueError):
+        m.dp_levels(v, v, v, v, 3, np.zeros(3, np.int32))
+
+
+def test_pure_numpy_env_switch():
+    """MUCSC_PURE_NUMPY=1 selects the numpy path at import; the message bytes do not change."""
+    code = ("import hashlib, numpy as np, mucsc; from mucsc.codec import kernels; "
+            "x = np.random.default_rng(1).standard_t(3, 70000).astype(np.float32); "
+            "print(kernels.BACKEND, hashlib.sha256(mucsc.encode(x, z=256, seed=4)).hexdigest())")
+    env = dict(os.environ, MUCSC_PURE_NUMPY="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    backend, digest = out.stdout.split()
+    assert backend == "numpy"
+    x = np.random.default_rng(1).standard_t(3, 70000).astype(np.float32)
+    assert digest == hashlib.sha256(mucsc.encode(x, z=256, seed=4)).hexdigest()
