@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from mucsc.codec import centroids, quantize
+from mucsc.codec import centroids, kernels, quantize
 
 DISTS = ("gauss", "laplace", "t3", "zero80")
 
@@ -79,6 +79,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     a = ap.parse_args()
+    print(f"# kernels backend {kernels.BACKEND} (MUCSC_PURE_NUMPY=1 selects numpy)\n")
     if a.quick:
         quality((4, 16), 20_000, 16)
         speed((16,), (1_000_000,))

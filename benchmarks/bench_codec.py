@@ -3,6 +3,7 @@
 
     python benchmarks/bench_codec.py            # d = 1e6 and 1e7, Z = 4, 16, 256
     python benchmarks/bench_codec.py --quick    # d = 1e6 only
+    MUCSC_PURE_NUMPY=1 python benchmarks/bench_codec.py   # the numpy fallback instead of the C kernels
 
 Throughput is MB/s of float32 input (4 bytes per element), best of --repeat runs, one thread.
 Peak memory is tracemalloc's peak during one encode (numpy reports its buffers to it), as a
@@ -25,6 +26,7 @@ import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
 import mucsc  # noqa: E402
+from mucsc.codec import kernels  # noqa: E402
 
 
 def best_time(fn, repeat):
@@ -60,7 +62,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     sizes = [10**6] if args.quick else [10**6, 10**7]
-    print(f"# {cpu_model()}, {os.cpu_count()} cores, one thread; numpy {np.__version__}, mucsc {mucsc.__version__}")
+    print(f"# {cpu_model()}, {os.cpu_count()} cores, one thread; numpy {np.__version__}, mucsc {mucsc.__version__}, "
+          f"kernels backend {kernels.BACKEND}")
     print("| d | codec | bytes | bits/elem | encode MB/s | decode MB/s | peak mem / input | J / J(uniform) |")
     print("|---|---|---|---|---|---|---|---|")
     for d in sizes:
