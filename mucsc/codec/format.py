@@ -179,8 +179,12 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
     total = PREAMBLE.size + sum(len(p) for p in parts) + TRAILER.size
-    body = b"".join([PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, count, total), *parts])
-    return body + TRAILER.pack(zlib.crc32(body))
+    parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, count, total))
+    crc = 0
+    for p in parts:  # incrementally, so the message is assembled with a single copy
+        crc = zlib.crc32(p, crc)
+    parts.append(TRAILER.pack(crc))
+    return b"".join(parts)
 
 
 def _check_tag(tag: str) -> None:
