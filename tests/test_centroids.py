@@ -208,3 +208,68 @@ def test_paper_solver_follows_algorithm_1():
         right = x[(x >= r) & (x <= 1.0)]
         r = r - 1e-3 * ((left + 1.0).sum() - (1.0 - right).sum())
     assert c[1] == pytest.approx(r, rel=1e-12)
+
+
+# --- Z > DP_MAX_Z: greedy insertion from the DP solution, DP refinement, polishing ---------------------
+
+
+@pytest.mark.parametrize("name", DISTS)
+def test_J_non_increasing_in_z_across_dp_max_z(name):
+    """One more level never makes J worse, also across the switch at DP_MAX_Z = 256 and DP_REFINE_MAX_Z."""
+    x = make(name, 20_000, seed=14, dtype=np.float32)
+    zs = (250, 255, 256, 257, 300, 512, 1024, 1025, 1100)
+    js = [variance_J(x, solve(x, z)) for z in zs]
+    for z, c_size in ((z, solve(x, z).size) for z in (257, 1025)):
+        assert c_size == z  # 20000 distinct values: every level is used
+    for (z0, j0), (z1, j1) in itertools.pairwise(zip(zs, js)):
+        assert j1 <= j0 * (1 + 1e-9), (name, z0, j0, z1, j1)
+    assert js[-1] < 0.25 * js[2]  # 4.3x the levels: J falls ~ 1/Z^2, not just "no worse"
+
+
+def test_large_z_starts_from_dp_solution():
+    """By construction J(z) <= J(DP_MAX_Z) on the data the solver sees (here: all of it)."""
+    x = make("t3", 50_000, seed=15, dtype=np.float32)
+    j256 = variance_J(x, solve(x, centroids.DP_MAX_Z))
+    for z in (centroids.DP_MAX_Z + 1, centroids.DP_REFINE_MAX_Z + 1, 4096):
+        assert variance_J(x, solve(x, z)) <= j256 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", DISTS)
+def test_optimal_near_exact_z512(name):
+    """Above DP_MAX_Z the solver stays within 2% of the global optimum (d = 3000: ~6 points per level)."""
+    x = make(name, 3000, seed=16)
+    jo = variance_J(x, solve(x, 512))
+    je = variance_J(x, solve(x, 512, "exact"))
+    assert je <= jo * (1 + 1e-12)
+    assert jo <= 1.02 * je, (name, jo / je)
+
+
+def test_large_z_stops_early_when_sample_runs_out():
+    """More distinct values than z in x but fewer in the subsample: fewer levels, still valid."""
+    rng = np.random.default_rng(17)
+    d = centroids.FULL_SORT_MAX * 2
+    x = rng.choice(np.arange(2000, dtype=np.float32) / 7, d)
+    rare = rng.choice(d, 300, replace=False)
+    x[rare] = 1000.0 + np.arange(300, dtype=np.float32)  # 300 values seen once: most not sampled
+    z = 2100
+    c = solve(x, z)
+    check_levels(c, x, z)
+    assert c.size < z
+    assert variance_J(x, c) <= variance_J(x, solve(x, centroids.DP_MAX_Z))
+
+
+def test_z65536_smoke():
+    """The spec's largest Z on d = 2e5: valid levels and a message that round-trips."""
+    import mucsc
+
+    x = make("t3", 200_000, seed=18, dtype=np.float32)
+    c = solve(x, 65536)
+    check_levels(c, x, 65536)
+    assert variance_J(x, c) < 1e-3 * variance_J(x, solve(x, centroids.DP_MAX_Z))
+    blob, st = mucsc.encode_with_stats(x, z=65536, seed=1)
+    y = mucsc.decode(blob)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    cw = np.unique(y)
+    assert cw.size <= 65536 and cw[0] <= x.min() and cw[-1] >= x.max()
+    err = float(np.sum((y.astype(np.float64) - x) ** 2))
+    assert st.J > 0 and err < 5 * st.J  # one draw of a sum of 2e5 independent terms with mean J
