@@ -215,23 +215,26 @@ def test_paper_solver_follows_algorithm_1():
 
 @pytest.mark.parametrize("name", DISTS)
 def test_J_non_increasing_in_z_across_dp_max_z(name):
-    """One more level never makes J worse, also across the switch at DP_MAX_Z = 256 and DP_REFINE_MAX_Z."""
+    """One more level never makes J worse, also across the switch at DP_MAX_Z = 256."""
     x = make(name, 20_000, seed=14, dtype=np.float32)
-    zs = (250, 255, 256, 257, 300, 512, 1024, 1025, 1100)
-    js = [variance_J(x, solve(x, z)) for z in zs]
-    for z, c_size in ((z, solve(x, z).size) for z in (257, 1025)):
-        assert c_size == z  # 20000 distinct values: every level is used
+    zs = (250, 255, 256, 257, 300, 512, 1024)
+    cs = [solve(x, z) for z in zs]
+    assert [c.size for c in cs] == list(zs)  # 20000 distinct values: every level is used
+    js = [variance_J(x, c) for c in cs]
     for (z0, j0), (z1, j1) in itertools.pairwise(zip(zs, js)):
         assert j1 <= j0 * (1 + 1e-9), (name, z0, j0, z1, j1)
-    assert js[-1] < 0.25 * js[2]  # 4.3x the levels: J falls ~ 1/Z^2, not just "no worse"
+    assert js[-1] < 0.1 * js[2]  # 4x the levels: J falls ~ 1/Z^2, not just "no worse"
 
 
 def test_large_z_starts_from_dp_solution():
-    """By construction J(z) <= J(DP_MAX_Z) on the data the solver sees (here: all of it)."""
-    x = make("t3", 50_000, seed=15, dtype=np.float32)
+    """By construction J(z) <= J(DP_MAX_Z), and J(z) <= J(DP_REFINE_MAX_Z) above it, on the data the
+    solver sees (here: all of it)."""
+    x = make("t3", 20_000, seed=15, dtype=np.float32)
     j256 = variance_J(x, solve(x, centroids.DP_MAX_Z))
-    for z in (centroids.DP_MAX_Z + 1, centroids.DP_REFINE_MAX_Z + 1, 4096):
-        assert variance_J(x, solve(x, z)) <= j256 * (1 + 1e-12)
+    jr = variance_J(x, solve(x, centroids.DP_REFINE_MAX_Z))
+    assert jr <= j256 * (1 + 1e-12)
+    for z in (centroids.DP_REFINE_MAX_Z + 1, 4096):
+        assert variance_J(x, solve(x, z)) <= jr * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("name", DISTS)
