@@ -184,3 +184,20 @@ def test_pure_numpy_env_switch():
     assert backend == "numpy"
     x = np.random.default_rng(1).standard_t(3, 70000).astype(np.float32)
     assert digest == hashlib.sha256(mucsc.encode(x, z=256, seed=4)).hexdigest()
+
+
+@pytest.mark.parametrize("z", [4, 16, 256])
+def test_encode_stats_J_from_rounding_pass(monkeypatch, z):
+    """The codec's J stat (now a by-product of the rounding pass) equals variance_J of the wire
+    centroids, with either backend."""
+    x = make("t3", 70_000, seed=z, dtype=np.float32)
+    x[::11] = 0.0
+    wire = quantize.wire_centroids(centroids.solve(x, z), x, np.float32).astype(np.float64)
+    want = centroids.variance_J(x, wire)
+    backends = ("c", "numpy") if HAVE_C else ("numpy",)
+    for backend in backends:
+        with monkeypatch.context() as mp:
+            mp.setattr(kernels, "BACKEND", backend)
+            _, st = mucsc.encode_with_stats(x, z=z, seed=2)
+        assert st.J == pytest.approx(want, rel=1e-12), backend
+

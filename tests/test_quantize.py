@@ -180,3 +180,37 @@ def test_bit_grid_matches_uniform_grid(name, monkeypatch):
         k = quantize.interval_index(x, c)
         J_search = float(np.dot(c.astype(np.float64)[k + 1] - x, x - c.astype(np.float64)[k]))
         assert variance_J(x, c) == pytest.approx(J_search, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_J_is_exact(backend, dtype, monkeypatch):
+    """J from the rounding pass (what the codec reports) equals the float64 definition, on both
+    backends, with zeros at a zero level and elements on every level (the bit grid's fix-up cases)."""
+    from mucsc.codec import kernels
+
+    if backend == "c" and kernels.c_module() is None:
+        pytest.skip("compiled kernels not built")
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    for n in (1000, quantize.BITGRID_MIN_N + 5):
+        x = make("zero80", n, seed=27, dtype=dtype)
+        c = np.unique(np.r_[wire_centroids(solve(x, 16), x, np.float32), np.float32(0)])
+        x[::5] = 0.0
+        x[1:1 + c.size] = c
+        _, J = stochastic_round(x, c, np.random.default_rng(1), return_J=True)
+        c64 = c.astype(np.float64)
+        k = quantize.interval_index(x, c64)
+        want = float(np.sum((c64[k + 1] - x) * (x.astype(np.float64) - c64[k])))
+        assert J == pytest.approx(want, rel=1e-10)
+        assert J == pytest.approx(variance_J(x, c64), rel=1e-10)
+
+
+def test_bit_grid_levels_at_bin_start_are_exact():
+    """A level equal to its bit-grid bin's lowest value (+0.0, bfloat16-valued levels) gives the right
+    interval straight from the table, so elements equal to it skip the exact fix-up."""
+    c = np.array([-3.0, -1.0, 0.0, 0.5, 1.0, 1.5, 2.0], np.float32)  # low 16 bits of each are 0
+    g = quantize._BitGrid(c)
+    on = c[2:-1]  # +0.0 and the positive interior levels (negative ones end their bin instead)
+    b = g.bins(on)
+    np.testing.assert_array_equal(g.kb[b], np.arange(2, c.size - 1))
+    assert np.all(on - g.cb[b] < g.wb[b])  # not flagged for the fix-up

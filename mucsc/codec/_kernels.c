@@ -125,9 +125,9 @@ static inline Py_ssize_t step_f32(const sround_job *job, const float *c, const f
     float d = v - c[k];
     float g = w[k];
     float p = u * g;
-    if (want_J) {
-        float e = g - d;
-        *J += (double)d * (double)e;
+    if (want_J) {  /* float64 differences (exact for float32 operands), as the numpy path */
+        double xv = (double)v;
+        *J += (xv - (double)c[k]) * ((double)c[k + 1] - xv);
     }
     return k + (p < d);
 }
@@ -232,8 +232,8 @@ PyDoc_STRVAR(sround_doc,
 "sround(x, c, key, ids, want_J) -> J\n\n"
 "Stochastic rounding (eq. 7) of x (float32 or float64) to levels c (float32 or float64: the work\n"
 "precision; strictly increasing, bracketing x, 2..65536 levels) into ids (uint8 or uint16, len(x)).\n"
-"Uniforms: SplitMix64 outputs for state key (spec/FORMAT.md 4.3).  Returns J (eq. 8-9) when\n"
-"want_J, else 0.0.  The caller checks ordering and bracketing.");
+"Uniforms: SplitMix64 outputs for state key (spec/FORMAT.md 4.3).  Returns J (eq. 8-9, float64\n"
+"products and sum) when want_J, else 0.0.  The caller checks ordering and bracketing.");
 
 static PyObject *py_sround(PyObject *self, PyObject *args)
 {

@@ -121,6 +121,11 @@ class _Grid:
         self.kb = k.astype(self.kdt)
         self.cb = self.c[k]
         self.wb = self.width[k]
+        self.k = k
+
+    def float64_tables(self, c64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(c_k, c_{k+1}) per bin in float64, for J alongside float32 rounding."""
+        return c64[self.k], c64[self.k + 1]
 
     def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
         """Grid bin of each value (``t``, ``b``: optional work-dtype and intp output buffers)."""
@@ -138,9 +143,12 @@ class _BitGrid:
     bits): 128 bins per octave at every scale, so levels crowded near zero or in heavy tails still fall
     in separate bins, and the bin is one shift of the raw bits (no arithmetic on the values).
 
-    Each bin holds a contiguous range of values; ``k[b] = #{interior levels < lowest value of bin b}``.
-    As for ``_Grid``, only elements at or above a level inside their own bin get a wrong k, and they
-    show up as x - c_k >= c_{k+1} - c_k (then located exactly by ``_fixup``).
+    Each bin holds a contiguous range of values; ``k[b] = #{interior levels <= lowest value of bin b}``.
+    As for ``_Grid``, only elements at or above a level inside their own bin (and above its lowest
+    value) get a wrong k, and they show up as x - c_k >= c_{k+1} - c_k (then located exactly by
+    ``_fixup``).  Counting a level equal to the bin's lowest value as below (side="right") keeps
+    elements equal to it off that slow path: +0.0 and other values with 16 zero low bits
+    (bfloat16-valued data), which are often levels and can be a large share of a checkpoint.
     """
 
     ok = True
@@ -154,10 +162,15 @@ class _BitGrid:
         low_bits = np.where(h < 0x8000, h << np.uint32(16), (h << np.uint32(16)) | np.uint32(0xFFFF))
         with np.errstate(invalid="ignore"):
             low = low_bits.view(np.float32)  # NaN patterns: never hit by finite data
-            k = np.searchsorted(self.c[1:-1], low, side="left")
+            k = np.searchsorted(self.c[1:-1], low, side="right")
         self.kb = k.astype(self.kdt)
         self.cb = self.c[k]
         self.wb = self.width[k]
+        self.k = k
+
+    def float64_tables(self, c64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(c_k, c_{k+1}) per bin in float64, for J alongside float32 rounding."""
+        return c64[self.k], c64[self.k + 1]
 
     def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
         """Table index of each float32 value: its bit pattern >> 16 (``t`` unused, ``b`` intp buffer)."""
@@ -249,7 +262,8 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     in float32) or of 2^-53 for float64.  The element goes up iff u * (c[k+1] - c[k]) < x - c[k], i.e.
     with probability (x - c_k) / (c_{k+1} - c_k) up to the working precision's rounding.  The compiled
     kernel (``kernels.BACKEND == "c"``) and this numpy path give identical ids.
-    With ``return_J=True`` also returns J of eq. 8-9 for these levels.
+    With ``return_J=True`` also returns J of eq. 8-9 for these levels, in float64 (for float32 data
+    the differences x - c_k, c_{k+1} - x are taken in float64, where they are exact), at little cost.
     ``bounds``: the exact (min x, max x) when the caller has them (the bracketing check needs no pass).
     """
     x, c = _check_inputs(x, c, bounds)
@@ -272,8 +286,15 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     b = np.empty(step, np.intp)
     m = np.empty(step, bool)
     k = np.empty(step, ids.dtype)
+    # J in float64: float32 work takes c_k, c_{k+1} from float64 tables (as the C kernel does)
+    wide = return_J and work == np.float32
+    if wide:
+        c64 = c.astype(np.float64)
+        x64, lo64, hi64 = np.empty(step), np.empty(step), np.empty(step)
+        if grid.ok:
+            tlo, thi = grid.float64_tables(c64)
     J = 0.0
-    pend = []  # (positions, uniforms, d, w) of elements needing an exact interval
+    pend = []  # (positions, uniforms) of elements needing an exact interval
     for s in range(0, n, step):
         e = min(s + step, n)
         L = e - s
@@ -293,12 +314,28 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         np.multiply(uu, gg, out=vv)
         np.less(vv, dd, out=mm)  # up with probability (x - c_k) / (c_{k+1} - c_k)
         np.add(kk, mm.view(np.uint8), out=ids[s:e], casting="unsafe")
-        if return_J:
-            J += float(np.dot(dd.astype(np.float64), (gg - dd).astype(np.float64)))
         np.greater_equal(dd, gg, out=mm)  # x at or above c_{k+1}: a level inside the bin
-        if mm.any():
-            late = np.flatnonzero(mm)
-            pend.append((late + s, uu[late], dd[late], gg[late]))
+        late = np.flatnonzero(mm) if mm.any() else None
+        if late is not None:
+            pend.append((late + s, uu[late]))
+        if return_J:  # sum (c_{k+1} - x)(x - c_k) over the elements whose k is right
+            if wide:
+                xx, ll, hh = x64[:L], lo64[:L], hi64[:L]
+                np.copyto(xx, xc)
+                if grid.ok:
+                    np.take(tlo, bb, out=ll, mode="clip")
+                    np.take(thi, bb, out=hh, mode="clip")
+                else:
+                    np.take(c64, kk, out=ll)
+                    np.take(c64, kk.astype(np.intp) + 1, out=hh)
+                np.subtract(xx, ll, out=ll)
+                np.subtract(hh, xx, out=hh)
+            else:
+                ll = dd
+                hh = np.subtract(gg, dd, out=vv)
+            if late is not None:
+                ll[late] = 0.0
+            J += float(np.dot(ll, hh))
     if pend:
         J += _fixup(x, grid, ids, pend, return_J)
     return (ids, J) if return_J else ids
@@ -308,9 +345,9 @@ def _fixup(x, grid, ids, pend, return_J) -> float:
     """Exact interval for the few elements that sit at or above a level inside their grid bin.
 
     Their uniform was not used (the first test is always 'up' for them), so it is reused here.
-    Returns the correction to J.
+    Returns their J (the rounding pass left them out), float64 as in the pass.
     """
-    idx, u, d, g = (np.concatenate(p) for p in zip(*pend))
+    idx, u = (np.concatenate(p) for p in zip(*pend))
     xs = x[idx]
     kk = interval_index(xs, grid.c)
     d2 = xs - grid.c[kk]
@@ -318,9 +355,10 @@ def _fixup(x, grid, ids, pend, return_J) -> float:
     ids[idx] = kk + (u * w2 < d2)
     if not return_J:
         return 0.0
-    old = d.astype(np.float64) * (g - d).astype(np.float64)
-    new = d2.astype(np.float64) * (w2 - d2).astype(np.float64)
-    return float(new.sum() - old.sum())
+    if grid.work == np.float32:
+        x64, c64 = xs.astype(np.float64), grid.c.astype(np.float64)
+        return float(np.dot(x64 - c64[kk], c64[kk + 1] - x64))
+    return float(np.dot(d2, w2 - d2))
 
 
 class _Uniforms:

@@ -81,15 +81,16 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
 
 
 def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> tuple[dict, tuple, Any]:
-    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, lazy J)."""
+    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, J as a callable)."""
     if x.size == 0:
         wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
         ids = np.zeros(0, np.uint8)
+        J = 0.0
     else:
         bounds = (float(x.min()), float(x.max()))  # once, not once per stage
         c = centroids.solve(x, p.z, p.solver, rng, bounds=bounds)
         wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
-        ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
+        ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)  # J: same pass
     k = int(wire.size)
     bits = packed_width(ids, k, p.id_packing)
     params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": p.solver,
@@ -97,10 +98,9 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
     sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
                 Section("IDS_", bitpack.pack(ids, bits), compressible=True))
 
-    def J() -> float:
-        return float(centroids.variance_J(x, np.asarray(wire, np.float64))) if x.size else 0.0
-
-    return params, sections, J
+    # J (eq. 8-9) came out of the rounding pass (float64; no second pass over x).  Still returned as
+    # a callable, the form the codecs' stats use for lazy values.
+    return params, sections, lambda: float(J)
 
 
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
