@@ -201,3 +201,38 @@ def test_encode_stats_J_from_rounding_pass(monkeypatch, z):
             _, st = mucsc.encode_with_stats(x, z=z, seed=2)
         assert st.J == pytest.approx(want, rel=1e-12), backend
 
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_subsample_path_identical(monkeypatch, dtype):
+    """Inputs above FULL_SORT_MAX (weighted subsample + exact tails via the ``outside`` kernel): same
+    levels and message bytes on both backends."""
+    x = make("t3", centroids.FULL_SORT_MAX + 12345, seed=31, dtype=dtype)
+    x[:50] = x.max()  # repeated extreme values
+    for z in (16, 64):
+        a, b = both(monkeypatch, lambda: centroids.solve(x, z))
+        np.testing.assert_array_equal(a, b)
+    a, b = both(monkeypatch, lambda: mucsc.encode(x, z=16, seed=5))
+    assert a == b
+
+
+@needs_c
+def test_outside_kernel(monkeypatch):
+    """``centroids._outside`` with the C kernel equals the numpy path, also when a side overflows the
+    first buffer (many values equal beyond a threshold), with signed zeros, for both float dtypes."""
+    rng = np.random.default_rng(6)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal(300_000).astype(dtype)
+        x[::3] = -2.5  # a third of the data below the low threshold: more than the buffer holds
+        x[1::97] = -0.0
+        x[2::89] = 0.0
+        for lo, hi in ((x.dtype.type(-2.0), x.dtype.type(1.0)), (x.dtype.type(0.5), x.dtype.type(0.5)),
+                       (x.dtype.type(-3.0), x.dtype.type(-0.0))):
+            (l_c, h_c), (l_np, h_np) = both(monkeypatch, lambda: centroids._outside(x, lo, hi))
+            np.testing.assert_array_equal(l_c, l_np)
+            np.testing.assert_array_equal(h_c, h_np)
+            assert np.array_equal(np.signbit(h_c), np.signbit(h_np))
+            np.testing.assert_array_equal(l_c, np.sort(x[x < lo]))
+            np.testing.assert_array_equal(h_c, np.sort(x[x > hi]))
+    with pytest.raises(ValueError):
+        kernels.c_module().outside(x, 0.0, 1.0, np.zeros(3, np.float32), np.zeros(3))

@@ -30,6 +30,9 @@ __all__ = ["SOLVERS", "solve", "variance_J", "variance_J_sorted", "segment_costs
 # Inputs up to this size are solved on the full sorted data; larger ones on a stratified subsample.
 FULL_SORT_MAX = 1 << 18
 SUBSAMPLE = 1 << 17
+# Above that size, every element beyond the subsample's TAIL_RANK-th smallest / largest value is kept
+# exactly (weight 1; ~d * TAIL_RANK / SUBSAMPLE elements per side), the rest is the weighted subsample.
+TAIL_RANK = 256
 # Above this Z the DP picks DP_MAX_Z levels and greedy insertion adds the rest (J(z) <= J(DP_MAX_Z)).
 DP_MAX_Z = 256
 # Up to this many levels the inserted levels are re-optimised by a DP over the levels plus REFINE_Q
@@ -312,37 +315,111 @@ def _solve_exact(x, z, lo, hi, rng):
 # --------------------------------------------------------------------------------------------------
 
 
-def _sample_sorted(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Sorted float64 data to solve on: all of x when small, else a stratified subsample plus the ends.
+def _sample_sorted(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sorted float64 data to solve on and its weights (None: all 1).
 
-    The subsample takes one element at a fixed pseudo-random offset in each of SUBSAMPLE equal blocks
-    (a fixed seed, so centroids are a pure function of the input).
+    Small inputs: all of x.  Large ones: a stratified subsample (one element at a fixed pseudo-random
+    offset in each of SUBSAMPLE equal blocks, a fixed seed, so centroids are a pure function of the
+    input) for the bulk, with weight d_bulk / n_bulk, plus every element below the subsample's
+    TAIL_RANK-th smallest or above its TAIL_RANK-th largest value, exactly, with weight 1.  Heavy
+    tails are where a subsample misses the levels that matter (its extremes are far from min/max).
     """
     d = x.size
     if d <= FULL_SORT_MAX:
-        return np.sort(x).astype(np.float64)
+        return np.sort(x).astype(np.float64), None
     block = d // SUBSAMPLE
     g = np.random.Generator(np.random.SFC64(0x6D756373))
     idx = np.arange(SUBSAMPLE, dtype=np.int64) * block + g.integers(0, block, SUBSAMPLE)
-    s = x[idx].astype(np.float64)
-    s = np.concatenate((s, [lo, hi]))
-    s.sort()
-    return s
+    s = np.sort(x[idx])
+    t_lo, t_hi = s[TAIL_RANK], s[-1 - TAIL_RANK]  # elements of x: exact in its dtype
+    low, high = _outside(x, t_lo, t_hi)
+    bulk = s[np.searchsorted(s, t_lo, side="left"):np.searchsorted(s, t_hi, side="right")]
+    wb = (d - low.size - high.size) / bulk.size  # bulk elements of x per sampled bulk element
+    xs = np.concatenate((low, bulk, high)).astype(np.float64)
+    w = np.concatenate((np.ones(low.size), np.full(bulk.size, wb), np.ones(high.size)))
+    return xs, w
 
 
-def _candidates(xs: np.ndarray, m: int) -> np.ndarray:
-    """Up to ~m candidate data values: rank quantiles, a uniform grid and f^(1/3) companding points.
+def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted elements of x below ``t_lo`` and above ``t_hi`` (one pass over x).
 
-    Optimal level density for J is ~ f^(1/3) (J ~ sum_segments n w^2 / 6), so companding points
-    concentrate candidates where levels go; quantiles and the uniform grid cover the rest.
+    Both backends collect them in index order, so the sorted results are identical.
+    """
+    if kernels.use_c() and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
+        cap = 4 * (x.size * (TAIL_RANK + 1) // SUBSAMPLE) + 4096  # expected count per side, with room
+        low, high = np.empty(cap, x.dtype), np.empty(cap, x.dtype)
+        nl, nh = kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+        if nl > cap or nh > cap:  # many equal values beyond a threshold: exact sizes
+            low, high = np.empty(nl, x.dtype), np.empty(nh, x.dtype)
+            kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+        return np.sort(low[:nl]), np.sort(high[:nh])
+    lows, highs = [], []
+    step = 1 << 16
+    m = np.empty(min(step, x.size), bool)
+    for s in range(0, x.size, step):
+        xc = x[s : s + step]
+        mm = m[: xc.size]
+        np.less(xc, t_lo, out=mm)
+        if mm.any():
+            lows.append(xc[mm])
+        np.greater(xc, t_hi, out=mm)
+        if mm.any():
+            highs.append(xc[mm])
+    cat = lambda a: np.sort(np.concatenate(a)) if a else np.zeros(0, x.dtype)  # noqa: E731
+    return cat(lows), cat(highs)
+
+
+class _Sorted:
+    """Sorted centred (sub)sample with prefix weight / weighted sum / weighted sum of squares.
+
+    ``W[i]`` is the total weight of xc[:i] (exactly i when ``unit``); J and the DP costs use
+    (W, P1, P2) where the unweighted formulas used (count, sum, sum of squares).
+    """
+
+    def __init__(self, xc: np.ndarray, w: np.ndarray | None):
+        self.xc = xc
+        self.unit = w is None
+        n = xc.size
+        buf = np.empty((3, n + 1))  # one allocation (measured 3x faster than three concatenations)
+        buf[:, 0] = 0.0
+        self.W, self.P1, self.P2 = buf
+        wx = xc if w is None else w * xc
+        if w is None:
+            self.W[1:] = np.arange(1, n + 1)
+        else:
+            np.cumsum(w, out=self.W[1:])
+        np.cumsum(wx, out=self.P1[1:])
+        np.cumsum(wx * xc, out=self.P2[1:])
+
+    def rank_at(self, lo: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Index of the first point at or after ``lo`` whose cumulative weight from ``lo`` reaches t
+        (t > 0): lo - 1 + ceil(t) for unit weights (may run past the data: callers clip)."""
+        if self.unit:
+            return lo - 1 + np.ceil(t).astype(np.int64)
+        i = np.searchsorted(self.W, self.W[lo] + t, side="left")
+        return np.maximum(i, lo + 1) - 1
+
+    def J(self, v: np.ndarray) -> float:
+        """J of sorted levels v (centred like xc) on the weighted data."""
+        k = np.searchsorted(self.xc, v, side="left")
+        return float(segment_costs(v, self.W[k], self.P1[k], self.P2[k]).sum())
+
+
+def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
+    """Up to ~m candidate data values: weighted quantiles, a uniform grid and f^(1/3) companding points.
+
+    ``W``: prefix weights of the sorted data ``xs`` (W[i] = i for unweighted data).  Optimal level
+    density for J is ~ f^(1/3) (J ~ sum_segments n w^2 / 6), so companding points concentrate
+    candidates where levels go; quantiles and the uniform grid cover the rest.
     """
     d = xs.size
     lo, hi = xs[0], xs[-1]
-    q = np.linspace(0, d - 1, m // 3 + 2).astype(np.int64)
+    # element covering each cumulative weight (= rank linspace(0, d - 1) for unit weights)
+    q = np.clip(np.searchsorted(W, np.linspace(0, W[-1] - 1, m // 3 + 2), side="right") - 1, 0, d - 1)
     grid = np.linspace(lo, hi, m // 3 + 2)
     nb = 4 * m
     edges = np.linspace(lo, hi, nb + 1)
-    counts = np.diff(np.searchsorted(xs, edges, side="right")).astype(np.float64)
+    counts = np.diff(W[np.searchsorted(xs, edges, side="right")])
     dens = np.cbrt(counts)
     cdf = np.concatenate(([0.0], np.cumsum(dens)))
     t = np.linspace(0, cdf[-1], m // 3 + 2)
@@ -353,12 +430,14 @@ def _candidates(xs: np.ndarray, m: int) -> np.ndarray:
     return cand
 
 
-def _polish(xs: np.ndarray, p1: np.ndarray, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarray:
+def _polish(S: _Sorted, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarray:
     """Exact coordinate descent on sorted data (ALQ update): odd levels, then even levels, until fixed.
 
-    For fixed neighbours a < c the best b is the data value of rank lo - 1 + ceil(T / (c - a)),
-    lo = #{x <= a}, hi = #{x < c}, T = sum_{a < x < c} (c - x).  Never increases J.
+    For fixed neighbours a < c the best b is the first data value whose cumulative weight from a
+    reaches T / (c - a), T = sum_{a < x < c} w (c - x) (rank lo - 1 + ceil(T / (c - a)) for unit
+    weights, lo = #{x <= a}).  Never increases J.
     """
+    xs, W, p1 = S.xc, S.W, S.P1
     c = c.copy()
     z = c.size
     if z <= 2:
@@ -372,10 +451,10 @@ def _polish(xs: np.ndarray, p1: np.ndarray, c: np.ndarray, sweeps: int = POLISH_
             a, b = c[j - 1], c[j + 1]
             lo = np.searchsorted(xs, a, side="right")
             hi = np.searchsorted(xs, b, side="left")
-            T = b * (hi - lo) - (p1[hi] - p1[lo])
-            k = np.ceil(T / (b - a)).astype(np.int64)
-            ok = (hi > lo) & (k >= 1)
-            rank = np.clip(lo - 1 + k, 0, xs.size - 1)
+            T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo])
+            t = T / (b - a)
+            ok = (hi > lo) & (t > 0)
+            rank = np.clip(S.rank_at(lo, np.where(ok, t, 1.0)), 0, xs.size - 1)
             new = np.where(ok, xs[rank], c[j])
             if not np.array_equal(new, c[j]):
                 changed = True
@@ -389,36 +468,35 @@ def _solve_optimal(x, z, lo, hi, rng):
     """DP over candidates from the (sub)sampled sorted data, then exact coordinate polishing.
 
     For z > DP_MAX_Z each stage starts from the previous stage's levels and never raises J on the
-    (sub)sample: the DP_MAX_Z solution, greedy insertion up to DP_REFINE_MAX_Z levels, a DP over those
-    levels plus interior data ranks, then greedy insertion up to z.  So J(z) <= J(DP_MAX_Z) and
-    J(z) <= J(DP_REFINE_MAX_Z) for larger z, by construction.
+    (weighted sub)sample: the DP_MAX_Z solution, greedy insertion up to DP_REFINE_MAX_Z levels, a DP
+    over those levels plus interior data ranks, then greedy insertion up to z.  So J(z) <= J(DP_MAX_Z)
+    and J(z) <= J(DP_REFINE_MAX_Z) for larger z, by construction.
     """
-    xs = _sample_sorted(x, lo, hi)
+    xs, w = _sample_sorted(x, lo, hi)
     shift = 0.5 * (lo + hi)
-    xc = xs - shift
-    p1 = np.concatenate(([0.0], np.cumsum(xc)))
+    S = _Sorted(xs - shift, w)
     zd = min(z, DP_MAX_Z)
     m = int(min(xs.size, max(CAND_MIN, CAND_PER_LEVEL * zd)))
-    cand = _candidates(xs, m) - shift
-    pos = np.searchsorted(xc, cand, side="left")
-    p2 = np.concatenate(([0.0], np.cumsum(xc * xc)))
-    idx = dp_levels(cand, pos.astype(np.float64), p1[pos], p2[pos], zd)
-    c = _polish(xc, p1, np.unique(cand[idx]))
+    cand = _candidates(xs, S.W, m) - shift
+    pos = np.searchsorted(S.xc, cand, side="left")
+    idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], zd)
+    c = _polish(S, np.unique(cand[idx]))
     if z > zd:
         zr = min(z, DP_REFINE_MAX_Z)
-        c = _polish(xc, p1, _insert_levels(xc, p1, c, zr))
-        c = _polish(xc, p1, _refine_dp(xc, p1, p2, c))
+        c = _polish(S, _insert_levels(S, c, zr))
+        c = _polish(S, _refine_dp(S, c))
         if z > zr:
-            c = _polish(xc, p1, _insert_levels(xc, p1, c, z))
+            c = _polish(S, _insert_levels(S, c, z))
     return c + shift
 
 
-def _refine_dp(xc: np.ndarray, p1: np.ndarray, p2: np.ndarray, c: np.ndarray) -> np.ndarray:
+def _refine_dp(S: _Sorted, c: np.ndarray) -> np.ndarray:
     """Best ``c.size`` levels among c plus REFINE_Q evenly spaced interior data ranks per interval.
 
     Coordinate polishing stalls when intervals hold few points; this DP moves many levels at once.
     c is one feasible choice, so the DP optimum is no worse; the J check guards against rounding.
     """
+    xc = S.xc
     lo = np.searchsorted(xc, c[:-1], side="right")
     hi = np.searchsorted(xc, c[1:], side="left")
     cnt = hi - lo
@@ -429,42 +507,43 @@ def _refine_dp(xc: np.ndarray, p1: np.ndarray, p2: np.ndarray, c: np.ndarray) ->
     if cand.size == c.size:
         return c
     pos = np.searchsorted(xc, cand, side="left")
-    idx = dp_levels(cand, pos.astype(np.float64), p1[pos], p2[pos], c.size)
+    idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], c.size)
     new = cand[idx]
-
-    def J(v):
-        k = np.searchsorted(xc, v, side="left")
-        return float(segment_costs(v, k.astype(np.float64), p1[k], p2[k]).sum())
-
-    return new if J(new) <= J(c) else c
+    return new if S.J(new) <= S.J(c) else c
 
 
-def _best_splits(xc: np.ndarray, p1: np.ndarray, a: np.ndarray, c: np.ndarray):
+def _best_splits(S: _Sorted, a: np.ndarray, c: np.ndarray):
     """For each interval [a, c] of consecutive levels: the best new level b on a data value, and the
     J reduction of inserting it (0 when no data lies strictly inside).
 
     b is the exact coordinate update (ALQ, as in ``_polish``).  Inserting b removes
-    (c - b) sum_{a < x <= b} (x - a) + (b - a) sum_{b < x < c} (c - x) from J (eq. 8: the points left
-    of b swap the factor (c - x) for (b - x), those right of it (x - a) for (x - b)); all terms >= 0.
+    (c - b) sum_{a < x <= b} w (x - a) + (b - a) sum_{b < x < c} w (c - x) from J (eq. 8: the points
+    left of b swap the factor (c - x) for (b - x), those right of it (x - a) for (x - b)); all >= 0.
     """
+    xc, W, p1 = S.xc, S.W, S.P1
     lo = np.searchsorted(xc, a, side="right")
     hi = np.searchsorted(xc, c, side="left")
     cnt = hi - lo
     inside = cnt > 0
-    T = c * cnt - (p1[hi] - p1[lo])
+    T = c * (W[hi] - W[lo]) - (p1[hi] - p1[lo])
     w = c - a
-    k = np.clip(np.ceil(np.divide(T, w, out=np.zeros_like(T), where=inside)), 1, np.maximum(cnt, 1))
-    rank = np.clip(lo - 1 + k.astype(np.int64), 0, xc.size - 1)
+    t = np.divide(T, w, out=np.zeros_like(T), where=inside)
+    if S.unit:
+        k = np.clip(np.ceil(t), 1, np.maximum(cnt, 1))
+        rank = lo - 1 + k.astype(np.int64)
+    else:
+        rank = np.clip(S.rank_at(lo, np.maximum(t, 0.0)), lo, np.maximum(hi - 1, lo))
+    rank = np.clip(rank, 0, xc.size - 1)
     b = np.where(inside, xc[rank], a)
     j = np.clip(np.searchsorted(xc, b, side="right"), lo, hi)  # points in (a, b] are lo .. j-1
-    left = (p1[j] - p1[lo]) - a * (j - lo)
-    right = c * (hi - j) - (p1[hi] - p1[j])
+    left = (p1[j] - p1[lo]) - a * (W[j] - W[lo])
+    right = c * (W[hi] - W[j]) - (p1[hi] - p1[j])
     gain = np.where(inside, (c - b) * np.maximum(left, 0.0) + (b - a) * np.maximum(right, 0.0), 0.0)
     return b, gain
 
 
-def _insert_levels(xc: np.ndarray, p1: np.ndarray, c: np.ndarray, z: int) -> np.ndarray:
-    """Grow sorted levels ``c`` towards ``z`` levels by greedy insertion on sorted data ``xc``.
+def _insert_levels(S: _Sorted, c: np.ndarray, z: int) -> np.ndarray:
+    """Grow sorted levels ``c`` towards ``z`` levels by greedy insertion on the sorted data ``S``.
 
     Each pass computes every interval's best split (``_best_splits``) and inserts the larger half of
     the positive gains (at most the remaining budget; ties broken by position), so the level count
@@ -472,7 +551,7 @@ def _insert_levels(xc: np.ndarray, p1: np.ndarray, c: np.ndarray, z: int) -> np.
     lowers J by its gain (splits of different intervals are independent).  Stops early, with fewer
     than ``z`` levels, when no interval has data strictly inside.
     """
-    b, gain = _best_splits(xc, p1, c[:-1], c[1:])
+    b, gain = _best_splits(S, c[:-1], c[1:])
     while c.size < z:
         pos_idx = np.flatnonzero(gain > 0.0)
         if pos_idx.size == 0:
@@ -492,7 +571,7 @@ def _insert_levels(xc: np.ndarray, p1: np.ndarray, c: np.ndarray, z: int) -> np.
         keep_g = np.repeat(gain, np.where(split, 2, 1))
         at = sel + np.arange(sel.size)  # index of the left half in the new interval list
         fresh = np.concatenate((at, at + 1))
-        nb, ng = _best_splits(xc, p1, new_c[fresh], new_c[fresh + 1])
+        nb, ng = _best_splits(S, new_c[fresh], new_c[fresh + 1])
         keep_b[fresh], keep_g[fresh] = nb, ng
         c, b, gain = new_c, keep_b, keep_g
     return c
