@@ -389,7 +389,7 @@ class _Sorted:
         else:
             np.cumsum(w, out=self.W[1:])
         np.cumsum(wx, out=self.P1[1:])
-        np.cumsum(wx * xc, out=self.P2[1:])
+        np.cumsum(wx * xc if w is None else np.multiply(wx, xc, out=wx), out=self.P2[1:])
 
     def rank_at(self, lo: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Index of the first point at or after ``lo`` whose cumulative weight from ``lo`` reaches t
@@ -475,9 +475,11 @@ def _solve_optimal(x, z, lo, hi, rng):
     xs, w = _sample_sorted(x, lo, hi)
     shift = 0.5 * (lo + hi)
     S = _Sorted(xs - shift, w)
+    del w  # peak memory: the sample's arrays are a visible share of it at d ~ 1e6
     zd = min(z, DP_MAX_Z)
     m = int(min(xs.size, max(CAND_MIN, CAND_PER_LEVEL * zd)))
     cand = _candidates(xs, S.W, m) - shift
+    del xs
     pos = np.searchsorted(S.xc, cand, side="left")
     idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], zd)
     c = _polish(S, np.unique(cand[idx]))
