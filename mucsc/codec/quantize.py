@@ -90,7 +90,21 @@ def _outward(v, target: float, direction: int):
 # --------------------------------------------------------------------------------------------------
 
 
-class _Grid:
+class _Tables:
+    """What both grids share: per-bin interval ``k``, its lower level ``cb`` and width ``wb``."""
+
+    def _set_tables(self, k: np.ndarray) -> None:
+        self.kb = k.astype(self.kdt)
+        self.cb = self.c[k]
+        self.wb = self.width[k]
+        self.k = k
+
+    def float64_tables(self, c64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(c_k, c_{k+1}) per bin in float64, for J alongside float32 rounding."""
+        return c64[self.k], c64[self.k + 1]
+
+
+class _Grid(_Tables):
     """Per-bin tables of a uniform grid over [c_0, c_{Z-1}]: interval, its lower level and its width.
 
     bin(x) = floor((x - c_0) * scale) is computed with the same floating-point operations for the data
@@ -118,14 +132,7 @@ class _Grid:
         bb = self.bins(self.c[1:-1])
         top = int(self.bins(self.c[-1:])[0])
         k = np.searchsorted(bb, np.arange(top + 1), side="left")
-        self.kb = k.astype(self.kdt)
-        self.cb = self.c[k]
-        self.wb = self.width[k]
-        self.k = k
-
-    def float64_tables(self, c64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(c_k, c_{k+1}) per bin in float64, for J alongside float32 rounding."""
-        return c64[self.k], c64[self.k + 1]
+        self._set_tables(k)
 
     def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
         """Grid bin of each value (``t``, ``b``: optional work-dtype and intp output buffers)."""
@@ -138,7 +145,7 @@ class _Grid:
         return b
 
 
-class _BitGrid:
+class _BitGrid(_Tables):
     """Per-bin tables indexed by the top 16 bits of the float32 bit pattern (sign, exponent, 7 mantissa
     bits): 128 bins per octave at every scale, so levels crowded near zero or in heavy tails still fall
     in separate bins, and the bin is one shift of the raw bits (no arithmetic on the values).
@@ -163,14 +170,7 @@ class _BitGrid:
         with np.errstate(invalid="ignore"):
             low = low_bits.view(np.float32)  # NaN patterns: never hit by finite data
             k = np.searchsorted(self.c[1:-1], low, side="right")
-        self.kb = k.astype(self.kdt)
-        self.cb = self.c[k]
-        self.wb = self.width[k]
-        self.k = k
-
-    def float64_tables(self, c64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(c_k, c_{k+1}) per bin in float64, for J alongside float32 rounding."""
-        return c64[self.k], c64[self.k + 1]
+        self._set_tables(k)
 
     def bins(self, v: np.ndarray, t: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
         """Table index of each float32 value: its bit pattern >> 16 (``t`` unused, ``b`` intp buffer)."""
