@@ -305,7 +305,7 @@ def _st_entry(key: str, info: Any, label: str) -> tuple[str, tuple[int, ...], tu
 
 
 def _bf16_from_bytes(mv: memoryview, shape: tuple[int, ...]) -> Any:
-    torch = _torch()
+    torch = require_torch()
     raw = torch.frombuffer(mv, dtype=torch.int16) if len(mv) else torch.empty(0, dtype=torch.int16)
     return raw.view(torch.bfloat16).reshape(shape)
 
@@ -330,7 +330,7 @@ def _save_safetensors(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
 
 def _st_bytes(key: str, t: Any) -> tuple[str, tuple[int, ...], memoryview]:
     if _is_torch(t):
-        torch = _torch()
+        torch = require_torch()
         if t.dtype == torch.bfloat16:
             raw = t.detach().contiguous().view(torch.int16).numpy()
             return "BF16", tuple(t.shape), memoryview(raw).cast("B")
@@ -440,7 +440,8 @@ def _as_numpy(key: str, t: Any, fmt: str) -> np.ndarray:
 
 # ---- torch ---------------------------------------------------------------------------------------
 
-def _torch() -> Any:
+def require_torch() -> Any:
+    """torch (>= 2.6, for safe loading), or a TensorFileError saying it is needed."""
     try:
         import torch
     except ImportError:
@@ -459,7 +460,7 @@ def _is_torch(t: Any) -> bool:
 
 
 def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
-    torch = _torch()
+    torch = require_torch()
     if t.dtype == torch.bfloat16:
         raise TensorFileError(f"tensor {key!r}: bfloat16 cannot be stored in .{fmt} "
                               "(write .safetensors or .pt)")
@@ -470,7 +471,7 @@ def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
 
 
 def _load_torch(src: str | IO[bytes], label: str) -> Loaded:
-    torch = _torch()
+    torch = require_torch()
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on a CLI
             warnings.simplefilter("ignore")
@@ -511,7 +512,7 @@ def _all_tensors(m: Mapping, torch: Any) -> bool:
 
 def _from_torch(t: Any, label: str, key: str) -> Any:
     """A loaded tensor as a numpy view (no copy), or the tensor itself for bfloat16."""
-    torch = _torch()
+    torch = require_torch()
     if t.layout != torch.strided or t.is_quantized:
         raise TensorFileError(f"{label}: tensor {key!r} is {t.layout} / quantized; only dense "
                               "tensors are supported")
@@ -542,7 +543,7 @@ def _torch_load_problem(exc: BaseException) -> str:
 
 
 def _save_torch(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
-    torch = _torch()
+    torch = require_torch()
     out = {}
     for key, t in tensors.items():
         if not _is_torch(t):

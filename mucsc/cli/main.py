@@ -215,12 +215,13 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
             raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
                                "tensors (write .npz, .safetensors or .pt)")
         has_bf16 = any(r.dtype == "bfloat16" for r in info.records)
-        decoded = mucsc.decode(blob, as_torch=fmt == "torch" or (fmt == "safetensors" and has_bf16),
-                               max_elements=max_elements)
+        as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
+        if as_torch:
+            tensorfiles.require_torch()  # a clear "needs torch" before any decoding
+        decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements)
     del blob
     tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
-    # decode(as_torch=True) returns 0-d tensors as shape (1,) (np.ascontiguousarray in
-    # mucsc.codec.tensors.from_record); restore every record's shape (a view, no copy)
+    # every record's recorded shape (a view, no copy; a safety net for 0-d tensors)
     shapes = {r.name or tensorfiles.BARE_NAME: tuple(r.shape) for r in info.records}
     tensors = {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
     notes = []

@@ -14,7 +14,7 @@ import numpy as np
 
 from mucsc.codec import format as fmt
 from mucsc.codec.base import Codec, EncodedGroup, codec_class, get_codec
-from mucsc.codec.tensors import Tensor, from_record, to_tensors
+from mucsc.codec.tensors import Tensor, from_record, require_torch, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 
 DEFAULT_ZSTD_LEVEL = 3
@@ -192,6 +192,8 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
     with ``as_torch``).  ``max_elements`` bounds the output size (None: only the spec's limit).
     """
+    if as_torch:
+        require_torch()  # fail before any work
     msg = fmt.read_message(blob)
     header = msg.header
     total = sum(r.size for r in header.records)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.format import FLOAT_DTYPES, INT_DTYPES
-from mucsc.errors import InputError
+from mucsc.errors import InputError, ParameterError
 
 _NUMPY_TO_NAME = {np.dtype(n): n for n in ("float16", "float32", "float64", *INT_DTYPES)}
 
@@ -82,20 +82,27 @@ def to_tensors(data: Any) -> tuple[str, list[Tensor]]:
     return "tensor", [to_tensor("", data)]
 
 
+def require_torch() -> Any:
+    """torch, or a ParameterError saying it is needed (only for ``as_torch=True``)."""
+    try:
+        import torch
+    except ImportError:
+        raise ParameterError("as_torch=True needs PyTorch, which is not installed (pip install torch)") from None
+    return torch
+
+
 def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch: bool) -> Any:
     """Give a decoded flat array its record's shape and dtype (numpy, or torch on request)."""
     if dtype == "bfloat16":
         if as_torch:
-            import torch
+            torch = require_torch()
 
             return torch.from_numpy(np.require(np.asarray(array, np.float32).reshape(shape), requirements="C")
                                     ).to(torch.bfloat16)
         return np.asarray(array, np.float32).reshape(shape)
     out = np.asarray(array).astype(np.dtype(dtype), copy=False).reshape(shape)
     if as_torch:
-        import torch
-
-        return torch.from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
+        return require_torch().from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
     return out
 
 

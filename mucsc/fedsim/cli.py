@@ -7,6 +7,7 @@ none, mucsc, bmucsc, qsgd, signsgd, stc and dgc.  The CLI group loads this comma
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import subprocess
@@ -155,6 +156,7 @@ def sim(config_file, out, quiet, params, **flags):
     With no arguments: the built-in digits experiment across none, mucsc, bmucsc, qsgd, signsgd,
     stc and dgc (a few minutes on 2 cores).
     """
+    _require_sim_dependencies(flags.get("dataset"), out)
     from mucsc.fedsim.config import make_config, parse_param
 
     try:
@@ -164,6 +166,18 @@ def sim(config_file, out, quiet, params, **flags):
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
     _run_sweep(cfg, Path(out) if out else None, quiet)
+
+
+def _require_sim_dependencies(dataset: str | None, out: str | None) -> None:
+    """One clear line (exit 1) instead of an ImportError when the simulator's extras are missing."""
+    needed = ["torch"]
+    if dataset in (None, "digits"):
+        needed.append("sklearn")  # the built-in digits data set ships with scikit-learn
+    if out:
+        needed.append("matplotlib")  # the PNG plots
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"mucsc sim needs {', '.join(missing)}: pip install 'mucsc[sim]'")
 
 
 def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
