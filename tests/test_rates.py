@@ -2,7 +2,6 @@
 real codecs' message sizes (issue 3, "Paper check"), and the ``mucsc rate`` command."""
 
 import json
-import math
 
 import numpy as np
 import pytest

@@ -19,7 +19,7 @@ import mucsc
 from mucsc import tensorfiles
 from mucsc.cli import report
 from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
-from mucsc.cli.errors import EXIT_USAGE, Failure, FileProblem, about, to_click_error
+from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
 from mucsc.cli.lazy import LazyGroup
 from mucsc.cli.update import (
     META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,

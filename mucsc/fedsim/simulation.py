@@ -24,7 +24,7 @@ from mucsc.fedsim import network, partition
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, num_params
-from mucsc.fedsim.transport import LinkCodec, Sender, check_codec, receive
+from mucsc.fedsim.transport import Sender, check_codec, receive
 
 # Independent random streams, so that e.g. a codec's randomness never shifts the batches.
 _S_PARTITION, _S_GROUPS, _S_SELECT, _S_BATCH, _S_NET, _S_UP, _S_DOWN = range(7)
