@@ -8,9 +8,11 @@ binary to a terminal, no overwrite without ``-f``, atomic outputs, reports on st
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 import click
@@ -31,7 +33,10 @@ LAZY = {
     "sim": ("mucsc.fedsim.cli:sim", "Run the federated-learning simulator (needs torch)."),
     "rate": ("mucsc.cli.rate:rate", "The paper's compression-rate formulas next to measured bytes."),
 }
-PROGRESS_MIN_BYTES = 64 << 20  # phase messages only for inputs at least this large
+PROGRESS_MIN_BYTES = 64 << 20  # a progress bar only for inputs at least this large
+# the encode stage's share of the bar, in bytes of NEW (reading takes one unit per byte): encoding a
+# 294 MB float32 .safetensors with mucsc took 0.72 s against 0.26 s to read it from the page cache
+ENCODE_WEIGHT = 2.0
 OUT_FORMATS = {"safetensors": "safetensors", "pt": "torch", "torch": "torch", "npz": "npz", "npy": "npy"}
 EXIT_CODES = """\b
 Exit codes: 0 success; 1 bad or unreadable data, I/O error, refused overwrite;
@@ -122,24 +127,26 @@ def compress(input: str, output: str | None, codec: str, shared: bool, seed: int
         _check_input(base, allow_stdin=input != "-")
     _check_output(out, force, inputs=[input, base])
 
+    new_size, old_size = _size(input), _size(base)
     progress = report.Progress(not quiet and _is_terminal(sys.stderr)
-                               and _size(input) + _size(base) >= PROGRESS_MIN_BYTES)
-    try:  # the phase line is cleared on success and on error alike
-        progress.phase(f"loading {input}")
-        loaded = _load(input)
+                               and new_size + old_size >= PROGRESS_MIN_BYTES,
+                               total=new_size + old_size + ENCODE_WEIGHT * new_size)
+    try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
+        progress.phase(f"loading {input}", new_size, measured=True)
+        loaded = _load(input, progress)
         tensors, notes = loaded.tensors, list(loaded.notes)
         if base is not None:
-            progress.phase(f"loading {base}")
-            old = _load(base)
+            progress.phase(f"loading {base}", old_size, measured=True)
+            old = _load(base, progress)
             notes += old.notes
             check_same_layout(layout(tensors), layout(old.tensors), input, base)
             progress.phase("subtracting")
             tensors = subtract_base(tensors, old.tensors)
             del old
+        progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size)  # no hook: time ticks only
         norm2 = squared_norm(tensors)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
         del loaded
-        progress.phase(f"encoding with {codec}")
         meta = {META_KEY: os.path.basename(base)} if base is not None else None
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=shared, compress=level,
@@ -357,10 +364,79 @@ def _format_of(path: str) -> str:
         raise UsageFailure(str(exc)) from None
 
 
-def _load(path: str) -> tensorfiles.Loaded:
+def _load(path: str, progress: report.Progress | None = None) -> tensorfiles.Loaded:
     if path == "-":
         return tensorfiles.load(sys.stdin.buffer, name="<stdin>")
-    return tensorfiles.load(path)
+    if progress is None or not progress.enabled:
+        return tensorfiles.load(path)
+    return _load_counting(path, progress.advance)
+
+
+def _load_counting(path: str, on_read: Callable[[int], None]) -> tensorfiles.Loaded:
+    """``tensorfiles.load(path)``, reading through a :class:`CountingReader` so the bar follows the bytes.
+
+    Not ``load(file_object)``: that reads a stream whole into memory before parsing it (peak RSS 872 MB
+    against 312 MB for a 294 MB .safetensors), so this repeats load's path branch (same labels, same
+    suffix-given format, same messages) over tensorfiles' stream readers.
+    """
+    fmt = tensorfiles.format_of(path)
+    try:
+        if os.path.isdir(path):
+            raise tensorfiles.TensorFileError(f"{path}: is a directory")
+        with open(path, "rb") as f:
+            reader = CountingReader(f, on_read)
+            if fmt == "torch":
+                return tensorfiles._load_torch(reader, path)
+            return tensorfiles._load_stream(reader, fmt, path, tensorfiles.default_max_bytes(),
+                                            os.fstat(f.fileno()).st_size)
+    except OSError as exc:
+        raise tensorfiles.TensorFileError(f"{path}: {exc.strerror or exc}") from None
+
+
+class CountingReader(io.RawIOBase):
+    """A read-only, seekable view of an open binary file that reports every byte read to ``on_read``.
+
+    ``readinto`` fills its buffer in slices of CHUNK bytes (one report per slice), so the single large
+    read of a safetensors data block still moves the bar; ``read(n)`` is passed through whole (zipfile
+    and torch rely on full reads; slicing it would copy).  No ``fileno``: every read goes through here.
+    """
+
+    CHUNK = 8 << 20
+
+    def __init__(self, f: IO[bytes], on_read: Callable[[int], None]) -> None:
+        super().__init__()
+        self._f, self._on_read = f, on_read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._f.seekable()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        got = 0
+        while got < len(mv):
+            n = self._f.readinto(mv[got:got + self.CHUNK])
+            if not n:
+                break
+            got += n
+            self._on_read(n)
+        return got
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._f.read(-1 if size is None else size)
+        self._on_read(len(data))
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
 
 
 def _read_bytes(path: str) -> bytes:

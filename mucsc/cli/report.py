@@ -7,9 +7,12 @@ Ratios are said one way only: bytes first, then "N.NNx smaller (original/compres
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 MAX_ROWS = 20  # larger tables show the first rows and one summary row
@@ -129,23 +132,108 @@ def info_lines(name: str, info: Any) -> list[str]:
 
 
 class Progress:
-    """Phase messages on stderr ("mucsc: encoding model.pt (1.2 GB)... 3.1 s") for long jobs.
+    """One progress line on stderr for long jobs: "mucsc: STAGE... 42% [#####...] 3.1 s".
 
-    Shown only when enabled (a terminal, not -q, a large input); each phase overwrites the last line.
-    The public API has no progress hook, so this reports phases, not percentages.
+    The job is a sequence of stages, each a share (``weight``) of ``total``; a stage with a real measure
+    (bytes read) moves the bar through its share via :meth:`advance` and shows an ETA for that stage;
+    a stage without one (encoding: the API has no progress hook) holds the bar at its start while the
+    elapsed time keeps ticking, redrawn every ``interval`` seconds by a daemon thread, so the user sees
+    it is alive.  The line is redrawn with \\r and cleared by :meth:`done` (call it in a ``finally``).
+    Disabled (not a terminal, -q, small input): writes nothing and starts no thread.
     """
 
-    def __init__(self, enabled: bool, stream: IO[str] | None = None) -> None:
+    def __init__(self, enabled: bool, stream: IO[str] | None = None, *, total: float = 0.0,
+                 interval: float = 0.2, columns: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
-        self.t0 = time.monotonic()
+        self.total = float(total)
+        self.interval = interval
+        self.columns = columns or _columns(self.stream)
+        self.clock = clock
+        self.t0 = clock()
+        self.text = ""
+        self.start = 0.0     # units done before the current stage
+        self.weight = 0.0    # the current stage's share of ``total``
+        self.measured = False
+        self.count = 0.0     # units done inside the current stage (measured stages only)
+        self.mark: tuple[float, float] | None = None  # (time, count) at the stage's first read
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def phase(self, text: str) -> None:
+    def phase(self, text: str, weight: float = 0.0, measured: bool = False) -> None:
+        """Start a stage (the previous one counts as complete) taking ``weight`` units of the total."""
+        with self._lock:  # the ticker never draws a half-updated stage
+            self.start = min(self.start + self.weight, self.total)
+            self.text, self.weight, self.measured, self.count = text, float(weight), measured, 0.0
+            self.mark = None
         if self.enabled:
-            self.stream.write(f"\r\x1b[2Kmucsc: {text}... ({time.monotonic() - self.t0:.1f} s)")
-            self.stream.flush()
+            self.draw()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._tick, name="mucsc-progress", daemon=True)
+                self._thread.start()
+
+    def advance(self, n: float) -> None:
+        """``n`` more units of the current (measured) stage are done; drawn by the ticker."""
+        self.count += n
+        if self.mark is None:  # the rate is timed from the first read on (not from e.g. importing torch)
+            self.mark = (self.clock(), self.count)
+
+    def fraction(self) -> float | None:
+        """Share of the whole job done, 0..1 (None without a total)."""
+        if self.total <= 0:
+            return None
+        inside = min(self.count, self.weight) if self.measured else 0.0
+        return min((self.start + inside) / self.total, 1.0)
+
+    def render(self) -> str:
+        """The line as drawn (without the leading carriage return), fitted to the terminal width."""
+        now = self.clock()
+        tail = f" {now - self.t0:.1f} s"
+        if self.measured and self.mark is not None and self.count < self.weight:
+            t1, c1 = self.mark
+            if now - t1 >= 1 and self.count > c1:  # an ETA only from a second of measured reading
+                left = (now - t1) * (self.weight - self.count) / (self.count - c1)
+                tail += f", stage ETA {left:.0f} s"
+        frac = self.fraction()
+        if frac is not None:
+            width = 20
+            filled = int(frac * width)
+            tail = f" {int(100 * frac):3d}% [{'#' * filled}{'.' * (width - filled)}]" + tail
+        head = f"mucsc: {self.text}..."
+        room = max(self.columns - 1 - len(tail), 12)
+        if len(head) > room:
+            head = head[: room - 3] + "..."
+        return head + tail
+
+    def draw(self) -> None:
+        if self.enabled:
+            with self._lock:
+                if not self._stop.is_set():
+                    self.stream.write("\r\x1b[2K" + self.render())
+                    self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.draw()
 
     def done(self) -> None:
-        if self.enabled:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
+        """Stop the ticker and clear the line (on success and on error alike)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.stream.write("\r\x1b[2K")
+        self.stream.flush()
+
+
+def _columns(stream: IO[str]) -> int:
+    """The width of the terminal ``stream`` writes to (stdout may be a pipe while stderr is not)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return shutil.get_terminal_size((80, 24)).columns
