@@ -29,7 +29,7 @@ import struct
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -143,12 +143,15 @@ def _zip_kind(fileobj: IO[bytes]) -> str:
 # ---- loading -------------------------------------------------------------------------------------
 
 def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
-         name: str | None = None, max_bytes: int | None = None) -> Loaded:
+         name: str | None = None, max_bytes: int | None = None,
+         wrap: Callable[[IO[bytes]], IO[bytes]] | None = None) -> Loaded:
     """Load named tensors from a path or a binary stream (e.g. stdin).
 
     ``fmt`` overrides the suffix (required knowledge for streams, which are sniffed when it is None).
     ``name`` is used in messages (defaults to the path, or ``<stdin>``).  ``max_bytes`` bounds the
-    declared uncompressed size of .npz members (default: :func:`default_max_bytes`).
+    declared uncompressed size of .npz members (default: :func:`default_max_bytes`).  ``wrap``
+    (paths only) wraps the opened file, e.g. to count bytes for a progress bar; the file is still
+    parsed in place, never buffered whole.
     """
     limit = default_max_bytes() if max_bytes is None else max_bytes
     if isinstance(source, (str, os.PathLike)):
@@ -158,10 +161,14 @@ def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
         try:
             if os.path.isdir(path):
                 raise TensorFileError(f"{label}: is a directory")
-            if fmt == "torch":
+            if fmt == "torch" and wrap is None:
                 return _load_torch(path, label)
             with open(path, "rb") as f:
-                return _load_stream(f, fmt, label, limit, os.fstat(f.fileno()).st_size)
+                size = os.fstat(f.fileno()).st_size
+                g = f if wrap is None else wrap(f)
+                if fmt == "torch":
+                    return _load_torch(g, label)
+                return _load_stream(g, fmt, label, limit, size)
         except OSError as exc:
             raise TensorFileError(f"{label}: {exc.strerror or exc}") from None
     label = name or "<stdin>"
