@@ -6,36 +6,19 @@ rounding: biased (slightly), so error feedback applies by default in mucsc.codec
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, register, section
-from mucsc.errors import FormatError
+from mucsc.codec.base import register
+from mucsc.codec.codecs._cast import CastCodec
 
 F16_MAX = 65504.0
 
 
 @register
-class FP16(Codec):
+class FP16(CastCodec):
     name = "fp16"
     summary = "fp16: raw IEEE float16 (saturating at +-65504)"
+    wire = "<f2"
 
-    @dataclasses.dataclass(frozen=True)
-    class Params:
-        pass
-
-    def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        h = np.clip(x, -F16_MAX, F16_MAX).astype("<f2")
-        return EncodedGroup({}, (Section("VALS", h.tobytes()),),
-                            {"J": lambda: float(np.sum((h.astype(np.float64) - x) ** 2))})
-
-    @classmethod
-    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype) -> np.ndarray:
-        h = array_from(section(sections, "VALS", 2 * n), "<f2")
-        if not np.all(np.isfinite(h)):
-            raise FormatError("fp16: values must be finite")
-        return h.astype(dtype)
+    def cast(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(x, -F16_MAX, F16_MAX).astype(self.wire)
