@@ -502,3 +502,16 @@ def test_progress_only_on_a_terminal_for_large_inputs(tmp_path, monkeypatch):
     assert "mucsc: loading" in r.stderr and "mucsc: encoding with mucsc" in r.stderr
     assert "\r\x1b[2K" in r.stderr
     assert "loading" not in run(["compress", src, "-o", tmp_path / "d.mucsc", "-q"]).stderr
+
+
+def test_bits_max_error_and_size_options(tmp_path):
+    src = write_ckpt(tmp_path / "m.npz", checkpoint())
+    n = sum(np.asarray(v).size for v in np.load(src).values())
+    run(["compress", src, "-o", tmp_path / "b.mucsc", "--bits", "12", "-q"])
+    blob = (tmp_path / "b.mucsc").read_bytes()
+    assert 8 * len(blob) <= 12 * n and isinstance(mucsc.inspect(blob).groups[0].params["z"], int)
+    run(["compress", src, "-o", tmp_path / "s.mucsc", "--size", str(len(blob) + 100), "-q"])
+    assert len((tmp_path / "s.mucsc").read_bytes()) <= len(blob) + 100
+    run(["compress", src, "-o", tmp_path / "e.mucsc", "--max-error", "0.1", "--per-tensor", "-q"])
+    err = run(["compress", src, "-o", tmp_path / "x.mucsc", "--bits", "2", "--z", "8"], code=2).stderr
+    assert "give one of z, bits" in err and "Traceback" not in err

@@ -158,7 +158,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool, seed: int
     finally:
         progress.done()
 
-    effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec"}
+    effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec" and v is not None}
     if as_json:
         click.echo(json.dumps(_compress_json(input, out, base, codec, effective, shared, seed, level,
                                              stats, info, norm2, notes), indent=2))

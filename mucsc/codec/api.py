@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import format as fmt
-from mucsc.codec.base import Codec, EncodedGroup, codec_class, get_codec
+from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec.tensors import Tensor, from_record, require_torch, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 
@@ -89,14 +89,13 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
     if container == "dict" and not tensors:
         raise InputError("nothing to encode: the mapping is empty")
     plan = _plan_groups(tensors, codec, shared)
+    ready: dict[int, EncodedGroup] = {}
+    if codec.needs_plan:
+        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level)
     groups, sections, gstats = [], [], []
     for gi, (gcodec, members) in enumerate(plan):
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
-        rng = np.random.default_rng([int(seed), gi])
-        try:
-            enc: EncodedGroup = gcodec.encode_array(x, rng)
-        except MucscError:
-            raise
+        enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
         del x
         groups.append(fmt.Group(gcodec.name, enc.params, tuple(members), gdtype))
         sections.extend((gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections)
@@ -113,6 +112,57 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
     stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
                         tuple(gstats))
     return blob, stats
+
+
+def _group_rng(seed: int, gi: int) -> np.random.Generator:
+    """Group ``gi``'s generator (FORMAT.md 4.3): default_rng([seed, gi])."""
+    return np.random.default_rng([int(seed), gi])
+
+
+def _resolve_plan(plan, tensors, codec, container, meta, seed, level):
+    """Let ``codec`` see its groups and the rest of the message before encoding (a byte budget over
+    the whole message, ``bits=`` / ``size=``).  The other groups are encoded here (their exact size is
+    part of the budget) and returned with the plan so they are not encoded twice."""
+    mine = [gi for gi, (c, _) in enumerate(plan) if c is codec]
+    ready: dict[int, EncodedGroup] = {}
+    other_bytes = 0
+    for gi, (gcodec, members) in enumerate(plan):
+        if gi in mine:
+            continue
+        x, _ = _group_vector(gcodec, [tensors[i] for i in members])
+        enc = ready[gi] = gcodec.encode_array(x, _group_rng(seed, gi))
+        other_bytes += sum(fmt.section_bytes(s.tobytes(), s.compressible, level) for s in enc.sections)
+    records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
+    dtypes = [_group_dtype(c, [tensors[i] for i in m]) for c, m in plan]
+    meta = dict(meta or {})
+
+    def head_bytes(params: list[dict[str, Any]]) -> int:
+        by_group = dict(zip(mine, params))
+        groups = tuple(fmt.Group(c.name, by_group[gi] if gi in by_group else ready[gi].params, tuple(m),
+                                 dtypes[gi]) for gi, (c, m) in enumerate(plan))
+        return fmt.section_bytes(fmt.Header(records, groups, container, meta).to_json(), True, level)
+
+    fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + other_bytes
+    xs = [_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0] for gi in mine]
+    ctx = PlanContext(level, sum(t.array.size for t in tensors), fixed,
+                      lambda i: _group_rng(seed, mine[i]), head_bytes)
+    chosen = codec.plan(xs, ctx)
+    del xs
+    if chosen is None:
+        return plan, ready
+    if len(chosen) != len(mine):
+        raise RuntimeError(f"codec {codec.name!r} planned {len(chosen)} groups, expected {len(mine)}")
+    plan = list(plan)
+    for gi, c in zip(mine, chosen):
+        plan[gi] = (c, plan[gi][1])
+    return plan, ready
+
+
+def _group_dtype(codec: Codec, members: list[Tensor]) -> str:
+    """The dtype a group is encoded in (as :func:`_group_vector` decides, without building it)."""
+    if codec.lossless:
+        return members[0].dtype
+    return "float64" if any(t.dtype == "float64" for t in members) else "float32"
 
 
 def _zstd_level(compress: str | int) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -76,6 +76,17 @@ class Codec(ABC):
         """numcodecs-style config: ``{"codec": name, **params}``."""
         return {"codec": self.name, **dataclasses.asdict(self.params)}
 
+    @property
+    def needs_plan(self) -> bool:
+        """True when :meth:`plan` must see the groups before encoding (a message-wide goal is set)."""
+        return False
+
+    def plan(self, xs: Sequence[np.ndarray], ctx: "PlanContext") -> list["Codec"] | None:
+        """Codecs for the groups ``xs`` this codec is about to encode, when a parameter of it sets a
+        goal for the whole message (a byte budget shared by the groups).  None (the default): every
+        group is encoded with ``self``."""
+        return None
+
     @abstractmethod
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         """Encode a 1-D, C-contiguous, finite float32 or float64 vector (possibly empty)."""
@@ -86,6 +97,18 @@ class Codec(ABC):
         cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype
     ) -> np.ndarray:
         """Rebuild the length-``n`` vector of ``dtype`` from header ``params`` and raw ``sections``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanContext:
+    """What :meth:`Codec.plan` knows about the message around its groups."""
+
+    zstd_level: int | None  # how the container will store compressible sections (None: raw)
+    elements: int  # elements of the whole message (all records)
+    fixed_bytes: int  # exact message bytes outside HEAD and these groups' sections
+    rngs: Callable[[int], np.random.Generator]  # a fresh copy of group i's generator (i indexes xs)
+    # exact bytes of the HEAD section (header, stored payload, padding) when group i has params[i]
+    head_bytes: Callable[[Sequence[Mapping[str, Any]]], int]
 
 
 _REGISTRY: dict[str, type[Codec]] = {}
@@ -151,6 +174,10 @@ def make_params(params_cls: type, given: Mapping[str, Any], codec_name: str) -> 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     ann = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     ann = ann.replace(" ", "")
+    if ann.endswith("|None"):  # optional parameter: None (or "none" from a command line) means unset
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        ann = ann[: -len("|None")]
     try:
         if ann == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):

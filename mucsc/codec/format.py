@@ -150,6 +150,21 @@ def message_size(payload_sizes: Iterable[int]) -> int:
 
 # ---------------------------------------------------------------------------------------------- writing
 
+def _compressor(zstd_level: int) -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=zstd_level, write_content_size=True, write_checksum=False)
+
+
+def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
+    """Bytes one section adds to a message written by :func:`write_message` with ``zstd_level``:
+    its 32-byte header, the payload as it would be stored (zstd when strictly smaller) and padding.
+    Rate control uses it to know exact sizes before writing."""
+    raw = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    stored = len(raw)
+    if compressible and zstd_level is not None and stored > 0:
+        stored = min(stored, len(_compressor(zstd_level).compress(raw)))
+    return SECTION.size + stored + padding(stored)
+
+
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
                   zstd_level: int | None = 3, flags: int = 0) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
@@ -159,8 +174,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     """
     if flags:
         raise ValueError("no flags are defined in format 1.0")
-    cctx = zstandard.ZstdCompressor(level=zstd_level, write_content_size=True,
-                                    write_checksum=False) if zstd_level is not None else None
+    cctx = _compressor(zstd_level) if zstd_level is not None else None
     parts: list[bytes | memoryview] = []
     count = 0
     for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", header.to_json(), True), *sections]:

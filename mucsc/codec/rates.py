@@ -111,7 +111,10 @@ def section_sizes(codec: str, n: int, params: Mapping | None = None,
     if codec == "terngrad":
         return {"SCAL": 4, "VALS": (2 * n + 7) // 8 if p["packing"] == "2bit" else -(-n // 5)}
     if codec == "mucsc":
-        kc = min(p["z"], n) if centroids is None else centroids
+        if any(p.get(t) is not None for t in ("bits", "max_error", "size")):
+            raise ValueError("mucsc with bits=, size= or max_error= chooses Z from the data: pass z")
+        z = 16 if p["z"] is None else p["z"]  # MucscParams.fixed_z
+        kc = min(z, n) if centroids is None else centroids
         item = {"float16": 2, "float32": 4, "float64": 8}[p.get("centroid_dtype", "float32")]
         return {"CENT": item * kc, "IDS_": (n * clog2(max(kc, 1)) + 7) // 8}
     k = sparse.keep_count(p["keep"], n)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack, centroids, kernels, quantize
-from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
-                              section)
+from mucsc.codec import allocate, bitpack, centroids, kernels, quantize
+from mucsc.codec import format as fmt
+from mucsc.codec.base import (Codec, EncodedGroup, PlanContext, Section, array_from, param_int, param_str,
+                              register, section)
 from mucsc.errors import FormatError, ParameterError
 
 MIN_Z, MAX_Z = 2, 65536
@@ -50,26 +51,61 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
     return ALIGNED_WIDTH[w] if entropy < w - ALIGN_MARGIN_BITS else w
 
 
+TARGETS = ("z", "bits", "max_error", "size")
+DEFAULT_Z = 16
+# Numbers of centroids tried by the rate-controlled modes (bits=, size=, max_error=): every Z up to 8,
+# then about 4 steps per doubling (J falls roughly like 1/Z^2, the ID entropy grows like log2 Z).
+Z_LADDER = tuple(sorted({*range(2, 9), *(m << e for e in range(1, 14) for m in (4, 5, 6, 7) if m << e <= MAX_Z),
+                         MAX_Z}))
+
+
 @dataclasses.dataclass(frozen=True)
 class MucscParams:
-    """z: number of centroids (2..65536); solver: how centroids are chosen; centroid_dtype: wire
-    dtype; id_packing: "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy
-    allows, for a zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses)."""
+    """Exactly one of z / bits / max_error / size chooses the number of centroids (z = 16 when none
+    is given): ``z`` fixes it (2..65536); ``bits`` is a budget in bits per element of the whole
+    message (framing included); ``size`` a budget in bytes of the whole message; ``max_error`` a
+    bound on each group's relative error sqrt(J) / ||x||.  The header records the Z chosen, so
+    decoding needs nothing else.  solver: how centroids are chosen; centroid_dtype: wire dtype;
+    id_packing: "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy allows,
+    for a zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses)."""
 
-    z: int = 16
+    z: int | None = None
     solver: str = "optimal"
     centroid_dtype: str = "float32"
     id_packing: str = "auto"
+    bits: float | None = None
+    max_error: float | None = None
+    size: int | None = None
 
     def __post_init__(self) -> None:
-        if not MIN_Z <= self.z <= MAX_Z:
+        given = [t for t in TARGETS if getattr(self, t) is not None]
+        if len(given) > 1:
+            raise ParameterError(f"give one of z, bits, max_error, size (they all choose the number of "
+                                 f"centroids), got {', '.join(given)}")
+        if self.z is not None and not MIN_Z <= self.z <= MAX_Z:
             raise ParameterError(f"z must be in {MIN_Z}..{MAX_Z}, got {self.z}")
+        if self.bits is not None and not 0 < self.bits <= 64:
+            raise ParameterError(f"bits (per element of the message) must be in (0, 64], got {self.bits}")
+        if self.max_error is not None and not 0 < self.max_error < math.inf:
+            raise ParameterError(f"max_error (relative error sqrt(J)/||x||) must be > 0, got {self.max_error}")
+        if self.size is not None and self.size < 1:
+            raise ParameterError(f"size (bytes of the message) must be >= 1, got {self.size}")
         if self.solver not in centroids.SOLVERS:
             raise ParameterError(f"unknown solver {self.solver!r}; choose from {', '.join(centroids.SOLVERS)}")
         if self.centroid_dtype not in CENTROID_DTYPES:
             raise ParameterError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}")
         if self.id_packing not in ID_PACKINGS:
             raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
+
+    @property
+    def target(self) -> str:
+        """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
+        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+
+    @property
+    def fixed_z(self) -> int:
+        """The number of centroids in the fixed-Z mode."""
+        return DEFAULT_Z if self.z is None else self.z
 
 
 def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
@@ -88,7 +124,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
         J = 0.0
     else:
         bounds = (float(x.min()), float(x.max()))  # once, not once per stage
-        c = centroids.solve(x, p.z, p.solver, rng, bounds=bounds)
+        c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds)
         wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
         # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
         # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
@@ -100,7 +136,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
     k = int(wire.size)
     bits = packed_width(ids, k, p.id_packing)
     params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": p.solver,
-              "z": p.z}
+              "z": p.fixed_z}
     sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
                 Section("IDS_", bitpack.pack(ids, bits), compressible=True))
 
@@ -133,6 +169,28 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
     return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
 
 
+def group_bytes(sections: Sequence[Section], zstd_level: int | None) -> int:
+    """What a group's sections add to a message, stored as the container stores them."""
+    return sum(fmt.section_bytes(s.tobytes(), s.compressible, zstd_level) for s in sections)
+
+
+def z_options(x: np.ndarray, p: MucscParams, rng: Callable[[], np.random.Generator],
+              zstd_level: int | None, stop: Callable[[allocate.Option], bool]) -> list[allocate.Option]:
+    """Options (section bytes, J, key = (Z, header params)) of encoding ``x`` with each Z of the
+    ladder, smallest first, until ``stop`` says enough or more centroids cannot help (all distinct
+    values are levels).  ``rng()`` returns a fresh copy of the group's generator, so the option
+    chosen encodes to exactly the bytes counted."""
+    opts = []
+    for z in Z_LADDER:
+        params, sections, J = encode_clusters(
+            x, dataclasses.replace(p, z=z, bits=None, max_error=None, size=None), rng())
+        o = allocate.Option(group_bytes(sections, zstd_level), float(J()), (z, _Frozen(params)))
+        opts.append(o)
+        if stop(o) or params["centroids"] < z or o.J == 0.0:
+            break
+    return opts
+
+
 @register
 class Mucsc(Codec):
     """MUCSC: Z centroids minimising J, unbiased stochastic rounding, fixed-width cluster IDs."""
@@ -145,11 +203,100 @@ class Mucsc(Codec):
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
 
+    @property
+    def needs_plan(self) -> bool:
+        return self.params.target != "z"
+
+    def with_z(self, z: int) -> "Mucsc":
+        """This codec with the number of centroids fixed (what a rate-controlled mode resolves to)."""
+        return type(self)(**{**dataclasses.asdict(self.params), "z": z, "bits": None, "max_error": None,
+                             "size": None})
+
+    def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
+        """Resolve bits= / size= (one byte budget split across the groups to minimise total J, see
+        mucsc.codec.allocate) and max_error= (per group, the smallest message meeting the bound) to
+        one fixed Z per group."""
+        p = self.params
+        if p.target == "z":
+            return None
+        level = ctx.zstd_level
+        if p.target == "max_error":
+            out = []
+            for i, x in enumerate(xs):
+                norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
+                opts = z_options(x, p, lambda: ctx.rngs(i), level,
+                                 lambda o: allocate.relative_error(o.J, norm2) <= p.max_error)
+                best = allocate.cheapest_within(opts, norm2, p.max_error)
+                if best is None:
+                    best = min(opts, key=lambda o: o.J)
+                    raise ParameterError(
+                        f"max_error={p.max_error:g} is out of reach: the best relative error is "
+                        f"{allocate.relative_error(best.J, norm2):.3g} (Z = {best.key[0]})")
+                out.append(self.with_z(best.key[0]))
+            return out
+        total = p.size if p.target == "size" else math.floor(p.bits * ctx.elements / 8)
+        what = f"size={p.size}" if p.target == "size" else f"bits={p.bits:g}"
+        curves = [z_options(x, p, lambda: ctx.rngs(i), level, lambda o: o.bytes > total - ctx.fixed_bytes)
+                  for i, x in enumerate(xs)]
+
+        def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
+            return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key[1]) for o in chosen])
+                    + sum(o.bytes for o in chosen))
+
+        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
+        least = cost(cheapest)
+        if least > total:
+            raise ParameterError(f"{what} is below the smallest mucsc message for this input: {least} "
+                                 f"bytes ({8 * least / max(ctx.elements, 1):.3g} bits per element)")
+        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
+        # HEAD of the last choice, check the exact size, and retry with the difference.
+        best, tried = cheapest, set()
+        budget = total - (least - sum(o.bytes for o in cheapest))
+        while budget not in tried and len(tried) < 8:
+            tried.add(budget)
+            try:
+                chosen = allocate.split_budget(curves, budget)
+            except ParameterError:
+                break
+            size = cost(chosen)
+            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
+                best = chosen
+            budget += total - size
+        return [self.with_z(o.key[0]) for o in best]
+
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        params, sections, J = encode_clusters(x, self.params, rng)
+        codec = self
+        if self.params.target != "z":  # called directly (not through the API): budget = this group
+            level = None if self.params.id_packing == "tight" else fmt_default_level()
+            state = rng.bit_generator.state
+            fresh = lambda: _restored(rng, state)  # noqa: E731
+            ctx = PlanContext(level, x.size, 0, lambda i: fresh(), lambda params: 0)
+            (codec,) = self.plan([x], ctx)
+            rng = fresh()
+        params, sections, J = encode_clusters(x, codec.params, rng)
         return EncodedGroup(params, sections, {"J": J})
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         return decode_clusters(n, params, sections, dtype)
+
+
+class _Frozen(tuple):
+    """Header params as a hashable value (an option key): sorted (name, value) pairs."""
+
+    def __new__(cls, params: Mapping[str, Any]):
+        return super().__new__(cls, sorted(params.items()))
+
+
+def fmt_default_level() -> int:
+    """The zstd level the API uses by default (mucsc.codec.api.DEFAULT_ZSTD_LEVEL)."""
+    from mucsc.codec.api import DEFAULT_ZSTD_LEVEL  # late: api imports the codecs
+    return DEFAULT_ZSTD_LEVEL
+
+
+def _restored(rng: np.random.Generator, state: dict) -> np.random.Generator:
+    """A new generator of ``rng``'s kind in the given state (a replay of the same draws)."""
+    g = np.random.Generator(type(rng.bit_generator)())
+    g.bit_generator.state = state
+    return g

@@ -1,0 +1,109 @@
+"""Rate allocation: choose one encoding per group so that a message meets a byte budget or an error bound.
+
+Each group of a message (one tensor, or several sharing a codebook) can be encoded in several ways,
+each with a cost in bytes and an expected squared error J (eq. 8-9 for MUCSC).  A caller lists them
+per group as :class:`Option` s and asks:
+
+* :func:`split_budget` -- one option per group, total bytes <= budget, total J as small as possible.
+  Greedy on the lower convex hull of each group's (bytes, J) points: start every group at its
+  cheapest option and repeatedly take the upgrade with the largest J saved per extra byte that still
+  fits.  On the hulls this is the Lagrangian (common-lambda) solution, optimal up to the last upgrade
+  that did not fit; a final pass spends what is left on any option, hull or not, that lowers J.
+* :func:`cheapest_within` -- per group: the cheapest option whose relative error sqrt(J) / ||x|| is
+  at most a bound (``--max-error`` per tensor).
+
+The module knows nothing about codecs: an option's ``key`` is whatever the caller needs to re-create
+the encoding (the mucsc codec uses the number of centroids).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Sequence
+
+from mucsc.errors import ParameterError
+
+__all__ = ["Option", "lower_hull", "split_budget", "cheapest_within", "relative_error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One way to encode a group: its exact cost in bytes, its expected squared error J, and ``key``
+    (what the caller needs to reproduce it)."""
+
+    bytes: int
+    J: float
+    key: Hashable
+
+
+def relative_error(J: float, norm2: float) -> float:
+    """sqrt(J) / ||x|| (0 for a zero vector): the quantity ``max_error`` bounds."""
+    return math.sqrt(max(J, 0.0) / norm2) if norm2 > 0 else 0.0
+
+
+def lower_hull(options: Sequence[Option]) -> list[Option]:
+    """The options on the lower convex hull of the (bytes, J) points, by increasing bytes and strictly
+    decreasing J (dominated options -- more bytes and no less J -- are dropped)."""
+    pts: list[Option] = []
+    for o in sorted(options, key=lambda o: (o.bytes, o.J)):
+        if pts and o.J >= pts[-1].J:
+            continue  # dominated: costs at least as much, saves nothing
+        while len(pts) >= 2:
+            a, b = pts[-2], pts[-1]
+            # b lies on or above the segment a-o: drop it (cross product of (b - a) and (o - a))
+            if (b.J - a.J) * (o.bytes - a.bytes) >= (o.J - a.J) * (b.bytes - a.bytes):
+                pts.pop()
+            else:
+                break
+        pts.append(o)
+    return pts
+
+
+def split_budget(curves: Sequence[Sequence[Option]], budget: int) -> list[Option]:
+    """One option per group with total bytes <= ``budget`` and total J near-minimal (see the module
+    docstring).  Raises :class:`ParameterError` when even the cheapest options together exceed it."""
+    if not curves:
+        return []
+    if any(not c for c in curves):
+        raise ParameterError("every group needs at least one option")
+    hulls = [lower_hull(c) for c in curves]
+    pick = [0] * len(hulls)
+    spent = sum(h[0].bytes for h in hulls)
+    if spent > budget:
+        raise ParameterError(f"the budget of {budget} bytes is below the smallest possible size, {spent} bytes")
+    while True:
+        best, best_rate = -1, 0.0
+        for g, h in enumerate(hulls):
+            i = pick[g]
+            if i + 1 < len(h):
+                extra = h[i + 1].bytes - h[i].bytes
+                if spent + extra <= budget:
+                    saved = h[i].J - h[i + 1].J
+                    rate = saved / extra if extra > 0 else math.inf
+                    if rate > best_rate:
+                        best, best_rate = g, rate
+        if best < 0:
+            break
+        h = hulls[best]
+        spent += h[pick[best] + 1].bytes - h[pick[best]].bytes
+        pick[best] += 1
+    chosen = [h[i] for h, i in zip(hulls, pick)]
+    # Leftover bytes: the best affordable option of each group, hull or not (greedy, largest J saved).
+    while True:
+        best_g, best_o, best_saved = -1, None, 0.0
+        for g, c in enumerate(curves):
+            for o in c:
+                if spent - chosen[g].bytes + o.bytes <= budget and chosen[g].J - o.J > best_saved:
+                    best_g, best_o, best_saved = g, o, chosen[g].J - o.J
+        if best_o is None:
+            break
+        spent += best_o.bytes - chosen[best_g].bytes
+        chosen[best_g] = best_o
+    return chosen
+
+
+def cheapest_within(options: Sequence[Option], norm2: float, max_error: float) -> Option | None:
+    """The cheapest option with sqrt(J) / ||x|| <= ``max_error`` (ties: smaller J), or None."""
+    ok = [o for o in options if relative_error(o.J, norm2) <= max_error]
+    return min(ok, key=lambda o: (o.bytes, o.J)) if ok else None

@@ -1,0 +1,142 @@
+"""Rate control: bits= / size= / max_error= on the mucsc codec, and mucsc.codec.allocate."""
+
+import math
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import allocate
+from mucsc.codec.allocate import Option
+from mucsc.errors import ParameterError
+
+
+def heavy(n, seed=0):
+    return np.random.default_rng(seed).standard_t(3, n).astype(np.float32)
+
+
+# ---- allocate ------------------------------------------------------------------------------------
+
+def test_lower_hull_drops_dominated_and_non_convex_points():
+    pts = [Option(10, 100.0, "a"), Option(20, 40.0, "b"), Option(30, 35.0, "c"), Option(40, 10.0, "d"),
+           Option(25, 50.0, "dominated"), Option(50, 10.0, "same J, more bytes")]
+    assert [o.key for o in allocate.lower_hull(pts)] == ["a", "b", "d"]  # c lies above the b-d segment
+
+
+def brute_force(curves, budget):
+    best = None
+    for combo in np.ndindex(*[len(c) for c in curves]):
+        opts = [c[i] for c, i in zip(curves, combo)]
+        if sum(o.bytes for o in opts) <= budget:
+            J = sum(o.J for o in opts)
+            best = J if best is None else min(best, J)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_budget_meets_the_budget_and_is_near_optimal(seed):
+    rng = np.random.default_rng(seed)
+    curves = []
+    for g in range(3):  # convex-ish curves: J ~ 1 / bytes^2 with noise
+        b = np.sort(rng.choice(np.arange(10, 200), 5, replace=False))
+        curves.append([Option(int(x), float(1e4 / x ** 2 * rng.uniform(0.8, 1.2)), (g, int(x))) for x in b])
+    for budget in (60, 150, 300, 500):
+        least = sum(min(o.bytes for o in c) for c in curves)
+        if budget < least:
+            with pytest.raises(ParameterError, match="below the smallest"):
+                allocate.split_budget(curves, budget)
+            continue
+        chosen = allocate.split_budget(curves, budget)
+        assert sum(o.bytes for o in chosen) <= budget
+        assert [o.key[0] for o in chosen] == [0, 1, 2]
+        opt = brute_force(curves, budget)
+        assert sum(o.J for o in chosen) <= 1.5 * opt + 1e-12
+
+
+def test_cheapest_within():
+    opts = [Option(10, 4.0, 1), Option(20, 1.0, 2), Option(15, 0.5, 3)]
+    assert allocate.cheapest_within(opts, 100.0, 0.2).key == 1  # sqrt(4/100) = 0.2
+    assert allocate.cheapest_within(opts, 100.0, 0.1).key == 3
+    assert allocate.cheapest_within(opts, 100.0, 0.01) is None
+
+
+# ---- the mucsc codec -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [1.5, 2.0, 3.0])
+def test_bits_meets_the_budget_and_records_z(bits):
+    x = heavy(20000)
+    blob, stats = mucsc.encode_with_stats(x, "mucsc", bits=bits)
+    assert 8 * len(blob) <= bits * x.size
+    z = mucsc.inspect(blob).groups[0].params["z"]
+    # the largest ladder Z that fits: the next one up would not have
+    bigger = [q for q in mucsc.codec.codecs.mucsc.Z_LADDER if q > z][0]
+    assert 8 * len(mucsc.encode(x, "mucsc", z=bigger)) > bits * x.size
+    assert blob == mucsc.encode(x, "mucsc", z=z)  # same bytes as the fixed-Z message it chose
+    assert np.allclose(mucsc.decode(blob), mucsc.decode(mucsc.encode(x, "mucsc", z=z)))
+
+
+def test_size_meets_the_budget_and_more_bytes_lower_J():
+    x = heavy(20000, 1)
+    Js = []
+    for size in (6000, 9000, 15000):
+        blob, stats = mucsc.encode_with_stats(x, "mucsc", size=size, compress="off")
+        assert len(blob) <= size
+        Js.append(stats.J)
+    assert Js[0] > Js[1] > Js[2]
+
+
+@pytest.mark.parametrize("e", [0.5, 0.1, 0.02])
+def test_max_error_is_met_per_group(e):
+    rng = np.random.default_rng(3)
+    data = {"a": heavy(5000, 4), "b": rng.normal(size=3000).astype(np.float32) * 1e-3}
+    blob, stats = mucsc.encode_with_stats(data, "mucsc", max_error=e, shared=False)
+    for g in stats.groups:
+        name = g.records[0]
+        x = data[name].astype(np.float64)
+        assert math.sqrt(g.stats["J"] / float(x @ x)) <= e
+
+
+def test_bits_split_across_groups_beats_one_z_for_all():
+    rng = np.random.default_rng(5)
+    data = {"big": heavy(30000, 6), "small": rng.normal(size=2000).astype(np.float32), "n": np.arange(7)}
+    n = 32007
+    blob, stats = mucsc.encode_with_stats(data, "mucsc", bits=2.5, shared=False)
+    assert 8 * len(blob) <= 2.5 * n
+    # every common Z that fits the same budget does no better
+    for z in mucsc.codec.codecs.mucsc.Z_LADDER[:12]:
+        b2, s2 = mucsc.encode_with_stats(data, "mucsc", z=z, shared=False)
+        if 8 * len(b2) <= 2.5 * n:
+            assert stats.J <= s2.J * (1 + 1e-9)
+
+
+def test_direct_encode_array_uses_the_group_budget():
+    x = heavy(8000, 7)
+    codec = mucsc.get_codec("mucsc", bits=2.0).for_container(compressing=True)
+    enc = codec.encode_array(x, np.random.default_rng(0))
+    assert enc.params["z"] >= 4
+    again = codec.encode_array(x, np.random.default_rng(0))
+    assert [bytes(s.tobytes()) for s in enc.sections] == [bytes(s.tobytes()) for s in again.sections]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(z=8, bits=2), "give one of"), (dict(bits=1, size=100), "give one of"),
+    (dict(bits=0), "bits"), (dict(max_error=-1), "max_error"), (dict(size=0), "size"),
+])
+def test_bad_targets(kw, match):
+    with pytest.raises(ParameterError, match=match):
+        mucsc.encode(heavy(100), "mucsc", **kw)
+
+
+def test_unreachable_targets_are_clear_errors():
+    x = heavy(20000, 8)
+    with pytest.raises(ParameterError, match="below the smallest mucsc message"):
+        mucsc.encode(x, "mucsc", bits=0.1)
+    with pytest.raises(ParameterError, match="below the smallest"):
+        mucsc.encode(x, "mucsc", size=200)
+
+
+def test_targets_parse_from_strings_like_the_cli():
+    c = mucsc.get_codec("mucsc", bits="1.5")
+    assert c.params.bits == 1.5 and c.params.z is None
+    assert mucsc.get_codec("mucsc", z="none", size="1000").params.size == 1000
+    assert mucsc.get_codec("mucsc").params.fixed_z == 16
