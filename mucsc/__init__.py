@@ -10,6 +10,8 @@ The codec never imports torch; torch tensors are accepted when torch is installe
 from importlib.metadata import PackageNotFoundError, version
 
 from mucsc.codec.api import (
+    DEFAULT_MAX_ELEMENTS,
+    DEFAULT_MAX_EXPANSION,
     EncodeStats,
     MessageInfo,
     decode,
@@ -37,7 +39,7 @@ except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0"
 
 __all__ = [
-    "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError", "LimitError", "MessageInfo",
+    "DEFAULT_MAX_ELEMENTS", "DEFAULT_MAX_EXPANSION", "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError", "LimitError", "MessageInfo",
     "MucscError", "ParameterError", "TruncatedError", "UnknownCodecError", "VersionError",
     "available_codecs", "decode", "encode", "encode_with_stats", "get_codec", "inspect", "verify",
 ]

@@ -26,13 +26,25 @@ def section_offsets(blob: bytes) -> list[tuple[int, str, int, int]]:
     return out
 
 
-def build(header_json: bytes, sections: list[tuple[int, str, bytes]], *, major: int = 1,
-          flags: int = 0) -> bytes:
-    """A message from raw parts (HEAD first, all raw-encoded), with a valid CRC."""
+def build(header_json: bytes, sections: list[tuple], *, major: int = 1, flags: int = 0,
+          head_zstd: bytes | None = None) -> bytes:
+    """A message from raw parts (HEAD first), with a valid CRC.
+
+    A section is (group, tag, data), stored raw, or (group, tag, stored, raw_length): stored
+    zstd-encoded with that declared raw length (the stored bytes are not checked).  ``head_zstd``:
+    HEAD's stored bytes, zstd-encoded, ``header_json`` being its declared raw content."""
     parts = []
-    for group, tag, data in [(fmt.MESSAGE_GROUP, "HEAD", header_json), *sections]:
-        parts.append(fmt.SECTION.pack(tag.encode(), group, 0, 0, 0, 0, len(data), len(data)))
+    head = (fmt.MESSAGE_GROUP, "HEAD", header_json) if head_zstd is None else (
+        fmt.MESSAGE_GROUP, "HEAD", head_zstd, len(header_json))
+    for group, tag, data, *raw in [head, *sections]:
+        enc, raw_len = (1, raw[0]) if raw else (0, len(data))
+        parts.append(fmt.SECTION.pack(tag.encode(), group, enc, 0, 0, 0, len(data), raw_len))
         parts.append(data + bytes(fmt.padding(len(data))))
     total = fmt.PREAMBLE.size + sum(map(len, parts)) + 4
     body = fmt.PREAMBLE.pack(fmt.MAGIC, major, 0, flags, 1 + len(sections), total) + b"".join(parts)
     return body + struct.pack("<I", zlib.crc32(body))
+
+
+def zstd_frame_header(content_size: int) -> bytes:
+    """The header of a zstd frame declaring ``content_size`` (single segment, 8-byte size field)."""
+    return struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", content_size)

@@ -43,6 +43,39 @@ Exit codes: 0 success; 1 bad or unreadable data, I/O error, refused overwrite;
 2 usage error (bad option or value, unknown file suffix)."""
 
 
+class Limit(click.ParamType):
+    """A decoding limit: a non-negative number, or 'none' for no limit."""
+
+    name = "N|none"
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        if str(value).lower() in ("none", "unlimited"):
+            return None
+        try:
+            v = self.kind(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number or 'none'", param, ctx)
+        if v < 0 or v != v:
+            self.fail(f"{value!r} must be >= 0 (or 'none')", param, ctx)
+        return v
+
+
+def limit_options(f: Callable) -> Callable:
+    """--max-elements and --max-expansion: mucsc.decode's limits for untrusted messages."""
+    f = click.option("--max-expansion", type=Limit(float), default=mucsc.DEFAULT_MAX_EXPANSION,
+                     show_default=True, help="Refuse messages that decode to more than this many bytes "
+                     "per message byte (outputs up to 64 MiB always pass); 'none': no limit. Raise it "
+                     "for messages you trust (a nearly constant update compresses far beyond it).")(f)
+    return click.option("--max-elements", type=Limit(int), default=mucsc.DEFAULT_MAX_ELEMENTS,
+                        show_default=True, help="Refuse messages that decode to more elements than "
+                        "this; 'none': no limit.")(f)
+
+
 class UsageFailure(Failure):
     """A one-line usage error about a file name (exit status 2)."""
 
@@ -83,7 +116,7 @@ def main() -> None:
 # ---- compress ------------------------------------------------------------------------------------
 
 _RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
-             "compress", "help", "version", "format", "max-elements"}
+             "compress", "help", "version", "format", "max-elements", "max-expansion"}
 CODEC_PARAMS = codec_params(_RESERVED)
 
 
@@ -199,12 +232,11 @@ def _compress_json(input, out, base, codec, params, shared, seed, level, stats, 
 @click.option("-F", "--format", "out_format", type=click.Choice(sorted(OUT_FORMATS)),
               help="Output format, overriding the suffix (default for stdout: safetensors).")
 @click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only).")
-@click.option("--max-elements", type=click.IntRange(min=0), default=1 << 32, show_default=True,
-              help="Refuse messages that decode to more elements than this.")
+@limit_options
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
-               max_elements: int, force: bool, quiet: bool) -> None:
+               max_elements: int | None, max_expansion: float | None, force: bool, quiet: bool) -> None:
     """Decode a .mucsc message into a tensor file (dtypes and shapes restored)."""
     out = output or _default_decompressed_name(input)
     fmt = OUT_FORMATS[out_format] if out_format else ("safetensors" if out == "-" else _format_of(out))
@@ -225,7 +257,8 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
         if as_torch:
             tensorfiles.require_torch()  # a clear "needs torch" before any decoding
-        decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements)
+        decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
+                               max_expansion=max_expansion)
     del blob
     tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
     # every record's recorded shape (a view, no copy; a safety net for 0-d tensors)
@@ -301,11 +334,11 @@ def info(input: str, as_json: bool) -> None:
 
 @main.command("test", short_help="Verify messages (checksum, every tensor decodes).", epilog=EXIT_CODES)
 @click.argument("inputs", metavar="IN.mucsc...", nargs=-1, required=True)
-@click.option("--max-elements", type=click.IntRange(min=0), default=1 << 32, show_default=True,
-              help="Refuse messages that decode to more elements than this.")
+@limit_options
 @click.option("-q", "--quiet", is_flag=True, help="Print only failures.")
 @click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
-def test_cmd(inputs: tuple[str, ...], max_elements: int, quiet: bool, as_json: bool) -> None:
+def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: float | None, quiet: bool,
+             as_json: bool) -> None:
     """Check messages like gzip -t: the checksum holds and every tensor decodes (exit 0), else exit 1."""
     results = []
     for path in inputs:
@@ -313,7 +346,7 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int, quiet: bool, as_json: b
             _check_input(path)
             blob = _read_bytes(path)
             with about(_label(path)):
-                mucsc.verify(blob, max_elements=max_elements)
+                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion)
             results.append({"file": path, "ok": True, "error": None})
             if not (quiet or as_json):
                 click.echo(f"{_label(path)}: OK")

@@ -18,7 +18,15 @@ from mucsc.codec.tensors import Tensor, from_record, require_torch, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 
 DEFAULT_ZSTD_LEVEL = 3
-DEFAULT_MAX_ELEMENTS = 1 << 32
+# Decoding untrusted input (FORMAT.md 3, "Decoder limits"): a message may declare far more output
+# than its bytes carry (a constant tensor, the mean-filled rest of a sparse codec), so by default
+# the decoded size is bounded by a multiple of the message size, with a floor so that small
+# messages always decode, and by an element count.  Callers who trust a message raise or lift them.
+DEFAULT_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32
+DEFAULT_MAX_EXPANSION = 4096  # decoded bytes per message byte (B-MUCSC at keep 0.001 is ~1500)
+EXPANSION_FLOOR_BYTES = 64 << 20  # output always allowed, whatever the message size
+SECTION_BYTES_PER_ELEMENT = 16  # no codec needs more raw bytes per element in one section
+SECTION_SLACK_BYTES = 1 << 20  # ... plus this (centroid tables, scales)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,19 +244,45 @@ def _check_header_limits(header: fmt.Header) -> None:
 # ---------------------------------------------------------------------------------------------- decode
 
 def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
-           max_elements: int | None = DEFAULT_MAX_ELEMENTS) -> Any:
+           max_elements: int | None = DEFAULT_MAX_ELEMENTS,
+           max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> Any:
     """Decode a message: an array for a message made from one array, else a dict of arrays.
 
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
-    with ``as_torch``).  ``max_elements`` bounds the output size (None: only the spec's limit).
+    with ``as_torch``).  Limits for untrusted input (LimitError before anything large is allocated):
+    ``max_elements`` bounds the elements, ``max_expansion`` the decoded bytes per message byte
+    (outputs up to 64 MiB always pass).  None lifts a limit (the spec's own limits still hold).
     """
     if as_torch:
         require_torch()  # fail before any work
-    msg = fmt.read_message(blob)
-    header = msg.header
+    try:
+        return _decode(blob, as_torch, max_elements, max_expansion)
+    except MemoryError:
+        raise LimitError("out of memory while decoding: the message decodes to more than this machine "
+                         "can hold") from None
+
+
+def check_limits(header: fmt.Header, message_bytes: int, max_elements: int | None,
+                 max_expansion: float | None) -> None:
+    """LimitError when the header declares more output than the caller's limits allow."""
     total = sum(r.size for r in header.records)
     if max_elements is not None and total > max_elements:
-        raise LimitError(f"message holds {total} elements, more than max_elements={max_elements}")
+        raise LimitError(f"message holds {total} elements, more than max_elements={max_elements} "
+                         "(pass a larger max_elements, or None, to decode it; CLI: --max-elements)")
+    nbytes = sum(r.nbytes for r in header.records)
+    if max_expansion is not None:
+        budget = max(EXPANSION_FLOOR_BYTES, max_expansion * message_bytes)
+        if nbytes > budget:
+            raise LimitError(
+                f"a message of {message_bytes} bytes declares {nbytes} bytes of tensors ({total} elements), "
+                f"{nbytes / message_bytes:.0f}x its size: more than max_expansion={max_expansion:g} allows "
+                "for untrusted input (if you trust it, pass max_expansion=None; CLI: --max-expansion none)")
+
+
+def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float | None) -> Any:
+    msg = fmt.read_message(blob)
+    header = msg.header
+    check_limits(header, msg.size, max_elements, max_expansion)
     out: dict[str, Any] = {}
     for gi, group in enumerate(header.groups):
         flat = _decode_group(msg, gi, group)
@@ -280,14 +314,20 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group) -> np.ndarray:
         if any(msg.header.records[i].dtype not in fmt.FLOAT_DTYPES for i in group.records):
             raise FormatError(f"group {gi}: lossy codec {group.codec!r} on a non-float record")
         dtype = np.dtype(group.dtype)
+    # every section of this group is bounded by its element count before it is decompressed
+    sections = msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
     try:
-        flat = cls.decode_array(n, group.params, msg.group_sections(gi), dtype)
+        flat = cls.decode_array(n, group.params, sections, dtype)
     except MucscError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError, KeyError) as exc:
         raise FormatError(f"group {gi} ({group.codec}): malformed data ({exc})") from None
     if not isinstance(flat, np.ndarray) or flat.shape != (n,):
         raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+    unread = sections.unread()
+    if unread:  # FORMAT.md 2.3: a critical section the decoder does not understand rejects the message
+        raise FormatError(f"group {gi} ({group.codec}): unknown critical section(s) "
+                          f"{', '.join(map(repr, unread))}")
     return flat
 
 
@@ -369,8 +409,10 @@ def inspect(blob: bytes | bytearray | memoryview) -> MessageInfo:
                        sum(r.nbytes for r in h.records), sum(r.size for r in h.records), dict(h.meta))
 
 
-def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS) -> None:
-    """Check the checksum and that every record decodes; raises a FormatError subclass if not."""
-    decode(blob, max_elements=max_elements)
+def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS,
+           max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> None:
+    """Check the checksum and that every record decodes; raises a FormatError subclass if not.
+    The limits are :func:`decode`'s."""
+    decode(blob, max_elements=max_elements, max_expansion=max_expansion)
 
 

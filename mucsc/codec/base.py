@@ -237,13 +237,18 @@ def param_float(params: Mapping[str, Any], key: str) -> float:
 
 
 def section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None = None) -> memoryview:
-    """Fetch a required section, checking its exact length when ``nbytes`` is given."""
+    """Fetch a required section, checking its exact length when ``nbytes`` is given.
+
+    The length is checked against the declared raw length *before* the section is read, so a
+    zstd-encoded section of the wrong size is never decompressed (FORMAT.md 3)."""
     if tag not in sections:
         raise FormatError(f"missing section {tag!r}")
-    mv = sections[tag]
-    if nbytes is not None and len(mv) != nbytes:
-        raise FormatError(f"section {tag!r} has {len(mv)} bytes, expected {nbytes}")
-    return mv
+    if nbytes is not None:
+        raw_size = getattr(sections, "raw_size", None)  # the container's lazy mapping knows it
+        size = raw_size(tag) if raw_size is not None else len(sections[tag])
+        if size != nbytes:
+            raise FormatError(f"section {tag!r} has {size} bytes, expected {nbytes}")
+    return sections[tag]
 
 
 def array_from(mv: memoryview, dtype: str, count: int | None = None) -> np.ndarray:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
@@ -39,6 +41,7 @@ MAX_RANK = 32
 MAX_NAME_BYTES = 1024
 MAX_ELEMENTS = 1 << 40
 MAX_ZSTD_RATIO = 1 << 15  # a zstd frame cannot expand more than this (RLE blocks: 4 bytes per 128 KiB)
+MAX_JSON_DEPTH = 32  # HEAD nests 4 deep; checked before parsing (deep nesting would exhaust the stack)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -123,9 +126,51 @@ class Message:
             return stored
         return memoryview(zstd_decompress_bounded(stored, s.raw_bytes, s.tag))
 
-    def group_sections(self, group: int) -> dict[str, memoryview]:
-        """Raw payloads of a group's critical sections, by tag."""
-        return {s.tag: self.payload(s) for s in self.sections if s.group == group and is_critical(s.tag)}
+    def group_sections(self, group: int, max_raw: int | None = None) -> GroupSections:
+        """A group's critical sections by tag, decompressed only when read (see :class:`GroupSections`)."""
+        return GroupSections(self, {s.tag: s for s in self.sections if s.group == group and is_critical(s.tag)},
+                             max_raw)
+
+
+class GroupSections(Mapping):
+    """A group's critical sections by tag (a read-only mapping tag -> raw payload).
+
+    A payload is decompressed on first access only, after its declared raw length has passed the
+    checks: ``max_raw`` (the bound the caller derives from the group's element count) and, through
+    :meth:`raw_size`, the exact length a codec expects before it reads a section.  :meth:`unread`
+    lists the critical sections nobody read: a codec that did not read one does not understand it,
+    and FORMAT.md 2.3 requires rejecting the message then.
+    """
+
+    def __init__(self, msg: Message, infos: dict[str, SectionInfo], max_raw: int | None) -> None:
+        self._msg, self._infos, self._max_raw = msg, infos, max_raw
+        self._cache: dict[str, memoryview] = {}
+
+    def raw_size(self, tag: str) -> int:
+        """The declared raw length of section ``tag`` (nothing is decompressed)."""
+        return self._infos[tag].raw_bytes
+
+    def __getitem__(self, tag: str) -> memoryview:
+        if tag not in self._cache:
+            info = self._infos[tag]
+            if self._max_raw is not None and info.raw_bytes > self._max_raw:
+                raise LimitError(f"section {tag!r} of group {info.group} declares {info.raw_bytes} bytes, "
+                                 f"more than {self._max_raw} for the group's elements")
+            self._cache[tag] = self._msg.payload(info)
+        return self._cache[tag]
+
+    def __contains__(self, tag: object) -> bool:
+        return tag in self._infos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def unread(self) -> list[str]:
+        """Tags of the critical sections never read."""
+        return [t for t in self._infos if t not in self._cache]
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -286,7 +331,8 @@ def _read_section_table(mv: memoryview, count: int, end: int) -> tuple[SectionIn
 
 
 def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
-    """Decompress one zstd frame that MUST declare exactly ``raw_len`` bytes; never produce more."""
+    """Decompress exactly one zstd frame that MUST declare exactly ``raw_len`` bytes; never produce
+    more, and reject anything after the frame (a second or skippable frame, padding): FORMAT.md 2.3."""
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError:
@@ -294,8 +340,11 @@ def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
     if declared != raw_len:
         raise FormatError(f"section {tag}: zstd frame declares {declared} bytes, section says {raw_len}")
     try:
-        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len)
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len, allow_extra_data=False)
     except zstandard.ZstdError as exc:
+        if "unused data" in str(exc):
+            raise FormatError(f"section {tag}: bytes after the zstd frame (the payload must be exactly "
+                              "one frame)") from None
         raise FormatError(f"section {tag}: corrupt zstd data ({exc})") from None
     if len(out) != raw_len:
         raise FormatError(f"section {tag}: zstd frame gave {len(out)} bytes, expected {raw_len}")
@@ -306,9 +355,12 @@ def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
 
 def parse_header(raw: bytes) -> Header:
     """Parse and validate HEAD's JSON against the schema and the limits."""
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise FormatError(f"header JSON nests {depth} levels deep, more than {MAX_JSON_DEPTH}")
     try:
         obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"header is not valid UTF-8 JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise FormatError("header must be a JSON object")
@@ -329,6 +381,22 @@ def parse_header(raw: bytes) -> Header:
     if sorted(seen) != list(range(len(records))):
         raise FormatError("every record must belong to exactly one group")
     return Header(records, groups, container, meta)
+
+
+# a JSON string, or an unterminated one running to the end; possessive, so it scans in linear time
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\[\s\S])*+"?')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { in JSON text (outside strings), in linear time and memory."""
+    brackets = np.frombuffer(_JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS), np.uint8)
+    step = np.where((brackets == 0x5B) | (brackets == 0x7B), 1, -1).astype(np.int32)
+    depth, level = 0, 0
+    for i in range(0, step.size, 1 << 20):
+        c = np.cumsum(step[i: i + (1 << 20)]) + level
+        depth, level = max(depth, int(c.max())), int(c[-1])
+    return depth
 
 
 def _reject_constant(name: str) -> None:

@@ -11,7 +11,9 @@ B-MUCSC update).  Methods (normative layouts in spec/codecs.md, "Position coding
 
 All bit streams are LSB-first (stream bit i is bit i % 8 of byte i // 8, as bitpack), zero-padded to
 a whole byte.  Encoders and decoders are numpy-vectorised.  Decoders check every length against the
-buffer before allocating and raise FormatError on anything that is not the canonical encoding.
+buffer before allocating and raise FormatError on anything that is not the canonical encoding; they
+read fields and unary codes straight from the bytes (never a byte per bit of the whole stream), so
+their memory is bounded by the declared count k, not by what a hostile buffer could expand to.
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
     if method == "fixed":
         w = _fixed_width(d)
         _expect_len(buf, (k * w + 7) // 8, "fixed-width positions")
-        p = _read_fixed(_to_bits(buf), 0, k, w)
         check_padding(buf, k * w)
+        p = _read_fixed(buf, 0, k, w)
     elif method == "int32":
         if d > 1 << 31:
             raise FormatError("int32 positions need d <= 2**31")
@@ -103,9 +105,9 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
     elif method == "bitmap":
         _expect_len(buf, (d + 7) // 8, "position bitmap")
         check_padding(buf, d)
-        p = np.flatnonzero(_to_bits(buf)[:d]).astype(np.int64)
-        if p.size != k:
-            raise FormatError(f"position bitmap has {p.size} bits set, header says {k}")
+        p, more = set_bits(buf, 0, d, k)
+        if more or p.size != k:
+            raise FormatError(f"position bitmap has {'more' if more else p.size} bits set, header says {k}")
     else:
         raise FormatError(f"unknown position method {method!r}")
     _validate_decoded(p, d)
@@ -207,8 +209,61 @@ def _bits_to_bytes(bits: np.ndarray) -> bytes:
     return np.packbits(bits.astype(np.uint8, copy=False), bitorder="little").tobytes()
 
 
-def _to_bits(buf: np.ndarray) -> np.ndarray:
-    return np.unpackbits(buf, bitorder="little")
+SCAN_BYTES = 1 << 16  # bytes of a bit stream expanded at a time when scanning for set bits
+FIELD_CHUNK = 1 << 20  # fields gathered at a time
+MAX_FIELD_BITS = 57  # a field plus its offset within its first byte fits one 64-bit word
+
+
+def set_bits(buf: np.ndarray, start: int, stop: int, limit: int) -> tuple[np.ndarray, bool]:
+    """Stream positions (int64) of the first ``limit`` set bits in bits [start, stop) of ``buf``, and
+    whether further set bits follow in that range.  Scans SCAN_BYTES at a time and stops at ``limit``:
+    memory O(limit + SCAN_BYTES), whatever the stream's length or content."""
+    found: list[np.ndarray] = []
+    got = 0
+    first, end = start >> 3, min((stop + 7) >> 3, buf.size)
+    for cb in range(first, end, SCAN_BYTES):
+        chunk = buf[cb: min(cb + SCAN_BYTES, end)]
+        if not chunk.any():
+            continue
+        bits = np.unpackbits(chunk, bitorder="little")
+        lo, hi = max(start - 8 * cb, 0), min(stop - 8 * cb, bits.size)
+        pos = np.flatnonzero(bits[lo:hi]).astype(np.int64) + (8 * cb + lo)
+        if got + pos.size > limit:
+            found.append(pos[: limit - got])
+            return np.concatenate(found), True
+        found.append(pos)
+        got += pos.size
+    return (np.concatenate(found) if found else np.zeros(0, np.int64)), False
+
+
+def read_fields(buf: np.ndarray, start: np.ndarray, widths: np.ndarray | int) -> np.ndarray:
+    """Field i: ``widths[i]`` (<= 57) bits at stream bit ``start[i]``, LSB first, as int64.
+
+    Gathered from the bytes (the 8 bytes from the field's first byte form one little-endian word),
+    FIELD_CHUNK fields at a time; the caller has checked that every field lies inside ``buf``."""
+    start = np.asarray(start, np.int64)
+    k = start.size
+    out = np.empty(k, np.int64)
+    w = np.broadcast_to(np.asarray(widths, np.int64), (k,))
+    wmax = int(w.max(initial=0))
+    if k == 0 or wmax == 0:
+        out[:] = 0
+        return out
+    if wmax > MAX_FIELD_BITS:
+        raise FormatError(f"bit field of {wmax} bits is wider than {MAX_FIELD_BITS}")
+    span = (wmax + 7 + 7) // 8  # bytes a field can touch
+    padded = np.zeros(buf.size + span, np.uint8)
+    padded[: buf.size] = buf
+    for s in range(0, k, FIELD_CHUNK):
+        st, ww = start[s: s + FIELD_CHUNK], w[s: s + FIELD_CHUNK]
+        byte = st >> 3
+        word = np.zeros(st.size, np.uint64)
+        for j in range(span):
+            word |= padded[byte + j].astype(np.uint64) << np.uint64(8 * j)
+        word >>= (st & 7).astype(np.uint64)
+        word &= (np.uint64(1) << ww.astype(np.uint64)) - np.uint64(1)
+        out[s: s + st.size] = word.astype(np.int64)
+    return out
 
 
 def _write_fields(bits: np.ndarray, start: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
@@ -221,15 +276,6 @@ def _write_fields(bits: np.ndarray, start: np.ndarray, values: np.ndarray, width
         bits[start[m] + j] = ((v[m] >> np.uint64(j)) & np.uint64(1)).astype(np.uint8)
 
 
-def _read_fields(bits: np.ndarray, start: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`_write_fields` (widths <= 63)."""
-    out = np.zeros(start.size, np.uint64)
-    for j in range(int(widths.max(initial=0))):
-        m = widths > j
-        out[m] |= bits[start[m] + j].astype(np.uint64) << np.uint64(j)
-    return out.astype(np.int64)
-
-
 def _pack_fixed(values: np.ndarray, width: int) -> bytes:
     k = values.size
     bits = np.zeros(k * width, np.uint8)
@@ -237,8 +283,8 @@ def _pack_fixed(values: np.ndarray, width: int) -> bytes:
     return _bits_to_bytes(bits)
 
 
-def _read_fixed(bits: np.ndarray, offset: int, k: int, width: int) -> np.ndarray:
-    return _read_fields(bits, offset + np.arange(k, dtype=np.int64) * width, np.full(k, width))
+def _read_fixed(buf: np.ndarray, offset: int, k: int, width: int) -> np.ndarray:
+    return read_fields(buf, offset + np.arange(k, dtype=np.int64) * width, width)
 
 
 def write_unary(bits: np.ndarray, offset: int, q: np.ndarray) -> int:
@@ -248,14 +294,14 @@ def write_unary(bits: np.ndarray, offset: int, q: np.ndarray) -> int:
     return int(ones[-1]) + 1 if q.size else offset
 
 
-def read_unary(bits: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
-    """Read k unary codes from ``offset``: (q, end offset).  FormatError when fewer than k ones."""
-    ones = np.flatnonzero(bits[offset:])
+def read_unary(buf: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
+    """Read k unary codes from stream bit ``offset`` of the bytes ``buf``: (q, end offset).
+    FormatError when fewer than k ones follow.  Memory O(k), see :func:`set_bits`."""
+    ones, _ = set_bits(buf, offset, 8 * buf.size, k)
     if ones.size < k:
         raise FormatError(f"unary stream holds {ones.size} codes, expected {k}")
-    ones = ones[:k]
-    q = np.diff(ones, prepend=-1) - 1
-    return q.astype(np.int64), offset + (int(ones[-1]) + 1 if k else 0)
+    q = np.diff(ones, prepend=offset - 1) - 1
+    return q, (int(ones[-1]) + 1 if k else offset)
 
 
 def check_padding(buf: np.ndarray, used_bits: int) -> None:
@@ -300,15 +346,14 @@ def _rice_encode(p: np.ndarray, b: int) -> bytes:
 def _rice_decode(buf: np.ndarray, k: int, b: int, d: int) -> np.ndarray:
     if buf.size * 8 < k * (1 + b):
         raise FormatError(f"rice positions: {buf.size} bytes cannot hold {k} codes of >= {1 + b} bits")
-    bits = _to_bits(buf)
-    q, end = read_unary(bits, 0, k)
+    q, end = read_unary(buf, 0, k)
     used = end + k * b
-    if used > bits.size:
+    if used > 8 * buf.size:
         raise FormatError("rice positions: remainders run past the end of the section")
     check_padding(buf, used)
     if int(q.max()) > (d >> b):
         raise FormatError("rice positions: a gap exceeds d")
-    r = _read_fixed(bits, end, k, b) if b else np.zeros(k, np.int64)
+    r = _read_fixed(buf, end, k, b) if b else np.zeros(k, np.int64)
     g = (q << b) | r
     # each gap is < 3d but k gaps can overflow int64: bound their sum (in float) before the cumsum;
     # the exact check p[-1] < d follows in _validate_decoded.
@@ -339,12 +384,11 @@ def _ef_decode(buf: np.ndarray, d: int, k: int) -> np.ndarray:
     n_upper = k + ((d - 1) >> l) + 1
     _expect_len(buf, (k * l + n_upper + 7) // 8, "Elias-Fano positions")
     check_padding(buf, k * l + n_upper)
-    bits = _to_bits(buf)
-    ones = np.flatnonzero(bits[k * l: k * l + n_upper])
-    if ones.size != k:
-        raise FormatError(f"Elias-Fano positions: {ones.size} upper bits set, expected {k}")
-    high = ones - np.arange(k)
-    low = _read_fixed(bits, 0, k, l) if l else np.zeros(k, np.int64)
+    ones, more = set_bits(buf, k * l, k * l + n_upper, k)
+    if more or ones.size != k:
+        raise FormatError(f"Elias-Fano positions: {'more' if more else ones.size} upper bits set, expected {k}")
+    high = ones - k * l - np.arange(k)
+    low = _read_fixed(buf, 0, k, l) if l else np.zeros(k, np.int64)
     return (high << l) | low
 
 
@@ -427,16 +471,15 @@ def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray
         return np.zeros(0, np.int64)
     if buf.size * 8 < k:
         raise FormatError(f"Elias-gamma stream: {buf.size} bytes cannot hold {k} codes")
-    bits = _to_bits(buf)
-    n_bits, end = read_unary(bits, 0, k)
+    n_bits, end = read_unary(buf, 0, k)
     if int(n_bits.max()) > max(0, int(max_value).bit_length() - 1):
         raise FormatError("Elias-gamma value exceeds its bound")
     total = end + int(n_bits.sum())
-    if total > bits.size:
+    if total > 8 * buf.size:
         raise FormatError("Elias-gamma stream: mantissas run past the end of the section")
     check_padding(buf, total)
     start = end + np.cumsum(n_bits) - n_bits
-    v = _read_fields(bits, start, n_bits) | (np.int64(1) << n_bits)
+    v = read_fields(buf, start, n_bits) | (np.int64(1) << n_bits)
     if int(v.max()) > max_value:
         raise FormatError("Elias-gamma value exceeds its bound")
     return v

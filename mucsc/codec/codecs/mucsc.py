@@ -155,13 +155,14 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
     k = param_int(params, "centroids", 0, MAX_Z)
     if (k == 0) != (n == 0):
         raise FormatError(f"{k} centroids for {n} elements")
-    cent = array_from(section(sections, "CENT"), CENTROID_DTYPES[cdtype], k)
+    cent = array_from(section(sections, "CENT", k * np.dtype(CENTROID_DTYPES[cdtype]).itemsize),
+                      CENTROID_DTYPES[cdtype], k)
     if k and not (np.all(np.isfinite(cent)) and np.all(np.diff(cent) > 0)):
         raise FormatError("centroids must be finite and strictly increasing")
     width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
     if (width == 0) != (k <= 1) or width < id_width(k):
         raise FormatError(f"id_bits {width} cannot address {k} centroids")
-    ids = bitpack.unpack(section(sections, "IDS_"), width, n)  # checks the length before allocating
+    ids = bitpack.unpack(section(sections, "IDS_", bitpack.packed_size(n, width)), width, n)
     if k and width and int(ids.max(initial=0)) >= k:
         raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
     if n == 0:

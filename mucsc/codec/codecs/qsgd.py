@@ -96,7 +96,7 @@ class QSGD(Codec):
             raise FormatError("qsgd: bucket norms must be finite and non-negative")
         if coding == "fixed":
             w = level_width(s)
-            vals = bitpack.unpack(section(sections, "VALS"), w, n).astype(np.int64)
+            vals = bitpack.unpack(section(sections, "VALS", bitpack.packed_size(n, w)), w, n).astype(np.int64)
             lev, neg = vals >> 1, (vals & 1).astype(bool)
             if lev.size and int(lev.max()) > s:
                 raise FormatError(f"qsgd: a level exceeds s = {s}")

@@ -76,7 +76,7 @@ class TernGrad(Codec):
         if packing == "base3":
             trits = unpack_trits(section(sections, "VALS", -(-n // 5)), n)
         else:
-            trits = bitpack.unpack(section(sections, "VALS"), 2, n)
+            trits = bitpack.unpack(section(sections, "VALS", bitpack.packed_size(n, 2)), 2, n)
             if np.any(trits == 3):
                 raise FormatError("terngrad: trit code 3 is invalid")
         lut = np.array([0.0, s, -s])
