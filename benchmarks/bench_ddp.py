@@ -1,0 +1,101 @@
+"""DDP on CPU: plain allreduce vs the mucsc communication hook, 2 gloo ranks on 127.0.0.1.
+
+    python benchmarks/bench_ddp.py [--params 1000000] [--iters 20]
+
+Prints, per hook: mean wall seconds per training iteration (after 2 warm-up iterations), bytes each
+rank put on the wire per iteration (allreduce: the bucket bytes; mucsc: the padded messages), and the
+final loss.  Loopback is far faster than any real link, so the times show the codec's cost, and the
+bytes show what a bandwidth-bound link would carry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+WORKER = textwrap.dedent("""
+    import json, sys, time
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from mucsc.ddp import MucscHookState, mucsc_hook
+
+    rank, port, out, hook, width, iters = sys.argv[1:7]
+    rank, width, iters = int(rank), int(width), int(iters)
+    params = json.loads(sys.argv[7])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, 64))
+    ddp = DDP(model)
+    state = None
+    if hook != "allreduce":
+        state = MucscHookState(None, codec=hook, seed=0, start_iter=2, **params)
+        ddp.register_comm_hook(state, mucsc_hook)
+    g = torch.Generator().manual_seed(rank)
+    X = torch.randn(64, 64, generator=g)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    times = []
+    for it in range(iters + 2):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = ((ddp(X) - X) ** 2).mean()
+        loss.backward()
+        opt.step()
+        if it >= 2:
+            times.append(time.perf_counter() - t0)
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    wire = nbytes if state is None else state.stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
+    json.dump({"s": sum(times) / len(times), "wire": wire, "loss": float(loss.detach()), "d": nbytes // 4}, open(out, "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(hook: str, params: dict, width: int, iters: int, tmp: Path) -> dict:
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    port = str(free_port())
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp / f"{r}.json"), hook,
+                               str(width), str(iters), json.dumps(params)], env=env) for r in range(2)]
+    for p in procs:
+        if p.wait(timeout=600) != 0:
+            raise SystemExit(f"worker failed ({hook})")
+    return json.loads((tmp / "0.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=int, default=1_000_000, help="about this many model parameters")
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    width = max(1, a.params // 129)
+    cases = [("allreduce", {}), ("mucsc", {"z": 16}), ("mucsc", {"z": 4}), ("topk", {"keep": 0.01})]
+    print("| hook | params | s / iteration | bytes / rank / iteration | ratio | final loss |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    base = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for hook, params in cases:
+            r = run(hook, params, width, a.iters, Path(tmp))
+            base = base or r["wire"]
+            label = hook + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+            print(f"| {label} | {r['d']} | {r['s']:.4f} | {r['wire']:.0f} | {base / r['wire']:.1f} | {r['loss']:.5f} |")
+
+
+if __name__ == "__main__":
+    main()
