@@ -20,11 +20,14 @@ from mucsc.codec.api import (
     inspect,
     verify,
 )
+from mucsc.codec.auth import AuthSummary, authenticate, generate_key, load_key, load_keys, public_key, sign
 from mucsc.codec.base import Codec, available_codecs, get_codec
 from mucsc.errors import (
+    AuthError,
     ChecksumError,
     FormatError,
     InputError,
+    KeyFileError,
     LimitError,
     MucscError,
     ParameterError,
@@ -39,7 +42,10 @@ except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0"
 
 __all__ = [
-    "DEFAULT_MAX_ELEMENTS", "DEFAULT_MAX_EXPANSION", "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError", "LimitError", "MessageInfo",
-    "MucscError", "ParameterError", "TruncatedError", "UnknownCodecError", "VersionError",
-    "available_codecs", "decode", "encode", "encode_with_stats", "get_codec", "inspect", "verify",
+    "DEFAULT_MAX_ELEMENTS", "DEFAULT_MAX_EXPANSION",
+    "AuthError", "AuthSummary", "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError",
+    "KeyFileError", "LimitError", "MessageInfo", "MucscError", "ParameterError", "TruncatedError",
+    "UnknownCodecError", "VersionError",
+    "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "generate_key",
+    "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",
 ]

@@ -40,3 +40,13 @@ class ParameterError(MucscError, ValueError):
 
 class InputError(MucscError, ValueError):
     """The data given to an encoder cannot be encoded (NaN/Inf, non-float dtype, bad container, ...)."""
+
+
+class AuthError(MucscError):
+    """A message failed authentication: bad tag, unknown key id, no tag where one is required, wrong
+    context -- or it is too malformed to find its tag.  Not a FormatError: the bytes may be well formed
+    and still not come from the key holder."""
+
+
+class KeyFileError(MucscError, ValueError):
+    """A key file cannot be used: unreadable, not a key, or a secret that other users can read."""

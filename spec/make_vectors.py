@@ -7,7 +7,8 @@
 A valid vector is ``valid/NAME.json`` (description, codec, params, seed, shared, compress, the input
 tensors and the expected decoded tensors in record order, as name, dtype, shape and little-endian hex) plus ``valid/NAME.mucsc`` (the expected
 message).  An invalid vector is ``invalid/NAME.mucsc`` plus an entry in ``invalid/index.json`` naming
-the error class a decoder must raise.  Cases for the other codecs live in ``vector_cases_codecs.py``.
+the error class a decoder must raise.  Cases for the other codecs live in ``vector_cases_codecs.py``;
+authenticated messages (format 1.1) in ``vector_cases_auth.py`` (written to ``auth/``).
 """
 
 from __future__ import annotations
@@ -237,7 +238,9 @@ def example_md() -> bytes:
 
 
 def all_files():
-    files = {**valid_files(), **invalid_files()}
+    from vector_cases_auth import auth_files
+
+    files = {**valid_files(), **invalid_files(), **auth_files()}
     files["../example.md"] = example_md()
     return files
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import auth
 from mucsc.codec import format as fmt
+from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec.tensors import Tensor, from_record, require_torch, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
@@ -69,7 +71,8 @@ class EncodeStats:
 
 
 def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
-           compress: str | int = "auto", meta: Mapping[str, str] | None = None, **params: Any) -> bytes:
+           compress: str | int = "auto", meta: Mapping[str, str] | None = None, key: Any = None,
+           key_id: str | None = None, context: bytes | str | None = None, **params: Any) -> bytes:
     """Encode an array, a torch tensor or a mapping of them into one mucsc message.
 
     ``codec`` and its ``params`` (e.g. ``z=16``) apply to every float tensor; non-float tensors are
@@ -77,18 +80,36 @@ def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = Tru
     (the paper's flattened update); False gives each tensor its own.  ``compress="auto"`` stores
     compressible sections zstd-compressed when smaller ("off": fixed-width, the paper's byte counts;
     an int: that zstd level).  The same input, parameters and seed always give the same bytes.
+
+    ``key`` (32 secret bytes for BLAKE2b, or an Ed25519 private key) with ``key_id`` appends an
+    authentication tag that also covers ``context`` (not stored; e.g. ``b"run-4/round-9/up"``): the
+    receiver must give the same context.  See docs/security.md.
     """
-    return _encode(data, codec, seed, shared, compress, meta, params, want_stats=False)[0]
+    return _encode(data, codec, seed, shared, compress, meta, params, _signer(key, key_id, context),
+                   want_stats=False)[0]
 
 
 def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
-                      compress: str | int = "auto", meta: Mapping[str, str] | None = None,
+                      compress: str | int = "auto", meta: Mapping[str, str] | None = None, key: Any = None,
+                      key_id: str | None = None, context: bytes | str | None = None,
                       **params: Any) -> tuple[bytes, EncodeStats]:
     """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio)."""
-    return _encode(data, codec, seed, shared, compress, meta, params, want_stats=True)
+    return _encode(data, codec, seed, shared, compress, meta, params, _signer(key, key_id, context),
+                   want_stats=True)
 
 
-def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
+def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
+    """The trailer writer for ``key``; checked before any encoding work."""
+    if key is None:
+        if key_id is not None or context is not None:
+            raise ParameterError("key_id and context need a key to authenticate the message with")
+        return None
+    if key_id is None:
+        raise ParameterError("an authenticated message needs a key_id (the receiver looks the key up by it)")
+    return auth.Signer(key, key_id, context)
+
+
+def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want_stats):
     level = _zstd_level(compress)
     codec = get_codec(codec_name, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -99,7 +120,8 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
     plan = _plan_groups(tensors, codec, shared)
     ready: dict[int, EncodedGroup] = {}
     if codec.needs_plan:
-        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level)
+        trailer = signer.trailer_bytes if signer is not None else 0
+        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer)
     groups, sections, gstats = [], [], []
     for gi, (gcodec, members) in enumerate(plan):
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
@@ -116,7 +138,7 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, want_stats):
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
     _check_header_limits(header)
-    blob = fmt.write_message(header, sections, zstd_level=level)
+    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer)
     stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
                         tuple(gstats))
     return blob, stats
@@ -127,10 +149,11 @@ def _group_rng(seed: int, gi: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), gi])
 
 
-def _resolve_plan(plan, tensors, codec, container, meta, seed, level):
+def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes=0):
     """Let ``codec`` see its groups and the rest of the message before encoding (a byte budget over
     the whole message, ``bits=`` / ``size=``).  The other groups are encoded here (their exact size is
-    part of the budget) and returned with the plan so they are not encoded twice."""
+    part of the budget) and returned with the plan so they are not encoded twice.  ``auth_bytes``:
+    the authentication trailer's size, also part of the message."""
     mine = [gi for gi, (c, _) in enumerate(plan) if c is codec]
     ready: dict[int, EncodedGroup] = {}
     other_bytes = 0
@@ -150,7 +173,7 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level):
                                  dtypes[gi]) for gi, (c, m) in enumerate(plan))
         return fmt.section_bytes(fmt.Header(records, groups, container, meta).to_json(), True, level)
 
-    fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + other_bytes
+    fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
     xs = [_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0] for gi in mine]
     ctx = PlanContext(level, sum(t.array.size for t in tensors), fixed,
                       lambda i: _group_rng(seed, mine[i]), head_bytes)
@@ -245,16 +268,24 @@ def _check_header_limits(header: fmt.Header) -> None:
 
 def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
            max_elements: int | None = DEFAULT_MAX_ELEMENTS,
-           max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> Any:
+           max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
+           context: bytes | str | None = None, require_auth: bool | None = None) -> Any:
     """Decode a message: an array for a message made from one array, else a dict of arrays.
 
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
     with ``as_torch``).  Limits for untrusted input (LimitError before anything large is allocated):
     ``max_elements`` bounds the elements, ``max_expansion`` the decoded bytes per message byte
     (outputs up to 64 MiB always pass).  None lifts a limit (the spec's own limits still hold).
+
+    ``keys`` (a mapping key id -> key, or a callable key id -> key) makes the tag mandatory and
+    checks it over the raw bytes with ``context`` before anything is parsed (:class:`AuthError`
+    otherwise).  ``require_auth`` defaults to ``keys is not None``; False accepts unauthenticated
+    messages while still verifying authenticated ones.  Without keys an authenticated message
+    decodes unverified (:func:`inspect` reports it so).
     """
     if as_torch:
         require_torch()  # fail before any work
+    auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash
     try:
         return _decode(blob, as_torch, max_elements, max_expansion)
     except MemoryError:
@@ -374,6 +405,7 @@ class MessageInfo:
     original_bytes: int
     elements: int
     meta: dict[str, str]
+    auth: AuthSummary | None = None  # the authentication trailer, verified or not; None: 1.0 message
 
     @property
     def ratio(self) -> float:
@@ -391,8 +423,11 @@ class MessageInfo:
         return d
 
 
-def inspect(blob: bytes | bytearray | memoryview) -> MessageInfo:
-    """Summarise a message: records, groups with codec and parameters, bytes per section, ratio."""
+def inspect(blob: bytes | bytearray | memoryview, *, keys: Keys | None = None,
+            context: bytes | str | None = None, require_auth: bool | None = None) -> MessageInfo:
+    """Summarise a message: records, groups with codec and parameters, bytes per section, ratio, and
+    its authentication trailer (algorithm and key id; ``verified`` only when ``keys`` checked it)."""
+    verified = auth.check(blob, keys, context, require_auth)
     msg = fmt.read_message(blob)
     h = msg.header
     group_of = {ri: gi for gi, g in enumerate(h.groups) for ri in g.records}
@@ -405,14 +440,18 @@ def inspect(blob: bytes | bytearray | memoryview) -> MessageInfo:
                          for s in msg.sections if s.group == gi))
         for gi, g in enumerate(h.groups))
     records = tuple(RecordSummary(r.name, r.dtype, r.shape, group_of[i]) for i, r in enumerate(h.records))
+    summary = verified or (auth.summary(msg.auth, verified=False) if msg.auth is not None else None)
     return MessageInfo(f"{fmt.MAJOR}.{msg.minor}", msg.size, h.container, records, groups, secs,
-                       sum(r.nbytes for r in h.records), sum(r.size for r in h.records), dict(h.meta))
+                       sum(r.nbytes for r in h.records), sum(r.size for r in h.records), dict(h.meta),
+                       summary)
 
 
 def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS,
-           max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> None:
-    """Check the checksum and that every record decodes; raises a FormatError subclass if not.
-    The limits are :func:`decode`'s."""
-    decode(blob, max_elements=max_elements, max_expansion=max_expansion)
+           max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
+           context: bytes | str | None = None, require_auth: bool | None = None) -> None:
+    """Check the tag (with ``keys``), the checksum and that every record decodes; raises
+    :class:`AuthError` or a FormatError subclass if not.  The limits are :func:`decode`'s."""
+    decode(blob, max_elements=max_elements, max_expansion=max_expansion, keys=keys, context=context,
+           require_auth=require_auth)
 
 

@@ -1,8 +1,10 @@
-"""The mucsc container, version 1.0 (normative description: spec/FORMAT.md).
+"""The mucsc container, versions 1.0 and 1.1 (normative description: spec/FORMAT.md).
 
 Layout: a 24-byte preamble, ``section_count`` sections (32-byte section header, payload, zero padding
 to 8 bytes), then a CRC-32 of everything before it.  The first section is HEAD, a canonical JSON record
-table.  This module knows nothing about codecs: it frames, (de)compresses, checks and limits bytes.
+table.  Format 1.1 may append an authentication trailer after the CRC (flag bit 0; the tag itself is
+computed and checked by :mod:`mucsc.codec.auth`).  This module knows nothing about codecs or keys: it
+frames, (de)compresses, checks and limits bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zstandard
@@ -22,12 +24,19 @@ import zstandard
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
 
 MAGIC = b"\x89MUC\r\n\x1a\n"  # like PNG: high bit, CR-LF, ^Z and LF catch text-mode mangling
-MAJOR, MINOR = 1, 0
+MAJOR, MINOR = 1, 1  # the newest version this module reads and writes; writers emit the oldest that fits
 
 PREAMBLE = struct.Struct("<8sBBHIQ")  # magic, major, minor, flags, section_count, total_length
 SECTION = struct.Struct("<4sIBBHIQQ")  # tag, group, encoding, 3 reserved (u8, u16, u32), stored, raw
 TRAILER = struct.Struct("<I")  # CRC-32 (ISO-HDLC, as zlib.crc32) of all preceding bytes
 ALIGN = 8
+
+# Format 1.1: an authentication trailer follows the CRC-32 (FORMAT.md 2.5).  total_length then
+# counts the body only (preamble to CRC), so a 1.0 view of the body is unchanged.
+FLAG_AUTH = 0x0001
+KNOWN_FLAGS = FLAG_AUTH
+AUTH_HEADER = struct.Struct("<BBH")  # algorithm, key_id_length, tag_length; then key id, then tag
+MAX_KEY_ID_BYTES = 64
 
 MESSAGE_GROUP = 0xFFFFFFFF  # group index of message-level sections (HEAD)
 ENC_RAW, ENC_ZSTD = 0, 1
@@ -110,6 +119,46 @@ class SectionInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class AuthTrailer:
+    """The authentication trailer of a 1.1 message: who signed, with what, and where the tag is.
+
+    The tag covers bytes ``[0, tag_offset)`` of the message (plus a context that is not stored).
+    """
+
+    algorithm: int
+    key_id: str
+    tag_offset: int
+    tag: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes the trailer adds to the message (header, key id and tag)."""
+        return AUTH_HEADER.size + len(self.key_id.encode("utf-8")) + len(self.tag)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """What the preamble and the trailer say, read without touching any section."""
+
+    minor: int
+    flags: int
+    section_count: int
+    body_length: int  # preamble to CRC-32 inclusive: the 1.0 ``total_length``
+    auth: AuthTrailer | None
+
+
+class AuthWriter(Protocol):
+    """What :func:`write_message` needs to append a trailer (implemented in :mod:`mucsc.codec.auth`)."""
+
+    algorithm: int
+    key_id: str
+    tag_length: int
+
+    def tag(self, covered: Iterable[bytes | memoryview]) -> bytes:
+        """The tag over the concatenation of ``covered`` (every byte before the tag)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Message:
     """A parsed, checked message: header, section table, and raw (decompressed on demand) payloads."""
 
@@ -118,6 +167,7 @@ class Message:
     size: int
     minor: int
     _blob: memoryview
+    auth: AuthTrailer | None = None
 
     def payload(self, s: SectionInfo) -> memoryview:
         """The raw (decompressed) payload of a section, bounded by its declared raw length."""
@@ -211,14 +261,15 @@ def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
 
 
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
-                  zstd_level: int | None = 3, flags: int = 0) -> bytes:
+                  zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
 
     A compressible payload is stored zstd-compressed when that is strictly smaller (``zstd_level``
-    None: never).  The HEAD section is written first.
+    None: never).  The HEAD section is written first.  With ``auth`` the message is 1.1 with an
+    authentication trailer; without, it is 1.0 (the oldest version that can represent it).
     """
     if flags:
-        raise ValueError("no flags are defined in format 1.0")
+        raise ValueError("flags are set by the writer, not by its caller")
     cctx = _compressor(zstd_level) if zstd_level is not None else None
     parts: list[bytes | memoryview] = []
     count = 0
@@ -238,12 +289,36 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
     total = PREAMBLE.size + sum(len(p) for p in parts) + TRAILER.size
-    parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, MINOR, flags, count, total))
+    minor = 0
+    if auth is not None:
+        flags, minor = flags | FLAG_AUTH, 1
+    parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
     crc = 0
     for p in parts:  # incrementally, so the message is assembled with a single copy
         crc = zlib.crc32(p, crc)
     parts.append(TRAILER.pack(crc))
+    if auth is not None:
+        parts.extend(auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length))
+        parts.append(auth.tag(parts))
     return b"".join(parts)
+
+
+def auth_trailer_head(algorithm: int, key_id: str, tag_length: int) -> list[bytes]:
+    """The trailer's bytes before the tag: its 4-byte header and the key id."""
+    kid = check_key_id(key_id)
+    return [AUTH_HEADER.pack(algorithm, len(kid), tag_length), kid]
+
+
+def check_key_id(key_id: str) -> bytes:
+    """The key id's UTF-8 bytes; 1..64 of them, no control characters (FORMAT.md 2.5)."""
+    if not isinstance(key_id, str):
+        raise TypeError(f"key id must be a string, got {type(key_id).__name__}")
+    kid = key_id.encode("utf-8", "strict")
+    if not 1 <= len(kid) <= MAX_KEY_ID_BYTES:
+        raise ValueError(f"key id must be 1..{MAX_KEY_ID_BYTES} bytes of UTF-8, got {len(kid)}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key_id):
+        raise ValueError(f"key id {key_id!r} contains control characters")
+    return kid
 
 
 def _check_tag(tag: str) -> None:
@@ -253,12 +328,12 @@ def _check_tag(tag: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- reading
 
-def read_message(blob: bytes | bytearray | memoryview) -> Message:
-    """Parse and check a message: magic, version, flags, length, CRC, section table, HEAD.
+def read_frame(blob: bytes | bytearray | memoryview) -> Frame:
+    """Check the preamble and locate the body and the authentication trailer; no section is read.
 
-    Raises the specific FormatError subclasses; payloads are decompressed later, on demand.
+    This is all an authenticating reader looks at before verifying the tag (FORMAT.md 2.5).
     """
-    mv = memoryview(blob).cast("B") if not isinstance(blob, memoryview) or blob.format != "B" else blob
+    mv = as_bytes_view(blob)
     if len(mv) < 8 or bytes(mv[:8]) != MAGIC:
         raise FormatError(_magic_problem(bytes(mv[:8])))
     if len(mv) < PREAMBLE.size:
@@ -266,14 +341,67 @@ def read_message(blob: bytes | bytearray | memoryview) -> Message:
     _, major, minor, flags, count, total = PREAMBLE.unpack_from(mv, 0)
     if major != MAJOR:
         raise VersionError(f"format version {major}.{minor} is not supported (this decoder reads {MAJOR}.x)")
-    if flags:
-        raise FormatError(f"reserved flag bits are set (0x{flags:04x}); format {MAJOR}.{MINOR} defines none")
+    if flags & ~KNOWN_FLAGS:
+        raise FormatError(f"reserved flag bits are set (0x{flags & ~KNOWN_FLAGS:04x}); format "
+                          f"{MAJOR}.{MINOR} defines only 0x{KNOWN_FLAGS:04x}")
+    if flags & FLAG_AUTH and minor < 1:
+        raise FormatError("the authentication flag is set in a 1.0 message (it needs minor version 1)")
     if total > len(mv):
         raise TruncatedError(f"message truncated: declares {total} bytes, only {len(mv)} present")
-    if total < len(mv):
+    if total < len(mv) and not flags & FLAG_AUTH:
         raise FormatError(f"{len(mv) - total} unexpected bytes after the end of the message")
     if total < PREAMBLE.size + TRAILER.size:
         raise FormatError(f"declared length {total} is smaller than the fixed parts of a message")
+    auth = _read_auth_trailer(mv, total) if flags & FLAG_AUTH else None
+    return Frame(minor, flags, count, total, auth)
+
+
+def _read_auth_trailer(mv: memoryview, body: int) -> AuthTrailer:
+    """Parse the trailer that starts at ``body`` and must end exactly at the end of the message."""
+    if len(mv) - body < AUTH_HEADER.size:
+        raise TruncatedError("message truncated: the authentication trailer is missing")
+    alg, klen, tlen = AUTH_HEADER.unpack_from(mv, body)
+    if not 1 <= klen <= MAX_KEY_ID_BYTES:
+        raise FormatError(f"authentication trailer: key id length {klen} is outside 1..{MAX_KEY_ID_BYTES}")
+    if tlen == 0:
+        raise FormatError("authentication trailer: empty tag")
+    expected = AUTH_TAG_LENGTHS.get(alg)
+    if expected is not None and tlen != expected:
+        raise FormatError(f"authentication trailer: algorithm {alg} has {expected}-byte tags, not {tlen}")
+    end = body + AUTH_HEADER.size + klen + tlen
+    if end > len(mv):
+        raise TruncatedError(f"message truncated: the authentication trailer needs {end} bytes, "
+                             f"only {len(mv)} present")
+    if end < len(mv):
+        raise FormatError(f"{len(mv) - end} unexpected bytes after the authentication trailer")
+    kid_at = body + AUTH_HEADER.size
+    try:
+        key_id = bytes(mv[kid_at: kid_at + klen]).decode("utf-8")
+        check_key_id(key_id)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
+        raise FormatError(f"authentication trailer: invalid key id ({exc})") from None
+    return AuthTrailer(alg, key_id, kid_at + klen, bytes(mv[kid_at + klen: end]))
+
+
+# Tag length of each algorithm id the spec defines (FORMAT.md 2.5); unknown ids are framed by the
+# trailer's own tag_length so that a reader without keys can still decode the message.
+AUTH_TAG_LENGTHS = {1: 32, 2: 64}
+
+
+def as_bytes_view(blob: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of ``blob`` (no copy)."""
+    return memoryview(blob).cast("B") if not isinstance(blob, memoryview) or blob.format != "B" else blob
+
+
+def read_message(blob: bytes | bytearray | memoryview) -> Message:
+    """Parse and check a message: magic, version, flags, length, CRC, section table, HEAD.
+
+    Raises the specific FormatError subclasses; payloads are decompressed later, on demand.  An
+    authentication trailer is parsed but not verified here (that needs keys: :mod:`mucsc.codec.auth`).
+    """
+    mv = as_bytes_view(blob)
+    frame = read_frame(mv)
+    total, count, minor = frame.body_length, frame.section_count, frame.minor
     (crc,) = TRAILER.unpack_from(mv, total - TRAILER.size)
     if zlib.crc32(mv[: total - TRAILER.size]) != crc:
         raise ChecksumError("checksum mismatch: the message is corrupted")
@@ -285,7 +413,7 @@ def read_message(blob: bytes | bytearray | memoryview) -> Message:
         raise FormatError("the first section must be HEAD")
     if head.raw_bytes > MAX_HEADER_BYTES:
         raise LimitError(f"header of {head.raw_bytes} bytes exceeds the limit of {MAX_HEADER_BYTES}")
-    msg = Message(Header((), ()), sections, total, minor, mv)
+    msg = Message(Header((), ()), sections, len(mv), minor, mv, frame.auth)
     header = parse_header(bytes(msg.payload(head)))
     _check_sections_against_header(sections, header)
     return dataclasses.replace(msg, header=header)
