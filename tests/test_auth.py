@@ -352,3 +352,11 @@ def test_memoryview_and_bytearray_inputs():
     blob = tagged()
     for b in (bytearray(blob), memoryview(blob)):
         mucsc.verify(b, keys=verify_keys(), context=CTX)
+
+
+def test_size_budget_counts_the_trailer():
+    x = np.random.default_rng(1).standard_t(3, 20000).astype(np.float32)
+    plain = mucsc.encode(x, "mucsc", size=7920, compress="off")
+    assert 7920 - len(plain) < 45  # no room left for a 45-byte trailer at this Z
+    blob = mucsc.encode(x, "mucsc", size=7920, compress="off", key=K17, key_id="client-17")
+    assert len(blob) <= 7920
