@@ -23,7 +23,11 @@ def _run(args):
 def test_outputs_and_table(tmp_path):
     r = _run(["--codecs", "none,mucsc", "-o", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert r.stderr == ""  # no progress when not a TTY
+    # not a TTY: no bar, but the data line and one line per evaluation (round 1, 2 of each run)
+    err = r.stderr.splitlines()
+    assert "\r" not in r.stderr and len(err) == 1 + 2 * 2
+    assert err[0].startswith("digits: 1438 train / 359 test samples, 10 classes") and "d = 650" in err[0]
+    assert err[1].startswith("run 1/2 none round 1/2 acc ") and err[4].startswith("run 2/2 mucsc round 2/2 acc ")
     assert "traffic MB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
     for codec in ("none", "mucsc"):
         lines = (tmp_path / codec / "rounds.csv").read_text().splitlines()
@@ -33,10 +37,39 @@ def test_outputs_and_table(tmp_path):
     for name in ("summary.txt", "summary.json", "summary.csv", "accuracy_vs_rounds.png",
                  "accuracy_vs_traffic.png"):
         assert (tmp_path / name).stat().st_size > 0
-    rows = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["data"]["train_samples"] == 1438 and summary["data"]["test_samples"] == 359
+    assert summary["data"]["classes"] == 10 and summary["data"]["d"] == 650 and summary["data"]["clients"] == 6
+    assert summary["machine"]["device"] == "cpu"
+    rows = summary["runs"]
     assert rows[1]["rate_paper"] == pytest.approx(2 * 4 * rows[1]["d"] / (  # eq. CompressionRateofMUCSC
         sum(b / 8 * rows[1]["d"] + 4 * z for b, z in ((2, 4), (3, 8), (4, 16))) / 3 * 0.5
         + 4 * 16 + 0.5 * rows[1]["d"]), rel=1e-9)
+
+
+def test_quiet_prints_only_the_table():
+    r = _run(["--codecs", "none", "-q"])
+    assert r.exit_code == 0 and r.stderr == "" and "traffic MB" in r.stdout
+
+
+def test_legend_explains_columns_and_traffic_above_nc():
+    from mucsc.fedsim import report
+    from mucsc.fedsim.config import SimConfig
+
+    base = dict(comm_min=1.0, comp_min=0.1, total_min=1.1, pct_nc_time=100.0, final_acc=0.9, codec_share=0.1,
+                ratio=1.0, rate_measured=1.8, rate_paper=None, T=10, reached=True, uplink="x")
+    nc = dict(base, codec="none", downlink="none", rounds=2, traffic_MB=10.0, down_MB=9.0, pct_nc_traffic=100.0)
+    up_only = dict(base, codec="dgc", downlink="none", rounds=4, traffic_MB=19.5, down_MB=18.0,
+                   pct_nc_traffic=195.0)
+    both = dict(base, codec="mucsc", downlink="mucsc(z=16)", rounds=2, traffic_MB=1.0, down_MB=0.5,
+                pct_nc_traffic=10.0)
+    text = " ".join(report.format_table([nc, up_only, both], SimConfig()).split())
+    for words in ("NC = no compression", "E = 5 local SGD iterations", "in MiB", "in minutes",
+                  "ratio = plain size ratio", "rate = the paper's compression rate", "2 / (1 + K/N)"):
+        assert words in text
+    assert "dgc used 195 % of NC's traffic: it compresses only the uplink" in text
+    assert "92 % of its traffic" in text and "it ran 4 rounds to NC's 2" in text
+    assert "mucsc used" not in text
 
 
 def test_same_seed_same_csv(tmp_path):

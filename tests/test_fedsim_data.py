@@ -88,6 +88,41 @@ def test_mnist_idx_gz_and_plain():
     np.testing.assert_array_equal(d.y_train, np.frombuffer(raw, np.uint8, offset=8))
 
 
+@pytest.mark.parametrize("gone", [("t10k-labels-idx1-ubyte",),
+                                  ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte")])
+def test_mnist_names_the_missing_files(tmp_path, gone):
+    raw = tmp_path / "MNIST" / "raw"
+    shutil.copytree(FIX / "mnist" / "MNIST" / "raw", raw)
+    for name in gone:
+        (raw / name).unlink()
+    with pytest.raises(InputError) as exc:
+        datasets.load_mnist(tmp_path)
+    msg = str(exc.value)
+    for name in gone:
+        assert name.removesuffix(".gz") + "[.gz]" in msg
+    assert f"{4 - len(gone)} of the 4 idx files found" in msg and str(raw) in msg
+    with pytest.raises(InputError, match="no MNIST idx files under .*train-images-idx3-ubyte"):
+        datasets.load_mnist(tmp_path / "MNIST" / "nothing-here")
+
+
+def test_normalization_per_data_set():
+    fem = datasets.load_femnist(FIX / "femnist", writers=0)
+    assert fem.transform == "raw" and fem.x_train.max() <= 1.0
+    n = datasets.normalize(fem)
+    # LEAF's background 1.0 -> inverted to 0 -> standardised to -mean/std
+    np.testing.assert_allclose(n.x_train, ((1 - fem.x_train) - 0.0378) / 0.1631, rtol=1e-5, atol=1e-5)
+    assert n.transform.startswith("1 - x") and n.x_train.dtype == np.float32
+    assert datasets.normalize(n) is n  # never applied twice
+    c = datasets.normalize(datasets.load_cifar10(FIX / "cifar10"))
+    raw = datasets.load_cifar10(FIX / "cifar10")
+    np.testing.assert_allclose(c.x_test[:, 2], (raw.x_test[:, 2] - 0.4465) / 0.2616, rtol=1e-5, atol=1e-5)
+    digits = datasets.load_digits()
+    assert datasets.normalize(digits) is digits  # the built-in experiment's inputs stay as documented
+    assert datasets.load_dataset("mnist", data_dir=str(FIX / "mnist"), normalized=True).transform != "raw"
+    info = n.describe()
+    assert info["writers"] == len(np.unique(fem.writers)) and info["train_samples"] == len(fem.y_train)
+
+
 def test_idx_rejects_bad_files(tmp_path):
     good = bytes([0, 0, 8, 1]) + struct.pack(">I", 3) + b"\x01\x02\x03"
     (tmp_path / "ok").write_bytes(good)

@@ -140,10 +140,20 @@ def test_paper_formulas_match_its_numbers():
 
 
 def test_learning_rate_schedule():
-    cfg = SimConfig()
+    cfg = SimConfig()  # digits: the paper's schedule
     assert simulation.learning_rate(0, cfg) == 0.5
     assert simulation.learning_rate(400, cfg) == 0.25
     assert simulation.learning_rate(10**6, cfg) == 0.01
+    fem = SimConfig(dataset="femnist")  # its preset: the paper's shape from 0.1
+    assert fem.lr_settings() == ("inverse", 0.1, 400.0, 0.01) and fem.learning_rate(400) == 0.05
+    paper = SimConfig(dataset="femnist", lr_schedule="paper")
+    assert paper.lr_settings() == ("paper", 0.5, 400.0, 0.01) and paper.to_dict()["lr0"] == 0.5
+    const = SimConfig(dataset="femnist", lr_schedule="constant", lr0=0.03)
+    assert const.learning_rate(0) == const.learning_rate(10**6) == 0.03
+    assert SimConfig(dataset="femnist", lr_min=0.02).learning_rate(10**6) == 0.02
+    for bad in (dict(lr_schedule="cosine"), dict(lr0=0.0), dict(lr_decay=-1.0), dict(normalize="yes")):
+        with pytest.raises(InputError):
+            SimConfig(**bad)
 
 
 def test_config_toml_and_overrides(tmp_path):

@@ -35,10 +35,11 @@ def _csv(kind):
 
 
 class Progress:
-    """A one-line progress bar with ETA on stderr; silent when disabled (not a TTY, or -q)."""
+    """A one-line progress bar with ETA on stderr on a terminal; piped (``log``), one line per
+    evaluation; silent with -q."""
 
-    def __init__(self, enabled: bool, runs: int, rounds_limit: int) -> None:
-        self.enabled, self.runs, self.limit = enabled, runs, rounds_limit
+    def __init__(self, enabled: bool, runs: int, rounds_limit: int, log: bool = False) -> None:
+        self.enabled, self.runs, self.limit, self.log = enabled, runs, rounds_limit, log
         self.t0 = time.monotonic()
         self.done_rounds, self.finished_runs, self.finished_rounds = 0, 0, 0
         self.run_idx, self.codec, self.rnd, self.acc = 0, "", 0, None
@@ -52,6 +53,12 @@ class Progress:
         self.rnd = rec.round
         if rec.accuracy is not None:
             self.acc = rec.accuracy
+            if self.log:  # not a terminal: one plain line per evaluation instead of the bar
+                loss = "nan" if rec.loss is None else f"{rec.loss:.4f}"
+                sys.stderr.write(f"run {self.run_idx + 1}/{self.runs} {self.codec} round {rec.round}/{self.limit} "
+                                 f"acc {rec.accuracy:.4f} loss {loss} "
+                                 f"elapsed {_clock(time.monotonic() - self.t0)}\n")
+                sys.stderr.flush()
         self._draw()
 
     def end_run(self) -> None:
@@ -87,6 +94,27 @@ def _clock(s: float) -> str:
     return f"{s // 60:d}:{s % 60:02d}"
 
 
+def data_summary(cfg, setup) -> dict[str, object]:
+    """The data actually loaded and how it is used: samples, classes, writers, clients, model, d."""
+    info = setup.data.describe()
+    sizes = setup.sizes
+    info.update({"clients": cfg.clients, "client_samples_min": int(sizes.min()),
+                 "client_samples_max": int(sizes.max()), "model": setup.model_name, "d": setup.d})
+    schedule, lr0, decay, lr_min = cfg.lr_settings()
+    info["lr"] = (f"constant {lr0:g}" if schedule == "constant"
+                  else f"{schedule}: max({lr0:g} / (1 + t/{decay:g}), {lr_min:g})")
+    return info
+
+
+def data_line(info: dict[str, object]) -> str:
+    """One line for the log: what was loaded and the settings that shape training."""
+    writers = f", {info['writers']} writers" if "writers" in info else ""
+    return (f"{info['dataset']}: {info['train_samples']} train / {info['test_samples']} test samples, "
+            f"{info['classes']} classes{writers}, input {'x'.join(map(str, info['input_shape']))} "
+            f"({info['normalize']}); {info['clients']} clients with {info['client_samples_min']}.."
+            f"{info['client_samples_max']} samples; model {info['model']} d = {info['d']}; lr {info['lr']}")
+
+
 def machine_info() -> dict[str, object]:
     """CPU model, logical cores, python and torch versions, torch threads (for the results)."""
     model = platform.processor() or "unknown"
@@ -117,9 +145,16 @@ def machine_info() -> dict[str, object]:
               help="uniform without replacement, or by data size with replacement (Assumption 4).")
 @click.option("-E", "--local-iters", type=int, help="Local SGD iterations per round E [5].")
 @click.option("-B", "--batch-size", type=int, help="Batch size B [8].")
-@click.option("--lr0", type=float, help="eta_t = max(lr0 / (1 + t/lr-decay), lr-min) [0.5].")
-@click.option("--lr-decay", type=float, help="[400]")
-@click.option("--lr-min", type=float, help="[0.01]")
+@click.option("--lr-schedule", type=click.Choice(["paper", "inverse", "constant"]),
+              help="Learning rate: paper = max(0.5 / (1 + t/400), 0.01); inverse = max(lr0 / (1 + t/lr-decay), "
+              "lr-min); constant = lr0 [per data set: paper for digits/synthetic, inverse 0.1/400/0.01 for "
+              "femnist/mnist, 0.05/400/0.005 for cifar10].")
+@click.option("--lr0", type=float, help="Initial learning rate [per schedule / data set].")
+@click.option("--lr-decay", type=float, help="Iterations to halve the inverse schedule [400].")
+@click.option("--lr-min", type=float, help="Floor of the inverse schedule [per data set].")
+@click.option("--normalize", type=click.Choice(["auto", "off"]),
+              help="Input normalisation: auto = the data set's (femnist: inverted grey levels, "
+              "standardised; mnist, cifar10: standardised; digits, synthetic: as is); off = raw [auto].")
 @click.option("--rounds", type=int, help="Round limit [per data set].")
 @click.option("--target", type=float, help="Stop at this test accuracy; 0 = never [per data set].")
 @click.option("--eval-every", type=int, help="Evaluate every this many rounds [per data set].")
@@ -201,12 +236,13 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
         raise click.ClickException(f"data: {exc}") from None
     z_groups = [cfg.z_up[g] for g in setup.groups]
     machine = machine_info()
-    show = not quiet and sys.stderr.isatty()
-    if show:
-        click.echo(f"{setup.data.name}: {len(setup.data.y_train)} train / {len(setup.data.y_test)} test, "
-                   f"model {setup.model_name} d = {setup.d}, N = {cfg.clients}, K = {cfg.per_round}, "
-                   f"E = {cfg.local_iters}, B = {cfg.batch_size}", err=True)
-    progress = Progress(show, len(cfg.codecs), cfg.resolved("rounds"))
+    machine["device"] = "cpu"
+    tty = sys.stderr.isatty()
+    show = not quiet and tty
+    data_info = data_summary(cfg, setup)
+    if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
+        click.echo(data_line(data_info), err=True)
+    progress = Progress(show, len(cfg.codecs), cfg.resolved("rounds"), log=not quiet and not tty)
     results, rows, failure = [], [], None
     for i, name in enumerate(cfg.codecs):
         progress.start_run(i, name)
@@ -234,7 +270,7 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
     table = report.format_table(rows, cfg) if rows else "(no run completed)"
     click.echo(table)
     if out:
-        report.write_summary(out, rows, cfg, table, machine)
+        report.write_summary(out, rows, cfg, table, machine, data_info)
         if results:
             report.plot(out, results)
         if show:

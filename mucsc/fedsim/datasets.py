@@ -35,10 +35,57 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     writers: np.ndarray | None = None  # int per training sample, for the "natural" partition
+    transform: str = "raw"             # the input normalisation applied (see ``normalize``)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    def describe(self) -> dict[str, object]:
+        """What was actually loaded: sample counts, classes, input shape, writers, normalisation."""
+        info: dict[str, object] = {
+            "dataset": self.name, "train_samples": int(len(self.y_train)), "test_samples": int(len(self.y_test)),
+            "classes": int(self.num_classes), "input_shape": list(self.input_shape), "normalize": self.transform}
+        if self.writers is not None:
+            info["writers"] = int(len(np.unique(self.writers)))
+        return info
+
+
+# ---- input normalisation per data set ----------------------------------------------------------------
+
+# (invert, per-channel mean, per-channel std) applied as x -> ((1 - x if invert else x) - mean) / std.
+# FEMNIST: LEAF stores ink dark on a white background (background 1.0); inverting puts the background
+# at 0, which is what zero padding and ReLU conv nets expect, and standardising gives unit-variance
+# input.  Its mean/std are those of the inverted shared 26-writer sample's 3,877 training images
+# (1 - x: mean 0.0378, std 0.1631).  MNIST and CIFAR-10 use the customary torchvision statistics.
+# digits and synthetic stay as they are (the built-in experiment's documented results use them raw).
+NORMALIZATION: dict[str, tuple[bool, tuple[float, ...], tuple[float, ...]]] = {
+    "femnist": (True, (0.0378,), (0.1631,)),
+    "mnist": (False, (0.1307,), (0.3081,)),
+    "cifar10": (False, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+def normalize(data: Dataset) -> Dataset:
+    """The data set's input normalisation (``NORMALIZATION``); unchanged for sets without one."""
+    spec = NORMALIZATION.get(data.name)
+    if spec is None or data.transform != "raw":
+        return data
+    invert, mean, std = spec
+    shape = (1, len(mean)) + (1,) * (data.x_train.ndim - 2)
+    m = np.asarray(mean, dtype=np.float32).reshape(shape)
+    s = np.asarray(std, dtype=np.float32).reshape(shape)
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return (((1.0 - x) if invert else x) - m) / s
+
+    label = ("1 - x, then " if invert else "") + f"(x - {_fmt_tuple(mean)}) / {_fmt_tuple(std)}"
+    return dataclasses.replace(data, x_train=f(data.x_train).astype(np.float32),
+                               x_test=f(data.x_test).astype(np.float32), transform=label)
+
+
+def _fmt_tuple(v: tuple[float, ...]) -> str:
+    return f"{v[0]:g}" if len(v) == 1 else "(" + ", ".join(f"{x:g}" for x in v) + ")"
 
 
 # ---- built-in, offline ----------------------------------------------------------------------------
@@ -280,24 +327,38 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dt, offset=4 + 4 * ndim).reshape(dims)
 
 
-def _find_idx(d: Path, stem: str) -> Path:
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+               "t10k-labels-idx1-ubyte")
+
+
+def _find_idx(d: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         if (d / name).is_file():
             return d / name
-    raise InputError(f"missing MNIST file {stem}[.gz] in {d}")
+    return None
 
 
 def load_mnist(data_dir: str | os.PathLike) -> Dataset:
-    """MNIST as torchvision stores it: ``<dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``."""
+    """MNIST as torchvision stores it: ``<dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``.
+
+    The directory searched is the first of MNIST/raw, raw, the root itself that holds any of the four
+    idx files; an error names every file missing there.
+    """
     root = Path(data_dir)
-    d = next((c for c in (root / "MNIST" / "raw", root / "raw", root) if c.is_dir()
-              and any(c.glob("train-images-idx3-ubyte*"))), None)
+    cands = (root / "MNIST" / "raw", root / "raw", root)
+    d = next((c for c in cands if c.is_dir() and any(_find_idx(c, f) for f in MNIST_FILES)), None)
     if d is None:
-        raise InputError(f"no MNIST idx files under {root} (torchvision layout: MNIST/raw/...)")
+        raise InputError(f"no MNIST idx files under {root}: expected {', '.join(MNIST_FILES)} "
+                         f"(optionally .gz) in MNIST/raw/ (torchvision's layout), raw/ or {root} itself")
+    found = {f: _find_idx(d, f) for f in MNIST_FILES}
+    missing = [f for f, path in found.items() if path is None]
+    if missing:
+        raise InputError(f"MNIST under {d}: missing {', '.join(f + '[.gz]' for f in missing)} "
+                         f"({4 - len(missing)} of the 4 idx files found)")
     out = []
     for prefix in ("train", "t10k"):
-        x = read_idx(_find_idx(d, f"{prefix}-images-idx3-ubyte"))
-        y = read_idx(_find_idx(d, f"{prefix}-labels-idx1-ubyte"))
+        x = read_idx(found[f"{prefix}-images-idx3-ubyte"])
+        y = read_idx(found[f"{prefix}-labels-idx1-ubyte"])
         if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0] or (y.size and y.max() > 9):
             raise FormatError(f"{d}: {prefix} images and labels do not match")
         out += [x.astype(np.float32)[:, None] / 255.0, y.astype(np.int64)]
@@ -310,8 +371,16 @@ DATASETS = ("digits", "synthetic", "cifar10", "femnist", "mnist")
 
 
 def load_dataset(name: str, *, data_dir: str | None = None, download: bool = False, seed: int = 0,
-                 clients: int = 100, synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0) -> Dataset:
-    """Load a data set by name; on-disk sets need ``data_dir``."""
+                 clients: int = 100, synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
+                 normalized: bool = False) -> Dataset:
+    """Load a data set by name; on-disk sets need ``data_dir``; ``normalized``: apply ``normalize``."""
+    data = _load(name, data_dir=data_dir, download=download, seed=seed, clients=clients,
+                 synthetic_alpha=synthetic_alpha, synthetic_beta=synthetic_beta)
+    return normalize(data) if normalized else data
+
+
+def _load(name: str, *, data_dir: str | None, download: bool, seed: int, clients: int,
+          synthetic_alpha: float, synthetic_beta: float) -> Dataset:
     if name == "digits":
         return load_digits(seed)
     if name == "synthetic":

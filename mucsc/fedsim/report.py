@@ -188,14 +188,52 @@ def format_table(rows: list[dict[str, Any]], cfg: SimConfig) -> str:
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     goal = f"target accuracy {target:.2f}" if target else "no target accuracy"
-    out = [f"{goal}; R = rounds run (>R: target not reached), T = R*E global iterations; "
-           f"traffic = uplink + downlink to {'all N' if cfg.downlink == 'all' else 'next participants'}",
+    out = [f"{goal}; N = {cfg.clients} clients, K = {cfg.per_round} per round, E = {cfg.local_iters} local "
+           f"SGD iterations per round, B = {cfg.batch_size}",
            fmt(head), fmt(["-" * w for w in widths])]
     out += [fmt(l) for l in lines]
-    out.append("codec % = encode+decode wall time / (local training + encode + decode); ratio = the same "
-               "messages as raw float32 / their bytes; rate = the paper's per-client accounting with "
-               "measured bytes, 2hd / (mean uplink msg * K/N + downlink msg); paper rate = its formula "
-               "(MUCSC, B-MUCSC)")
+    out += legend(rows, cfg)
+    return "\n".join(out)
+
+
+def legend(rows: list[dict[str, Any]], cfg: SimConfig) -> list[str]:
+    """The table's legend in plain words, plus a sentence for every run that cost more traffic than NC."""
+    recipients = "all N clients" if cfg.downlink == "all" else "the next round's participants"
+    text = [
+        "NC = no compression (codec none), the 100 % of the % columns. R = rounds run (>R: target not "
+        "reached within the round limit); T = R*E global SGD iterations.",
+        f"traffic MB = every uplink message + the downlink message x {recipients}, in MiB (2^20 bytes). "
+        "comm min = simulated transfer time at the drawn link speeds (per round: slowest uplink + slowest "
+        "downlink); comp min = measured compute wall time on this machine (per round: slowest client's "
+        "training + encoding, the server's decoding and encoding, one client's decoding); total = comm + comp; "
+        "all times in minutes. acc = test accuracy at the last evaluation. codec % = encode + decode time "
+        "/ (local training + encode + decode).",
+        "ratio = plain size ratio: the same messages as raw float32 / their actual bytes. rate = the paper's "
+        "compression rate (Table II accounting) from the measured sizes: 2hd / (mean uplink message x K/N "
+        "+ downlink message), h = 4 bytes, d = model parameters; its numerator counts an upload and a "
+        "download per client but its denominator only K/N of the uploads, so rate > ratio and NC itself "
+        "scores 2 / (1 + K/N). paper rate = the paper's formula for the same d, Z and K/N (MUCSC, B-MUCSC).",
+    ]
+    nc = next((r for r in rows if r["codec"] == "none"), None)
+    for r in rows:
+        if nc is None or r is nc or r["pct_nc_traffic"] is None or r["pct_nc_traffic"] <= 100:
+            continue
+        why = []
+        if r["downlink"] == "none":
+            why.append("it compresses only the uplink, so the full-size downlink to "
+                       f"{recipients}, which is {100 * r['down_MB'] / r['traffic_MB']:.0f} % of its traffic, "
+                       "stays as large as NC's every round")
+        if r["rounds"] > nc["rounds"]:
+            why.append(f"it ran {r['rounds']} rounds to NC's {nc['rounds']}")
+        reason = " and ".join(why) if why else "its messages are larger than NC's"
+        text.append(f"{r['codec']} used {r['pct_nc_traffic']:.0f} % of NC's traffic: {reason}.")
+    return _wrap(text)
+
+
+def _wrap(paragraphs: list[str], width: int = 110) -> list[str]:
+    import textwrap
+
+    return [line for p in paragraphs for line in textwrap.wrap(p, width)]
     return "\n".join(out)
 
 
@@ -204,11 +242,12 @@ def _pct(x: float | None) -> str:
 
 
 def write_summary(out: Path, rows: list[dict[str, Any]], cfg: SimConfig, table: str,
-                  machine: dict[str, Any] | None = None) -> None:
+                  machine: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
+    """summary.txt (the table), summary.json (settings, the data loaded, machine and device, rows), .csv."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(table + "\n")
-    (out / "summary.json").write_text(json.dumps({"config": cfg.to_dict(), "machine": machine, "runs": rows},
-                                                 indent=1, default=str))
+    doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": rows}
+    (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str))
     if rows:
         with open(out / "summary.csv", "w", newline="") as f:
             w = csv.DictWriter(f, list(rows[0]))

@@ -40,8 +40,9 @@ def codec_seed(seed: int, *keys: int) -> int:
 
 
 def learning_rate(t: int, cfg: SimConfig) -> float:
-    """eta_t = max(lr0 / (1 + t / lr_decay), lr_min), t the global iteration index (section VI-A)."""
-    return max(cfg.lr0 / (1.0 + t / cfg.lr_decay), cfg.lr_min)
+    """eta_t at global iteration index t: the paper's max(lr0 / (1 + t / lr_decay), lr_min) (section
+    VI-A) or a constant, with the data set's preset constants unless set (``SimConfig.lr_settings``)."""
+    return cfg.learning_rate(t)
 
 
 def client_batches(seed: int, rnd: int, slot: int, n: int, iters: int, batch: int) -> np.ndarray:
@@ -76,11 +77,12 @@ class Setup:
 
 
 def prepare(cfg: SimConfig, data: Dataset | None = None) -> Setup:
-    """Load the data (unless given), partition it, split clients into Z_U groups, size the model."""
+    """Load the data (unless given, which is then used as is), normalise it per ``cfg.normalize``,
+    partition it, split clients into Z_U groups, size the model."""
     if data is None:
         data = load_dataset(cfg.dataset, data_dir=cfg.data_dir, download=cfg.download, seed=cfg.seed,
                             clients=cfg.clients, synthetic_alpha=cfg.synthetic_alpha,
-                            synthetic_beta=cfg.synthetic_beta)
+                            synthetic_beta=cfg.synthetic_beta, normalized=cfg.normalize == "auto")
     parts = partition.make_partition(
         cfg.resolved("partition"), data.y_train, cfg.clients, stream(cfg.seed, _S_PARTITION),
         writers=data.writers, size=cfg.samples_per_client, min_size=cfg.noniid_min,
