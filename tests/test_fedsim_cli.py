@@ -27,7 +27,10 @@ def test_outputs_and_table(tmp_path):
     err = r.stderr.splitlines()
     assert "\r" not in r.stderr and len(err) == 1 + 2 * 2
     assert err[0].startswith("digits: 1438 train / 359 test samples, 10 classes") and "d = 650" in err[0]
-    assert err[1].startswith("run 1/2 none round 1/2 acc ") and err[4].startswith("run 2/2 mucsc round 2/2 acc ")
+    assert "device cpu" in err[0]
+    heads = sorted(line.split(" acc ")[0] for line in err[1:])  # concurrent runs interleave
+    assert heads == ["run 1/2 none round 1/2", "run 1/2 none round 2/2", "run 2/2 mucsc round 1/2",
+                     "run 2/2 mucsc round 2/2"]
     assert "traffic MB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
     for codec in ("none", "mucsc"):
         lines = (tmp_path / codec / "rounds.csv").read_text().splitlines()
@@ -103,7 +106,7 @@ def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
         return real(data, codec, *a, **kw)
     monkeypatch.setattr(mucsc, "encode", failing)
     monkeypatch.setattr(mucsc.codec.state, "encode", failing)
-    r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path)])
+    r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path), "--workers", "1"])  # runs one by one
     assert r.exit_code == 1
     assert "run 'signsgd' failed after 1 rounds" in r.stderr and "simulated codec failure" in r.stderr
     assert len((tmp_path / "none" / "rounds.csv").read_text().splitlines()) == 3
@@ -111,3 +114,44 @@ def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
     assert "simulated codec failure" in json.loads((tmp_path / "signsgd" / "rounds.json").read_text())["error"]
     assert not (tmp_path / "stc").exists()
     assert "none" in (tmp_path / "summary.txt").read_text()
+
+
+def test_codec_failure_with_concurrent_runs(tmp_path, monkeypatch):
+    real = mucsc.encode
+    calls = {"n": 0}
+
+    def failing(data, codec="mucsc", *a, **kw):
+        if codec == "signsgd":
+            calls["n"] += 1
+            if calls["n"] > 4:
+                raise ParameterError("simulated codec failure")
+        return real(data, codec, *a, **kw)
+    monkeypatch.setattr(mucsc, "encode", failing)
+    monkeypatch.setattr(mucsc.codec.state, "encode", failing)
+    r = _run(["--codecs", "none,signsgd", "-o", str(tmp_path), "--workers", "2"])
+    assert r.exit_code == 1 and "run 'signsgd' failed after 1 rounds" in r.stderr
+    assert len((tmp_path / "signsgd" / "rounds.csv").read_text().splitlines()) == 2
+    error = json.loads((tmp_path / "none" / "rounds.json").read_text())["error"]
+    assert error is None or error.startswith("stopped: run 'signsgd' failed")
+
+
+def test_workers_give_identical_rounds_csv(tmp_path):
+    for w in ("1", "2", "3"):
+        r = _run(["--codecs", "none,mucsc,dgc", "--seed", "5", "--workers", w, "-o", str(tmp_path / w)])
+        assert r.exit_code == 0, r.output
+        assert f"device cpu, {w} worker process" in r.stderr
+        assert json.loads((tmp_path / w / "summary.json").read_text())["machine"]["workers"] == int(w)
+    for codec in ("none", "mucsc", "dgc"):
+        one, two, three = ((tmp_path / w / codec / "rounds.csv").read_bytes() for w in "123")
+        assert one == two == three
+
+
+def test_device_choice():
+    r = _run(["--codecs", "none", "--device", "cpu", "-q"])
+    assert r.exit_code == 0
+    import torch
+
+    if not torch.cuda.is_available():
+        r = _run(["--codecs", "none", "--device", "cuda"])
+        assert r.exit_code == 1 and "Traceback" not in r.output
+        assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--device cuda: no GPU available" in r.stderr

@@ -196,3 +196,44 @@ def test_dgc_uses_momentum_correction_and_warmup():
     s = Sender(LinkCodec("dgc", (("keep", 0.01), ("momentum", 0.5), ("warmup_period", 2))))
     nnz = [int(np.count_nonzero(receive(s.send(u, seed=r, rnd=r)[0])[0]["a"])) for r in range(10)]
     assert nnz[0] == nnz[1] == 1000 and nnz[2] == 250 and nnz[-1] == 40  # 25 %, 6.25 %, ..., then keep
+
+
+def test_client_step_is_the_runs_client_and_workers_change_nothing():
+    from mucsc.fedsim import parallel
+    from mucsc.fedsim.transport import Sender
+
+    cfg = tiny(codecs=("mucsc",), rounds=2, partition="noniid", noniid_min=10, noniid_max=40)
+    setup = simulation.prepare(cfg, DIGITS)
+    res = simulation.run(cfg, "mucsc", setup)
+    # round 1, participant 0, redone by hand with the reusable client step
+    trainer = simulation.LocalTrainer(setup.model_name, setup.data, setup.parts, cfg.seed)
+    weights = [p.detach().numpy().copy() for p in build_model("logreg", DIGITS.input_shape, 10, cfg.seed).parameters()]
+    sel = simulation.select_clients(cfg, 0, setup.sizes / setup.sizes.sum())
+    task = simulation.client_task(cfg, setup, 0, 0, int(sel[0]))
+    ups, _ = cfg.links("mucsc", cfg.clients, list(setup.groups))
+    msg = simulation.client_step(trainer, weights, task, Sender(ups[task.client]),
+                                 simulation.codec_seed(cfg.seed, simulation._S_UP, 0, 0))
+    assert msg.client == task.client and len(msg.blob) == res.records[0].up_bytes[0] and msg.train_s > 0
+    pool = parallel.WorkerPool(cfg, setup, 2)
+    try:
+        pooled = simulation.run(cfg, "mucsc", setup, executor=pool)
+    finally:
+        pool.close()
+    assert [r.up_bytes for r in pooled.records] == [r.up_bytes for r in res.records]
+    assert [r.accuracy for r in pooled.records] == [r.accuracy for r in res.records]
+    for k in res.weights:
+        np.testing.assert_array_equal(pooled.weights[k], res.weights[k])
+
+
+def test_device_resolution():
+    import torch
+
+    assert simulation.resolve_device("cpu") == "cpu"
+    assert simulation.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="--device cuda: no GPU available"):
+            simulation.resolve_device("cuda")
+    with pytest.raises(InputError):
+        SimConfig(device="tpu")
+    with pytest.raises(InputError):
+        SimConfig(workers=0)

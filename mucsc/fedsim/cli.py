@@ -35,49 +35,54 @@ def _csv(kind):
 
 
 class Progress:
-    """A one-line progress bar with ETA on stderr on a terminal; piped (``log``), one line per
-    evaluation; silent with -q."""
+    """Progress on stderr for a sweep whose runs may advance concurrently: on a terminal a one-line
+    bar with ETA; piped (``log``), one plain line per evaluation instead; silent with -q."""
 
-    def __init__(self, enabled: bool, runs: int, rounds_limit: int, log: bool = False) -> None:
-        self.enabled, self.runs, self.limit, self.log = enabled, runs, rounds_limit, log
+    def __init__(self, enabled: bool, codecs: tuple[str, ...], rounds_limit: int, log: bool = False) -> None:
+        self.enabled, self.codecs, self.limit, self.log = enabled, codecs, rounds_limit, log
         self.t0 = time.monotonic()
-        self.done_rounds, self.finished_runs, self.finished_rounds = 0, 0, 0
-        self.run_idx, self.codec, self.rnd, self.acc = 0, "", 0, None
+        self.rounds: dict[int, int] = {}      # run index -> rounds done
+        self.finished: set[int] = set()
+        self.acc: dict[int, float] = {}
 
-    def start_run(self, idx: int, codec: str) -> None:
-        self.run_idx, self.codec, self.rnd, self.acc = idx, codec, 0, None
-        self._draw()
+    def start_run(self, idx: int) -> None:
+        self.rounds[idx] = 0
+        self._draw(idx)
 
-    def round(self, rec) -> None:
-        self.done_rounds += 1
-        self.rnd = rec.round
+    def round(self, idx: int, rec) -> None:
+        self.rounds[idx] = rec.round
         if rec.accuracy is not None:
-            self.acc = rec.accuracy
+            self.acc[idx] = rec.accuracy
             if self.log:  # not a terminal: one plain line per evaluation instead of the bar
                 loss = "nan" if rec.loss is None else f"{rec.loss:.4f}"
-                sys.stderr.write(f"run {self.run_idx + 1}/{self.runs} {self.codec} round {rec.round}/{self.limit} "
+                sys.stderr.write(f"run {idx + 1}/{len(self.codecs)} {self.codecs[idx]} round {rec.round}/{self.limit} "
                                  f"acc {rec.accuracy:.4f} loss {loss} "
                                  f"elapsed {_clock(time.monotonic() - self.t0)}\n")
                 sys.stderr.flush()
-        self._draw()
+        self._draw(idx)
 
-    def end_run(self) -> None:
-        self.finished_runs += 1
-        self.finished_rounds += self.rnd
+    def end_run(self, idx: int) -> None:
+        self.finished.add(idx)
 
-    def _draw(self) -> None:
+    def rounds_of(self, idx: int) -> int:
+        return self.rounds.get(idx, 0)
+
+    def _draw(self, idx: int) -> None:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.t0
-        per_run = self.finished_rounds / self.finished_runs if self.finished_runs else self.limit
-        left = max(self.limit - self.rnd, 0) + per_run * (self.runs - self.run_idx - 1)
-        eta = elapsed / self.done_rounds * left if self.done_rounds else float("nan")
+        done = sum(self.rounds.values())
+        fin = [self.rounds[i] for i in self.finished]
+        per_run = sum(fin) / len(fin) if fin else self.limit
+        left = sum(max(self.limit - r, 0) for i, r in self.rounds.items() if i not in self.finished)
+        left += per_run * (len(self.codecs) - len(self.rounds))
+        eta = elapsed / done * left if done else float("nan")
         width = 24
-        frac = min(self.done_rounds / max(self.done_rounds + left, 1), 1.0)
-        bar = "#" * int(frac * width)
-        acc = "  -  " if self.acc is None else f"{self.acc:.3f}"
-        line = (f"\r[{bar:<{width}}] run {self.run_idx + 1}/{self.runs} {self.codec:<8} round "
-                f"{self.rnd:>4}/{self.limit} acc {acc} {_clock(elapsed)} ETA {_clock(eta)} ")
+        bar = "#" * int(min(done / max(done + left, 1), 1.0) * width)
+        acc = self.acc.get(idx)
+        acc_s = "  -  " if acc is None else f"{acc:.3f}"
+        line = (f"\r[{bar:<{width}}] run {idx + 1}/{len(self.codecs)} {self.codecs[idx]:<8} round "
+                f"{self.rounds.get(idx, 0):>4}/{self.limit} acc {acc_s} {_clock(elapsed)} ETA {_clock(eta)} ")
         sys.stderr.write(line)
         sys.stderr.flush()
 
@@ -182,7 +187,11 @@ def machine_info() -> dict[str, object]:
 @click.option("--down-mbps", type=float, help="Mean downlink speed, Mb/s [1.4].")
 @click.option("--speed-sd", type=float, help="Speed standard deviation / mean [0.1].")
 @click.option("--seed", type=int, help="Seed of everything [0].")
-@click.option("--threads", type=int, help="torch threads [1].")
+@click.option("--threads", type=int, help="torch threads per process [1].")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
+              help="Where models train and aggregate: auto = cuda when available [auto].")
+@click.option("--workers", type=int, help="Processes training a round's clients (and independent runs) "
+              "concurrently; results do not depend on it [cores; 1 on cuda].")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
 def sim(config_file, out, quiet, params, **flags):
@@ -218,11 +227,10 @@ def _require_sim_dependencies(dataset: str | None, out: str | None) -> None:
 def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
     import torch
 
-    from mucsc.fedsim import report, simulation
+    from mucsc.fedsim import parallel, report, simulation
     from mucsc.fedsim.transport import check_codec
 
     torch.set_num_threads(cfg.threads)
-    z_groups = None
     try:  # every codec and parameter checked before any training
         for name in cfg.codecs:
             ups, down = cfg.links(name, cfg.clients, [i % len(cfg.z_up) for i in range(cfg.clients)])
@@ -231,41 +239,68 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
     except MucscError as exc:
         raise click.UsageError(f"codec settings: {exc}") from None
     try:
+        device = simulation.resolve_device(cfg.device)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
         setup = simulation.prepare(cfg)
     except (MucscError, OSError) as exc:
         raise click.ClickException(f"data: {exc}") from None
     z_groups = [cfg.z_up[g] for g in setup.groups]
+    workers = cfg.workers or parallel.default_workers(device)
+    concurrent = 1 if workers == 1 else min(workers, len(cfg.codecs))
     machine = machine_info()
-    machine["device"] = "cpu"
+    machine.update(device=device, workers=workers, concurrent_runs=concurrent)
+    if device == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name()
     tty = sys.stderr.isatty()
     show = not quiet and tty
     data_info = data_summary(cfg, setup)
     if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
-        click.echo(data_line(data_info), err=True)
-    progress = Progress(show, len(cfg.codecs), cfg.resolved("rounds"), log=not quiet and not tty)
-    results, rows, failure = [], [], None
-    for i, name in enumerate(cfg.codecs):
-        progress.start_run(i, name)
-        writer = report.RunWriter(out, name, cfg) if out else None
+        click.echo(data_line(data_info) + f"; device {device}, {workers} worker process"
+                   f"{'es' if workers > 1 else ''}", err=True)
+    progress = Progress(show, cfg.codecs, cfg.resolved("rounds"), log=not quiet and not tty)
+    writers: dict[int, report.RunWriter] = {}
+    done: dict[int, object] = {}
 
-        def on_round(rec, writer=writer):
-            if writer:
-                writer.add(rec)
-            progress.round(rec)
-        try:
-            res = simulation.run(cfg, name, setup, on_round)
-        except (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt) as exc:
-            what = "was interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            failure = f"run {name!r} {what} after {progress.rnd} rounds: {type(exc).__name__}: {exc}"
-            if writer:
-                writer.close(None, error=failure)
-            break
-        progress.end_run()
-        if writer:
-            writer.close(res)
-        results.append(res)
-        rows.append(report.summarize(res, cfg, z_groups))
+    def on_start(i: int, name: str) -> None:
+        if out:
+            writers[i] = report.RunWriter(out, name, cfg)
+        progress.start_run(i)
+
+    def on_round(i: int, rec) -> None:
+        if out:
+            writers[i].add(rec)
+        progress.round(i, rec)
+
+    def on_done(i: int, res) -> None:
+        progress.end_run(i)
+        if out:
+            writers.pop(i).close(res)
+        done[i] = res
+
+    failure, failed = None, None
+    try:
+        executor = parallel.make_executor(cfg, setup, workers)
+    except (MucscError, OSError, RuntimeError) as exc:
+        raise click.ClickException(f"workers: {exc}") from None
+    try:
+        simulation.sweep(cfg, setup, cfg.codecs, executor, on_start=on_start, on_round=on_round,
+                         on_done=on_done, concurrent=concurrent)
+    except simulation.RunFailed as exc:
+        if not isinstance(exc.cause, (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt)):
+            raise exc.cause from None
+        what = "was interrupted" if isinstance(exc.cause, KeyboardInterrupt) else "failed"
+        failure, failed = f"run {exc.codec!r} {what} after {exc.rounds} rounds: {exc}", exc.codec
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    finally:
+        executor.close()
+    for i, w in writers.items():  # runs stopped by a failure keep their rows
+        w.close(None, error=failure if cfg.codecs[i] == failed else f"stopped: {failure}")
     progress.close()
+    results = [done[i] for i in sorted(done)]
+    rows = [report.summarize(res, cfg, z_groups) for res in results]
     report.add_relative(rows)
     table = report.format_table(rows, cfg) if rows else "(no run completed)"
     click.echo(table)

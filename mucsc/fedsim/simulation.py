@@ -8,18 +8,26 @@ One round (E local iterations per selected client):
   5. D is encoded with the downlink codec and sent to all N clients (or next round's participants);
      every client decodes the same bytes and applies w <- w - D~ (eq. 12), so all stay in sync.
 Because every client applies the same D~, one shared model stands for all N clients.
+
+Step 2 is ``client_step``'s first half (``LocalTrainer.train``, on ``--device``, possibly in a
+worker process: module ``parallel``), step 3 its second; a sweep's runs are state machines
+(``_Run``) advanced by ``sweep`` as their training and evaluation futures complete.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as futures_wait
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mucsc.errors import InputError
 from mucsc.fedsim import network, partition
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
@@ -139,121 +147,366 @@ class RunResult:
     weights: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # final shared model
 
 
-def _evaluate(model: torch.nn.Module, data: Dataset, x_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float, float]:
-    model.eval()
-    correct, loss_sum = 0, 0.0
-    with torch.no_grad():
-        for i in range(0, len(y_test), 1024):
-            out = model(x_test[i:i + 1024])
-            loss_sum += float(F.cross_entropy(out, y_test[i:i + 1024], reduction="sum"))
-            correct += int((out.argmax(1) == y_test[i:i + 1024]).sum())
-    model.train()
-    return correct / len(y_test), loss_sum / len(y_test)
+# ---- one client's local work -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ClientTask:
+    """What a client is told for one round's local work (besides the global model it receives)."""
+
+    round: int                  # 0-based global round
+    slot: int                   # position among the round's participants (keys its batch stream)
+    client: int
+    batches: np.ndarray         # (E, B) indices into the client's own samples
+    lrs: tuple[float, ...]      # eta_t for each of its E steps
 
 
-def local_train(model: torch.nn.Module, params: list[torch.nn.Parameter], x: torch.Tensor, y: torch.Tensor,
-                batches: np.ndarray, lrs: list[float]) -> None:
-    """E plain SGD steps w <- w - eta_t grad F_i(w, B_t) (eq. 3) on the given batches."""
-    for idx, lr in zip(batches, lrs):
-        bi = torch.from_numpy(idx)
-        loss = F.cross_entropy(model(x[bi]), y[bi])
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(g, alpha=lr)
-
-
-def run(cfg: SimConfig, codec: str, setup: Setup,
-        on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
-    """One FedAvg run with experiment preset ``codec``; calls ``on_round`` after every round."""
-    torch.set_num_threads(cfg.threads)
-    data = setup.data
-    ups, down = cfg.links(codec, cfg.clients, list(setup.groups))
-    for link in {*ups, down}:
-        check_codec(link)
-    model = build_model(setup.model_name, data.input_shape, data.num_classes, cfg.seed)
-    names = [n for n, _ in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
-    x_tr, y_tr = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    x_te, y_te = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
-    client_x = [x_tr[torch.from_numpy(p)] for p in setup.parts]
-    client_y = [y_tr[torch.from_numpy(p)] for p in setup.parts]
-    sizes = setup.sizes.astype(np.float64)
-    weights = sizes / sizes.sum()
-    senders: dict[int, Sender] = {}
-    server = Sender(down)
-    net_cfg = network.NetworkConfig(cfg.up_mbps, cfg.down_mbps, cfg.speed_sd)
-    rounds, target, every = cfg.resolved("rounds"), cfg.resolved("target"), cfg.resolved("eval_every")
+def client_task(cfg: SimConfig, setup: Setup, rnd: int, slot: int, client: int) -> ClientTask:
+    """The round's work for participant ``slot``: batches from the (seed, round, slot) stream, eta_t."""
     E = cfg.local_iters
-    records: list[RoundRecord] = []
-    reached = None
-    global_w = [p.detach().clone() for p in params]
-    selected = select_clients(cfg, 0, weights)
-    for rnd in range(rounds):
-        t0 = rnd * E
-        lrs = [learning_rate(t0 + j, cfg) for j in range(E)]
-        updates, up_bytes, per_client_time = [], [], []
-        train_s = enc_s = dec_s = 0.0
-        server_dec = 0.0
-        for slot, c in enumerate(selected.tolist()):
-            t_start = time.perf_counter()
+    batches = client_batches(cfg.seed, rnd, slot, len(setup.parts[client]), E, cfg.batch_size)
+    return ClientTask(rnd, slot, client, batches, tuple(learning_rate(rnd * E + j, cfg) for j in range(E)))
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is an error."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise InputError(f"--device cuda: no GPU available ({why}; torch {torch.__version__}); "
+                         "use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"unknown device {name!r}; choose auto, cpu or cuda")
+    return name
+
+
+class LocalTrainer:
+    """The model and the training/test data on one device: local SGD for any client, and evaluation.
+
+    It keeps no state between calls (every call loads the weights it is given), so the in-process
+    path and every worker process compute the same floats for the same task.  Updates leave the
+    device as host float32 arrays, where the codec runs, as on a real client.
+    """
+
+    def __init__(self, model_name: str, data: Dataset, parts: tuple[np.ndarray, ...], seed: int,
+                 device: str = "cpu", threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.device = torch.device(device)
+        self.model = build_model(model_name, data.input_shape, data.num_classes, seed).to(self.device)
+        self.names = [n for n, _ in self.model.named_parameters()]
+        self.params = [p for _, p in self.model.named_parameters()]
+        dev = self.device
+        self.x_train = torch.from_numpy(data.x_train).to(dev)
+        self.y_train = torch.from_numpy(data.y_train).to(dev)
+        self.x_test = torch.from_numpy(data.x_test).to(dev)
+        self.y_test = torch.from_numpy(data.y_test).to(dev)
+        self.parts = [torch.from_numpy(np.asarray(p, dtype=np.int64)).to(dev) for p in parts]
+
+    def _load(self, weights: list[np.ndarray]) -> list[torch.Tensor]:
+        ws = [torch.from_numpy(w).to(self.device) for w in weights]
+        with torch.no_grad():
+            for p, w in zip(self.params, ws):
+                p.copy_(w)
+        return ws
+
+    def train(self, weights: list[np.ndarray], task: ClientTask) -> tuple[dict[str, np.ndarray], float]:
+        """E plain SGD steps w <- w - eta_t grad F_i(w, B_t) (eq. 3) from ``weights`` on the task's
+        batches -> (U_i = w - w_i per parameter (eq. 5) as host float32 arrays, wall seconds)."""
+        t0 = time.perf_counter()
+        start = self._load(weights)
+        own = self.parts[task.client]
+        for idx, lr in zip(task.batches, task.lrs):
+            bi = own[torch.from_numpy(idx).to(self.device)]
+            loss = F.cross_entropy(self.model(self.x_train[bi]), self.y_train[bi])
+            grads = torch.autograd.grad(loss, self.params)
             with torch.no_grad():
-                for p, g in zip(params, global_w):
-                    p.copy_(g)
-            batches = client_batches(cfg.seed, rnd, slot, len(setup.parts[c]), E, cfg.batch_size)
-            local_train(model, params, client_x[c], client_y[c], batches, lrs)
-            update = {n: (g - p.detach()).numpy() for n, g, p in zip(names, global_w, params)}  # eq. 5
-            t_train = time.perf_counter() - t_start
-            sender = senders.get(c)
+                for p, g in zip(self.params, grads):
+                    p.sub_(g, alpha=lr)
+        update = {n: (w - p.detach()).cpu().numpy() for n, w, p in zip(self.names, start, self.params)}
+        return update, time.perf_counter() - t0  # .cpu() waited for the device
+
+    def evaluate(self, weights: list[np.ndarray]) -> tuple[float, float]:
+        """Test accuracy and mean cross-entropy of ``weights`` (batches of 1024)."""
+        self._load(weights)
+        self.model.eval()
+        correct, loss_sum, n = 0, 0.0, len(self.y_test)
+        with torch.no_grad():
+            for i in range(0, n, 1024):
+                out = self.model(self.x_test[i:i + 1024])
+                loss_sum += float(F.cross_entropy(out, self.y_test[i:i + 1024], reduction="sum"))
+                correct += int((out.argmax(1) == self.y_test[i:i + 1024]).sum())
+        self.model.train()
+        return correct / n, loss_sum / n
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientMessage:
+    """One client's uplink for one round: the message bytes and what producing them cost."""
+
+    client: int
+    blob: bytes
+    train_s: float
+    encode_s: float
+
+
+def client_step(trainer: LocalTrainer, weights: list[np.ndarray], task: ClientTask, sender: Sender,
+                seed: int) -> ClientMessage:
+    """A client's whole round, as a real client runs it: local training from the received global
+    model, then U_i through the client's own stateful uplink encoder (error feedback, DGC momentum).
+    The simulator's loop uses exactly these two halves (training possibly in a worker process)."""
+    update, train_s = trainer.train(weights, task)
+    return encode_update(sender, update, task, seed, train_s)
+
+
+def encode_update(sender: Sender, update: dict[str, np.ndarray], task: ClientTask, seed: int,
+                  train_s: float = 0.0) -> ClientMessage:
+    """The client's second half: encode U_i with its own sender in its round."""
+    blob, enc_s = sender.send(update, seed, task.round)
+    return ClientMessage(task.client, blob, train_s, enc_s)
+
+
+# ---- one run as a state machine: submit a round's training, finish it, evaluate ------------------
+
+class _Run:
+    """One FedAvg run with experiment preset ``codec``: the server's and the clients' codec state and
+    the shared model on the device; training and evaluation are handed to an executor."""
+
+    def __init__(self, cfg: SimConfig, codec: str, setup: Setup, device: str) -> None:
+        self.cfg, self.codec, self.setup = cfg, codec, setup
+        self.device = torch.device(device)
+        self.ups, self.down = cfg.links(codec, cfg.clients, list(setup.groups))
+        for link in {*self.ups, self.down}:
+            check_codec(link)
+        model = build_model(setup.model_name, setup.data.input_shape, setup.data.num_classes, cfg.seed)
+        self.names = [n for n, _ in model.named_parameters()]
+        self.global_w = [p.detach().clone().to(self.device) for p in model.parameters()]
+        self.sizes = setup.sizes.astype(np.float64)
+        self.weights = self.sizes / self.sizes.sum()
+        self.senders: dict[int, Sender] = {}
+        self.server = Sender(self.down)
+        self.net_cfg = network.NetworkConfig(cfg.up_mbps, cfg.down_mbps, cfg.speed_sd)
+        self.rounds = cfg.resolved("rounds")
+        self.target, self.every = cfg.resolved("target"), cfg.resolved("eval_every")
+        self.records: list[RoundRecord] = []
+        self.reached: int | None = None
+        self.rnd = 0
+        self.selected = select_clients(cfg, 0, self.weights)
+        self.done = False
+
+    def host_weights(self) -> list[np.ndarray]:
+        """The global model as the clients receive it: host float32 arrays (copies)."""
+        return [g.detach().cpu().numpy().copy() for g in self.global_w]
+
+    def tasks(self) -> list[ClientTask]:
+        return [client_task(self.cfg, self.setup, self.rnd, slot, c) for slot, c in enumerate(self.selected.tolist())]
+
+    def finish_round(self, tasks: list[ClientTask], trained: list[tuple[dict[str, np.ndarray], float]]) -> RoundRecord:
+        """Clients encode their updates; the server decodes, aggregates (eq. 4 / 11), encodes D; every
+        client decodes D~ and applies w <- w - D~ (eq. 12).  Returns the round's record (not yet evaluated)."""
+        cfg, rnd, selected = self.cfg, self.rnd, self.selected
+        updates, up_bytes, per_client_time = [], [], []
+        train_s = enc_s = server_dec = 0.0
+        for task, (update, t_train) in zip(tasks, trained):
+            sender = self.senders.get(task.client)
             if sender is None:
-                sender = senders[c] = Sender(ups[c])
-            blob, t_enc = sender.send(update, codec_seed(cfg.seed, _S_UP, rnd, slot), rnd)
-            decoded, t_dec = receive(blob)
+                sender = self.senders[task.client] = Sender(self.ups[task.client])
+            msg = encode_update(sender, update, task, codec_seed(cfg.seed, _S_UP, rnd, task.slot), t_train)
+            decoded, t_dec = receive(msg.blob)
             updates.append(decoded)
-            up_bytes.append(len(blob))
-            per_client_time.append(t_train + t_enc)
-            train_s += t_train; enc_s += t_enc; server_dec += t_dec
+            up_bytes.append(len(msg.blob))
+            per_client_time.append(msg.train_s + msg.encode_s)
+            train_s += msg.train_s; enc_s += msg.encode_s; server_dec += t_dec
         if cfg.sampling == "weighted":
-            q = np.full(len(selected), 1.0 / len(selected))         # unbiased under Assumption 4
+            q = np.full(len(selected), 1.0 / len(selected))           # unbiased under Assumption 4
         else:
-            q = sizes[selected] / sizes[selected].sum()               # eq. 4: weights by local data size
-        agg = {n: sum(float(qi) * u[n].astype(np.float64) for qi, u in zip(q, updates)).astype(np.float32)
-               for n in names}
-        down_blob, t_senc = server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
+            q = self.sizes[selected] / self.sizes[selected].sum()     # eq. 4: weights by local data size
+        agg = self._aggregate(q, updates)
+        down_blob, t_senc = self.server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
         applied, t_cdec = receive(down_blob)
         with torch.no_grad():
-            for n, g in zip(names, global_w):
-                g.sub_(torch.from_numpy(np.ascontiguousarray(applied[n], dtype=np.float32)))  # eq. 12
+            for n, g in zip(self.names, self.global_w):
+                g.sub_(torch.from_numpy(np.ascontiguousarray(applied[n], dtype=np.float32)).to(self.device))  # eq. 12
         enc_s += t_senc
-        dec_s = server_dec + t_cdec
-        next_sel = select_clients(cfg, rnd + 1, weights)
+        next_sel = select_clients(cfg, rnd + 1, self.weights)
         recipients = cfg.clients if cfg.downlink == "all" else len(np.unique(next_sel))
         net_rng = stream(cfg.seed, _S_NET, rnd)
-        up_speeds = network.draw_speeds(net_rng, cfg.clients, cfg.up_mbps, net_cfg)
-        down_speeds = network.draw_speeds(net_rng, cfg.clients, cfg.down_mbps, net_cfg)
+        up_speeds = network.draw_speeds(net_rng, cfg.clients, cfg.up_mbps, self.net_cfg)
+        down_speeds = network.draw_speeds(net_rng, cfg.clients, cfg.down_mbps, self.net_cfg)
         down_ids = np.arange(cfg.clients) if cfg.downlink == "all" else np.unique(next_sel)
+        E = cfg.local_iters
         rec = RoundRecord(
-            round=rnd + 1, iteration=t0 + E, lr=lrs[0], participants=selected.tolist(), up_bytes=up_bytes,
-            down_msg_bytes=len(down_blob), down_recipients=recipients,
+            round=rnd + 1, iteration=rnd * E + E, lr=tasks[0].lrs[0], participants=selected.tolist(),
+            up_bytes=up_bytes, down_msg_bytes=len(down_blob), down_recipients=recipients,
             comm_up_s=network.transfer_time(np.array(up_bytes), up_speeds[selected]),
             comm_down_s=network.transfer_time(np.full(len(down_ids), len(down_blob)), down_speeds[down_ids]),
-            train_s=train_s, encode_s=enc_s, decode_s=dec_s,
+            train_s=train_s, encode_s=enc_s, decode_s=server_dec + t_cdec,
             comp_s=max(per_client_time) + server_dec + t_senc + t_cdec)
-        last = rnd + 1 == rounds
-        if (rnd + 1) % every == 0 or last:
-            with torch.no_grad():
-                for p, g in zip(params, global_w):
-                    p.copy_(g)
-            rec.accuracy, rec.loss = _evaluate(model, data, x_te, y_te)
-            if not np.isfinite(rec.loss):
-                rec.loss = float("nan")
-        records.append(rec)
-        if on_round is not None:
-            on_round(rec)
-        if rec.accuracy is not None and target and rec.accuracy >= target:
-            reached = rnd + 1
-            break
-        selected = next_sel
-    labels = sorted({u.label() for u in ups})
-    final = {n: g.numpy().copy() for n, g in zip(names, global_w)}
-    return RunResult(codec, labels, down.label(), setup.d, records, reached, final)
+        self.selected = next_sel
+        return rec
+
+    def _aggregate(self, q: np.ndarray, updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """D = sum_i q_i U~_i on the device, accumulated in float64 (one multiply, then one add per
+        client, in participant order), sent as float32."""
+        out = {}
+        for n in self.names:
+            acc = None
+            for qi, u in zip(q, updates):
+                term = torch.from_numpy(u[n]).to(self.device, torch.float64) * float(qi)
+                acc = term if acc is None else acc + term
+            out[n] = acc.to(torch.float32).cpu().numpy()
+        return out
+
+    def eval_due(self) -> bool:
+        return (self.rnd + 1) % self.every == 0 or self.rnd + 1 == self.rounds
+
+    def close_round(self, rec: RoundRecord, evaluation: tuple[float, float] | None) -> None:
+        """Record the round (with its evaluation, if any) and decide whether the run goes on."""
+        if evaluation is not None:
+            rec.accuracy, loss = evaluation
+            rec.loss = loss if np.isfinite(loss) else float("nan")
+        self.records.append(rec)
+        self.rnd += 1
+        if rec.accuracy is not None and self.target and rec.accuracy >= self.target:
+            self.reached = rec.round
+            self.done = True
+        elif self.rnd >= self.rounds:
+            self.done = True
+
+    def result(self) -> RunResult:
+        labels = sorted({u.label() for u in self.ups})
+        final = {n: g.detach().cpu().numpy().copy() for n, g in zip(self.names, self.global_w)}
+        return RunResult(self.codec, labels, self.down.label(), self.setup.d, self.records, self.reached, final)
+
+
+class RunFailed(Exception):
+    """A run of a sweep raised; ``codec`` names it, ``rounds`` how many of its rounds completed."""
+
+    def __init__(self, codec: str, rounds: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.codec, self.rounds, self.cause = codec, rounds, cause
+
+
+def sweep(cfg: SimConfig, setup: Setup, codecs: Sequence[str], executor: Executor, *,
+          on_start: Callable[[int, str], None] | None = None,
+          on_round: Callable[[int, RoundRecord], None] | None = None,
+          on_done: Callable[[int, RunResult], None] | None = None, concurrent: int = 1) -> list[RunResult]:
+    """Run experiment presets ``codecs`` (by index), up to ``concurrent`` at a time, training and
+    evaluating through ``executor``.  Runs start in order; each run's rounds are strictly
+    sequential and depend only on the seed, so the results do not depend on the executor or on
+    ``concurrent``.  A failing run raises :class:`RunFailed` after the others were stopped."""
+    device = executor.device
+    queue = list(enumerate(codecs))
+    active: list[tuple[int, _Run, str, list, Any]] = []   # (index, run, stage, futures, payload)
+    results: dict[int, RunResult] = {}
+
+    def launch(i: int, run: _Run) -> None:
+        weights = run.host_weights()
+        tasks = run.tasks()
+        active.append((i, run, "train", [executor.train(weights, t) for t in tasks], tasks))
+
+    def start_next() -> None:
+        while queue and len(active) < concurrent:
+            i, name = queue.pop(0)
+            if on_start is not None:
+                on_start(i, name)
+            try:
+                run = _Run(cfg, name, setup, device)
+            except BaseException as exc:
+                raise RunFailed(name, 0, exc) from exc
+            launch(i, run)
+
+    try:
+        start_next()
+        while active:
+            executor.wait([f for *_, futs, _ in active for f in futs])
+            for entry in list(active):
+                i, run, stage, futs, payload = entry
+                if not all(f.done() for f in futs):
+                    continue
+                active.remove(entry)
+                try:
+                    if stage == "train":
+                        rec = run.finish_round(payload, [f.result() for f in futs])
+                        if run.eval_due():
+                            active.append((i, run, "eval", [executor.evaluate(run.host_weights())], rec))
+                            continue
+                        run.close_round(rec, None)
+                    else:
+                        rec = payload
+                        run.close_round(rec, futs[0].result())
+                    if on_round is not None:
+                        on_round(i, rec)
+                    if not run.done:
+                        launch(i, run)
+                        continue
+                except BaseException as exc:
+                    raise RunFailed(run.codec, len(run.records), exc) from exc
+                results[i] = run.result()
+                if on_done is not None:
+                    on_done(i, results[i])
+            start_next()
+    except BaseException:
+        for *_, futs, _ in active:
+            for f in futs:
+                f.cancel()
+        raise
+    return [results[i] for i in sorted(results)]
+
+
+def run(cfg: SimConfig, codec: str, setup: Setup, on_round: Callable[[RoundRecord], None] | None = None,
+        executor: Executor | None = None) -> RunResult:
+    """One FedAvg run with experiment preset ``codec``; calls ``on_round`` after every round.
+    Trains in this process on ``cfg.device`` unless an executor is given."""
+    own = executor is None
+    executor = executor or InProcess(cfg, setup)
+    try:
+        cb = None if on_round is None else (lambda _i, rec: on_round(rec))
+        try:
+            return sweep(cfg, setup, [codec], executor, on_round=cb)[0]
+        except RunFailed as exc:
+            raise exc.cause from None
+    finally:
+        if own:
+            executor.close()
+
+
+# ---- executors: where training and evaluation run -------------------------------------------------
+
+class Executor:
+    """Runs ``LocalTrainer.train`` / ``evaluate`` calls and returns futures."""
+
+    device: str
+
+    def train(self, weights: list[np.ndarray], task: ClientTask) -> Future:
+        raise NotImplementedError
+
+    def evaluate(self, weights: list[np.ndarray]) -> Future:
+        raise NotImplementedError
+
+    def wait(self, futures: list[Future]) -> None:
+        futures_wait(futures, return_when=FIRST_COMPLETED)
+
+    def close(self) -> None:
+        pass
+
+
+class InProcess(Executor):
+    """Everything in this process, one call at a time (``--workers 1``)."""
+
+    def __init__(self, cfg: SimConfig, setup: Setup) -> None:
+        self.device = resolve_device(cfg.device)
+        self.trainer = LocalTrainer(setup.model_name, setup.data, setup.parts, cfg.seed, self.device, cfg.threads)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # delivered through the future, as a worker's would be
+            fut.set_exception(exc)
+        return fut
+
+    def train(self, weights, task):
+        return self._call(self.trainer.train, weights, task)
+
+    def evaluate(self, weights):
+        return self._call(self.trainer.evaluate, weights)
