@@ -94,29 +94,8 @@ def test_bad_options_are_usage_errors():
     assert r.exit_code == 1 and "--data-dir" in r.stderr
 
 
-def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
-    real = mucsc.encode
-    calls = {"n": 0}
-
-    def failing(data, codec="mucsc", *a, **kw):
-        if codec == "signsgd":
-            calls["n"] += 1
-            if calls["n"] > 4:  # second round of the signsgd run
-                raise ParameterError("simulated codec failure")
-        return real(data, codec, *a, **kw)
-    monkeypatch.setattr(mucsc, "encode", failing)
-    monkeypatch.setattr(mucsc.codec.state, "encode", failing)
-    r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path), "--workers", "1"])  # runs one by one
-    assert r.exit_code == 1
-    assert "run 'signsgd' failed after 1 rounds" in r.stderr and "simulated codec failure" in r.stderr
-    assert len((tmp_path / "none" / "rounds.csv").read_text().splitlines()) == 3
-    assert len((tmp_path / "signsgd" / "rounds.csv").read_text().splitlines()) == 2  # round 1 kept
-    assert "simulated codec failure" in json.loads((tmp_path / "signsgd" / "rounds.json").read_text())["error"]
-    assert not (tmp_path / "stc").exists()
-    assert "none" in (tmp_path / "summary.txt").read_text()
-
-
-def test_codec_failure_with_concurrent_runs(tmp_path, monkeypatch):
+def _fail_signsgd_in_round_2(monkeypatch):
+    """Make signsgd's encoder raise from its fifth message on: the second round of a K = 3 run."""
     real = mucsc.encode
     calls = {"n": 0}
 
@@ -128,6 +107,22 @@ def test_codec_failure_with_concurrent_runs(tmp_path, monkeypatch):
         return real(data, codec, *a, **kw)
     monkeypatch.setattr(mucsc, "encode", failing)
     monkeypatch.setattr(mucsc.codec.state, "encode", failing)
+
+
+def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):
+    _fail_signsgd_in_round_2(monkeypatch)
+    r = _run(["--codecs", "none,signsgd,stc", "-o", str(tmp_path), "--workers", "1"])  # runs one by one
+    assert r.exit_code == 1
+    assert "run 'signsgd' failed after 1 rounds" in r.stderr and "simulated codec failure" in r.stderr
+    assert len((tmp_path / "none" / "rounds.csv").read_text().splitlines()) == 3
+    assert len((tmp_path / "signsgd" / "rounds.csv").read_text().splitlines()) == 2  # round 1 kept
+    assert "simulated codec failure" in json.loads((tmp_path / "signsgd" / "rounds.json").read_text())["error"]
+    assert not (tmp_path / "stc").exists()
+    assert "none" in (tmp_path / "summary.txt").read_text()
+
+
+def test_codec_failure_with_concurrent_runs(tmp_path, monkeypatch):
+    _fail_signsgd_in_round_2(monkeypatch)
     r = _run(["--codecs", "none,signsgd", "-o", str(tmp_path), "--workers", "2"])
     assert r.exit_code == 1 and "run 'signsgd' failed after 1 rounds" in r.stderr
     assert len((tmp_path / "signsgd" / "rounds.csv").read_text().splitlines()) == 2
