@@ -102,5 +102,6 @@ def test_common_paths_do_not_import_torch(tmp_path, npz, args):
     code = ("import sys\nfrom mucsc.cli.main import main\n"
             f"try:\n    main({filled!r}, prog_name='mucsc')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "MUCSC_BACKEND"}  # torch backend imports torch
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr.decode()

@@ -1,6 +1,7 @@
 """Without torch installed (simulated by blocking its import), the codec works and everything that
 needs torch says so in one line instead of a traceback."""
 
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ BLOCK = "import sys; sys.modules['torch'] = None; "
 
 
 def run(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MUCSC_BACKEND"}  # the default backend
     return subprocess.run([sys.executable, "-c", BLOCK + code, *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+                          cwd=cwd, timeout=120, env=env)
 
 
 CLI = "from mucsc.cli.main import main; sys.argv = ['mucsc'] + sys.argv[1:]; main()"

@@ -16,7 +16,8 @@ from mucsc.codec import auth
 from mucsc.codec import format as fmt
 from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
-from mucsc.codec.tensors import Tensor, from_record, require_torch, to_tensors
+from mucsc.codec import torch_backend
+from mucsc.codec.tensors import Tensor, from_record, on_host, require_torch, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 
 DEFAULT_ZSTD_LEVEL = 3
@@ -125,6 +126,7 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
     groups, sections, gstats = [], [], []
     for gi, (gcodec, members) in enumerate(plan):
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
+        x = _for_codec(gcodec, x)
         enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
         del x
         groups.append(fmt.Group(gcodec.name, enc.params, tuple(members), gdtype))
@@ -134,7 +136,7 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
             if gcodec.lossless:
                 stats.setdefault("J", 0.0)
             gstats.append(GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
-                                     sum(tensors[i].array.size for i in members), stats))
+                                     sum(tensors[i].size for i in members), stats))
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
     _check_header_limits(header)
@@ -142,6 +144,16 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
     stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
                         tuple(gstats))
     return blob, stats
+
+
+def _host(x: Any) -> np.ndarray:
+    """A group vector on the host (torch tensors left on their device are copied over)."""
+    return x.cpu().numpy() if torch_backend.is_torch(x) else x
+
+
+def _for_codec(codec: Codec, x: Any) -> Any:
+    """The group vector as ``codec`` takes it: a codec without a torch path encodes on the host."""
+    return x if codec.accepts_torch else _host(x)
 
 
 def _group_rng(seed: int, gi: int) -> np.random.Generator:
@@ -161,7 +173,7 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
         if gi in mine:
             continue
         x, _ = _group_vector(gcodec, [tensors[i] for i in members])
-        enc = ready[gi] = gcodec.encode_array(x, _group_rng(seed, gi))
+        enc = ready[gi] = gcodec.encode_array(_for_codec(gcodec, x), _group_rng(seed, gi))
         other_bytes += sum(fmt.section_bytes(s.tobytes(), s.compressible, level) for s in enc.sections)
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     dtypes = [_group_dtype(c, [tensors[i] for i in m]) for c, m in plan]
@@ -174,8 +186,9 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
         return fmt.section_bytes(fmt.Header(records, groups, container, meta).to_json(), True, level)
 
     fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
-    xs = [_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0] for gi in mine]
-    ctx = PlanContext(level, sum(t.array.size for t in tensors), fixed,
+    # planning tries several encodings of each group: on the host (a device group is copied once)
+    xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
+    ctx = PlanContext(level, sum(t.size for t in tensors), fixed,
                       lambda i: _group_rng(seed, mine[i]), head_bytes)
     chosen = codec.plan(xs, ctx)
     del xs
@@ -222,8 +235,11 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
     """The flat vector a codec encodes, and the dtype it works in (checked finite for lossy codecs)."""
     if codec.lossless:
         (t,) = members
-        return np.ascontiguousarray(t.array).reshape(-1), t.dtype
+        return np.ascontiguousarray(on_host(t).array).reshape(-1), t.dtype
     gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
+    if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
+        parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
+        return torch_backend.group_vector(parts, gdtype), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
     for t, p in zip(members, parts):
         if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
@@ -266,14 +282,16 @@ def _check_header_limits(header: fmt.Header) -> None:
 
 # ---------------------------------------------------------------------------------------------- decode
 
-def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
+def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, device: Any = None,
            max_elements: int | None = DEFAULT_MAX_ELEMENTS,
            max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
            context: bytes | str | None = None, require_auth: bool | None = None) -> Any:
     """Decode a message: an array for a message made from one array, else a dict of arrays.
 
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
-    with ``as_torch``).  Limits for untrusted input (LimitError before anything large is allocated):
+    with ``as_torch``).  ``device`` (with ``as_torch``, e.g. "cuda"): tensors are returned there, and
+    codecs with a torch decoder unpack and gather on it (only the packed bytes are copied over).
+    Limits for untrusted input (LimitError before anything large is allocated):
     ``max_elements`` bounds the elements, ``max_expansion`` the decoded bytes per message byte
     (outputs up to 64 MiB always pass).  None lifts a limit (the spec's own limits still hold).
 
@@ -283,11 +301,15 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False,
     messages while still verifying authenticated ones.  Without keys an authenticated message
     decodes unverified (:func:`inspect` reports it so).
     """
+    if device is not None and not as_torch:
+        raise ParameterError("device= needs as_torch=True")
     if as_torch:
         require_torch()  # fail before any work
+        if device is not None:
+            device = torch_backend.device(device)
     auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash
     try:
-        return _decode(blob, as_torch, max_elements, max_expansion)
+        return _decode(blob, as_torch, max_elements, max_expansion, device)
     except MemoryError:
         raise LimitError("out of memory while decoding: the message decodes to more than this machine "
                          "can hold") from None
@@ -310,13 +332,14 @@ def check_limits(header: fmt.Header, message_bytes: int, max_elements: int | Non
                 "for untrusted input (if you trust it, pass max_expansion=None; CLI: --max-expansion none)")
 
 
-def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float | None) -> Any:
+def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float | None,
+            device: Any = None) -> Any:
     msg = fmt.read_message(blob)
     header = msg.header
     check_limits(header, msg.size, max_elements, max_expansion)
     out: dict[str, Any] = {}
     for gi, group in enumerate(header.groups):
-        flat = _decode_group(msg, gi, group)
+        flat = _decode_group(msg, gi, group, device)
         offset = 0
         for ri in group.records:
             rec = header.records[ri]
@@ -324,12 +347,12 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
             offset += rec.size
             if group.codec == "raw" and rec.dtype == "bfloat16":
                 part = (part.astype(np.uint32) << 16).view(np.float32)
-            out[rec.name] = from_record(part, rec.dtype, rec.shape, as_torch)
+            out[rec.name] = to_device(from_record(part, rec.dtype, rec.shape, as_torch), device)
     ordered = {r.name: out[r.name] for r in header.records}
     return ordered[header.records[0].name] if header.container == "tensor" else ordered
 
 
-def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group) -> np.ndarray:
+def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
     try:
         cls = codec_class(group.codec)
     except UnknownCodecError:
@@ -347,13 +370,17 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group) -> np.ndarray:
         dtype = np.dtype(group.dtype)
     # every section of this group is bounded by its element count before it is decompressed
     sections = msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
+    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
     try:
-        flat = cls.decode_array(n, group.params, sections, dtype)
+        if on_device:
+            flat = cls.decode_torch(n, group.params, sections, dtype, device)
+        else:
+            flat = cls.decode_array(n, group.params, sections, dtype)
     except MucscError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError, KeyError) as exc:
         raise FormatError(f"group {gi} ({group.codec}): malformed data ({exc})") from None
-    if not isinstance(flat, np.ndarray) or flat.shape != (n,):
+    if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
         raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
     unread = sections.unread()
     if unread:  # FORMAT.md 2.3: a critical section the decoder does not understand rejects the message

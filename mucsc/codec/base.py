@@ -58,6 +58,9 @@ class Codec(ABC):
     unbiased: ClassVar[bool] = False  # E[decode(encode(x))] == x
     lossless: ClassVar[bool] = False
     summary: ClassVar[str] = ""
+    # encode_array also takes a torch tensor (any device) and encodes it there with the same bytes;
+    # such a codec may define ``decode_torch(n, params, sections, dtype, device)`` too
+    accepts_torch: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         self.params = make_params(self.Params, params, self.name)

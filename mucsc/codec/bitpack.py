@@ -75,6 +75,18 @@ def _pack_generic(v: np.ndarray, width: int) -> bytes:
     return np.ascontiguousarray(out).tobytes()[: packed_size(n, width)]
 
 
+def check_packed(buf: bytes | memoryview, width: int, n: int) -> None:
+    """The checks :func:`unpack` makes before unpacking (width, exact length, zero padding bits), for
+    decoders that unpack elsewhere (the torch backend on a device)."""
+    if not 0 <= width <= MAX_WIDTH:
+        raise FormatError(f"bit width must be in 0..{MAX_WIDTH}, got {width}")
+    need = packed_size(n, width)
+    if len(buf) != need:
+        raise FormatError(f"packed ids: {len(buf)} bytes for {n} values of {width} bits, expected {need}")
+    if need:
+        _check_padding(np.frombuffer(buf, np.uint8), n, width)
+
+
 def unpack(buf: bytes | memoryview, width: int, n: int) -> np.ndarray:
     """Inverse of :func:`pack`: ``n`` values as uint8 (width <= 8) or uint16.
 

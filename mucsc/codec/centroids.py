@@ -114,13 +114,19 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     if isinstance(z, bool) or int(z) != z or z < 1:
         raise ParameterError(f"z must be an integer >= 1, got {z!r}")
     z = int(z)
-    x = np.asarray(x)
+    if not isinstance(x, np.ndarray) and hasattr(x, "outside"):  # a device summary (torch_backend)
+        if x.size <= FULL_SORT_MAX or solver != "optimal":
+            x = x.all()  # small, or a solver that reads every element: the data itself on the host
+    else:
+        x = np.asarray(x)
     if x.dtype.kind != "f":
         raise InputError(f"centroid solvers need float input, got {x.dtype}")
-    x = x.reshape(-1)
+    x = x.reshape(-1) if isinstance(x, np.ndarray) else x
     if x.size == 0:
         raise InputError("cannot choose centroids for an empty vector")
-    lo, hi = (float(x.min()), float(x.max())) if bounds is None else (float(bounds[0]), float(bounds[1]))
+    if bounds is None:
+        bounds = (x.min(), x.max()) if isinstance(x, np.ndarray) else x.bounds()
+    lo, hi = float(bounds[0]), float(bounds[1])
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError("input contains NaN or Inf")
     if lo == hi:
@@ -143,10 +149,15 @@ def _distinct_if_at_most(x: np.ndarray, z: int) -> np.ndarray | None:
     if x.size <= FULL_SORT_MAX:
         u = np.unique(x).astype(np.float64)
         return u if u.size <= z else None
-    probe = np.unique(x[:: max(1, x.size // max(4096, 2 * z))])  # can show more than z values
+    step = max(1, x.size // max(4096, 2 * z))
+    probe = np.unique(x[::step] if isinstance(x, np.ndarray) else x.strided(step))  # can show > z values
     if probe.size > z:
         return None
     # Few distinct values in a probe: check every element against them (rare path).
+    if not isinstance(x, np.ndarray):  # a device summary: the same checks where the data lives
+        if x.equals_levels(probe):
+            return probe.astype(np.float64)
+        x = x.all()
     k = np.minimum(np.searchsorted(probe, x), probe.size - 1)
     if np.array_equal(probe[k], x):
         return probe.astype(np.float64)
@@ -330,9 +341,12 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.
     block = d // SUBSAMPLE
     g = np.random.Generator(np.random.SFC64(0x6D756373))
     idx = np.arange(SUBSAMPLE, dtype=np.int64) * block + g.integers(0, block, SUBSAMPLE)
-    s = np.sort(x[idx])
+    s = np.sort(x[idx] if isinstance(x, np.ndarray) else x.gather(idx))
     t_lo, t_hi = s[TAIL_RANK], s[-1 - TAIL_RANK]  # elements of x: exact in its dtype
-    low, high = _outside(x, t_lo, t_hi)
+    if isinstance(x, np.ndarray):
+        low, high = _outside(x, t_lo, t_hi)
+    else:  # a device summary: the tails in index order, sorted here as _outside sorts them
+        low, high = (np.sort(t) for t in x.outside(t_lo, t_hi))
     bulk = s[np.searchsorted(s, t_lo, side="left"):np.searchsorted(s, t_hi, side="right")]
     wb = (d - low.size - high.size) / bulk.size  # bulk elements of x per sampled bulk element
     xs = np.concatenate((low, bulk, high)).astype(np.float64)

@@ -1,10 +1,15 @@
 """Dispatch to the optional compiled kernels (``mucsc/codec/_kernels.c``) or the numpy path.
 
 ``BACKEND`` is ``"c"`` when the extension was built and imports, else ``"numpy"``.  Setting the
-environment variable ``MUCSC_PURE_NUMPY=1`` before the import forces ``"numpy"``.  Both backends
-give bit-identical results (same random stream, same decision rule, same DP operation order), so
-encoder output never depends on the installation; ``quantize`` and ``centroids`` read ``BACKEND`` at
-call time, which is also how tests compare the two paths in one process.
+environment variable ``MUCSC_PURE_NUMPY=1`` (or ``MUCSC_BACKEND=numpy``) before the import forces
+``"numpy"``.  Both backends give bit-identical results (same random stream, same decision rule, same
+DP operation order), so encoder output never depends on the installation; ``quantize`` and
+``centroids`` read ``BACKEND`` at call time, which is also how tests compare the two paths in one
+process.
+
+``MUCSC_BACKEND=torch`` additionally routes the encoders that have a torch path
+(:mod:`mucsc.codec.torch_backend`) through it for CPU data (tensors on a GPU always take it); the
+host steps (the centroid solver) still use ``BACKEND``.  ``TORCH`` records that choice.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 
 import numpy as np
 
-__all__ = ["BACKEND", "splitmix64", "GAMMA", "use_c"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -23,8 +28,12 @@ try:
     from mucsc.codec import _kernels as _c  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the numpy path runs
     _c = None
-_FORCE_NUMPY = os.environ.get("MUCSC_PURE_NUMPY", "").strip() not in ("", "0")
+_REQUESTED = os.environ.get("MUCSC_BACKEND", "").strip().lower()
+if _REQUESTED not in ("", "c", "numpy", "torch"):
+    raise ImportError(f"MUCSC_BACKEND must be one of c, numpy, torch; got {_REQUESTED!r}")
+_FORCE_NUMPY = os.environ.get("MUCSC_PURE_NUMPY", "").strip() not in ("", "0") or _REQUESTED == "numpy"
 BACKEND = "c" if _c is not None and not _FORCE_NUMPY else "numpy"
+TORCH = _REQUESTED == "torch"  # encode CPU data on the torch backend too (read at call time)
 
 
 def use_c() -> bool:

@@ -22,6 +22,7 @@ __all__ = [
     "interval_index",
     "expected_sq_error",
     "id_dtype",
+    "draw_key",
 ]
 
 WIRE_DTYPES = (np.float16, np.float32, np.float64)
@@ -55,12 +56,12 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
     if dt not in [np.dtype(t) for t in WIRE_DTYPES]:
         raise ParameterError(f"wire dtype must be float16, float32 or float64, got {dt}")
     c = np.asarray(c, dtype=np.float64)
-    x = np.asarray(x)
+    x = None if x is None else np.asarray(x)  # None: the data lives elsewhere, ``bounds`` describe it
     if c.ndim != 1 or c.size == 0:
         raise ParameterError("centroids must be a non-empty 1-D array")
-    if bounds is not None and x.size:
+    if bounds is not None and (x is None or x.size):
         lo, hi = float(bounds[0]), float(bounds[1])
-    elif x.size:
+    elif x is not None and x.size:
         lo, hi = float(x.min()), float(x.max())
     else:
         lo, hi = float(c[0]), float(c[-1])
@@ -251,6 +252,11 @@ def _check_inputs(x: np.ndarray, c: np.ndarray, bounds=None) -> tuple[np.ndarray
     return x, c
 
 
+def draw_key(rng: np.random.Generator) -> int:
+    """The rounding step's only draw from the group's generator: the SplitMix64 key (FORMAT.md 4.3)."""
+    return int(rng.integers(0, 1 << 64, dtype=np.uint64))
+
+
 def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, return_J: bool = False,
                      bounds: tuple[float, float] | None = None):
     """Cluster ids of eq. 7: id k with prob. (c[k+1] - x)/(c[k+1] - c[k]), k + 1 otherwise.
@@ -272,7 +278,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if c.size == 1 or n == 0:
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
-    key = int(rng.integers(0, 1 << 64, dtype=np.uint64))  # the only draw from rng (FORMAT.md 4.3)
+    key = draw_key(rng)
     if kernels.use_c() and c.size <= 1 << 16:
         J = kernels.c_module().sround(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J)
         return (ids, J) if return_J else ids

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.format import FLOAT_DTYPES, INT_DTYPES
 from mucsc.errors import InputError, ParameterError
 
@@ -28,6 +29,16 @@ class Tensor:
     @property
     def is_float(self) -> bool:
         return self.dtype in FLOAT_DTYPES
+
+    @property
+    def size(self) -> int:
+        """Number of elements (``array`` may be a device tensor, see :func:`_from_torch`)."""
+        return int(np.prod(self.array.shape, dtype=np.int64))
+
+    @property
+    def on_device(self) -> bool:
+        """True when ``array`` is a torch tensor left on its (non-CPU) device."""
+        return not isinstance(self.array, np.ndarray)
 
     def as_float(self) -> np.ndarray:
         """The values as float32/float64 (bfloat16 widened exactly to float32)."""
@@ -57,10 +68,25 @@ def to_tensor(name: str, value: Any) -> Tensor:
     raise InputError(f"{_label(name)}: dtype {dt} cannot be encoded (floats, integers and bool only)")
 
 
-def _from_torch(name: str, t: Any) -> Tensor:
+_TORCH_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+def on_host(t: Tensor) -> Tensor:
+    """``t`` with its values on the host as numpy (a no-op unless it was left on a device)."""
+    return _from_torch(t.name, t.array, keep_device=False) if t.on_device else t
+
+
+def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
     import torch  # the caller passed a torch tensor, so torch is already imported
 
-    t = t.detach().cpu().contiguous()
+    t = t.detach()
+    # MUCSC_BACKEND=torch keeps CPU tensors as torch too, which is how the device path is tested here
+    stays = keep_device and (t.device.type != "cpu" or kernels.TORCH)
+    if stays and t.device.type != "meta" and t.layout == torch.strided:
+        dname = str(t.dtype).removeprefix("torch.")
+        if dname in _TORCH_FLOAT_NAMES:  # a float tensor on a GPU stays there: the torch backend
+            return Tensor(name, dname, t.contiguous())  # encodes it where it lives
+    t = t.cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return Tensor(name, "bfloat16", t.view(torch.int16).numpy().view(np.uint16))
     try:
@@ -91,8 +117,17 @@ def require_torch() -> Any:
     return torch
 
 
+def to_device(value: Any, device: Any) -> Any:
+    """A decoded torch tensor moved to ``device`` (None: left where it is)."""
+    return value if device is None else value.to(device)
+
+
 def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch: bool) -> Any:
-    """Give a decoded flat array its record's shape and dtype (numpy, or torch on request)."""
+    """Give a decoded flat array its record's shape and dtype (numpy, or torch on request; ``array``
+    may already be a torch tensor, decoded on a device)."""
+    if not isinstance(array, np.ndarray):
+        torch = require_torch()
+        return array.reshape(shape).to(getattr(torch, dtype))
     if dtype == "bfloat16":
         if as_torch:
             torch = require_torch()

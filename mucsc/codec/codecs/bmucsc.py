@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import centroids, sparse
+from mucsc.codec import centroids, sparse, torch_backend
 from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
                               section)
 from mucsc.codec.codecs.mucsc import (CENTROID_DTYPES, ID_PACKINGS, MucscParams, decode_clusters,
@@ -34,6 +34,7 @@ POSITION_MODES = ("auto", "paper") + sparse.METHODS
 @register
 class BMUCSC(Codec):
     name = "bmucsc"
+    accepts_torch = True
     summary = "B-MUCSC: MUCSC on the top keep*d magnitudes, the rest sent as their mean (paper IV-E)"
 
     @dataclasses.dataclass(frozen=True)
@@ -68,11 +69,36 @@ class BMUCSC(Codec):
         return resolve_id_packing(self, compressing)
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        if torch_backend.is_torch(x):
+            return self._encode_torch(x, rng)
         n = x.size
         k = sparse.keep_count(self.params.keep, n)
         pos = sparse.top_k(x, k)  # np.argpartition on |x|: O(n), not a sort
         kept = x[pos]
         rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
+        return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
+
+    def _encode_torch(self, x, rng: np.random.Generator) -> EncodedGroup:
+        """On the tensor's device: the top-k selection, the kept values' clustering and rounding.
+        The same bytes as the host path, except the rest's mean on a GPU (FORMAT.md, informative
+        notes: its float64 sum is reduced in another order there)."""
+        n = x.numel()
+        k = sparse.keep_count(self.params.keep, n)
+        pos = torch_backend.top_k_positions(x, k)
+        if pos is None or torch_backend.host_sums(x):  # ties at the k-th magnitude: the host's choice
+            host = x.cpu().numpy()  # (on the CPU this is a view: the reference sum, no copy)
+            if pos is None:
+                return self.encode_array(host, rng)
+            kept = host[pos]
+            rest_sum = float(host.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
+            return self._encode_kept(host, n, k, pos, torch_backend.as_tensor(kept), rest_sum, rng)
+        kept = x[torch_backend.as_tensor(pos).to(x.device)]
+        rest_sum = torch_backend.sum64(x) - torch_backend.sum64(kept)
+        return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
+
+    def _encode_kept(self, x, n: int, k: int, pos: np.ndarray, kept, rest_sum: float,
+                     rng: np.random.Generator) -> EncodedGroup:
+        """Everything after the selection: the kept values' clusters, positions and the rest's mean."""
         mean = np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
         cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng)  # as the mucsc codec
         method = "fixed" if self.params.positions == "paper" else self.params.positions
@@ -83,6 +109,8 @@ class BMUCSC(Codec):
                 Section("SCAL", np.array([mean], "<f4").tobytes()))
 
         def sq_error() -> float:  # variance of the kept part (eq. 8-9) + the rest's squared bias
+            if torch_backend.is_torch(x):
+                return J_kept() + torch_backend.rest_sq_bias(x, pos, float(mean))
             rest = np.ones(n, bool)
             rest[pos] = False
             bias = float(np.sum((x[rest].astype(np.float64) - float(mean)) ** 2))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import allocate, bitpack, centroids, kernels, quantize
+from mucsc.codec import allocate, bitpack, centroids, kernels, quantize, torch_backend
 from mucsc.codec import format as fmt
 from mucsc.codec.base import (Codec, EncodedGroup, PlanContext, Section, array_from, param_int, param_str,
                               register, section)
@@ -42,9 +42,11 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
     """The IDS_ width: ceil(log2 k), or its byte-aligned widening when ``packing`` is "aligned" and
     the IDs' entropy (estimated on a sample) leaves room for zstd to win the extra bits back."""
     w = id_width(k)
-    if packing != "aligned" or w not in ALIGNED_WIDTH or ids.size == 0:
+    if packing != "aligned" or w not in ALIGNED_WIDTH or len(ids) == 0:
         return w
-    sample = ids[:: max(1, ids.size // 65536)]
+    sample = ids[:: max(1, len(ids) // 65536)]
+    if torch_backend.is_torch(sample):
+        sample = sample.cpu().numpy()
     p = np.bincount(sample, minlength=k) / sample.size
     p = p[p > 0]
     entropy = float(-(p * np.log2(p)).sum())
@@ -117,8 +119,13 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
 
 
 def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> tuple[dict, tuple, Any]:
-    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, J as a callable)."""
-    if x.size == 0:
+    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, J as a callable).
+
+    ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
+    giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``."""
+    if torch_backend.applies(x):
+        wire, ids, J = _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
+    elif x.size == 0:
         wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
         ids = np.zeros(0, np.uint8)
         J = 0.0
@@ -135,10 +142,11 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
             J = None
     k = int(wire.size)
     bits = packed_width(ids, k, p.id_packing)
+    packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else bitpack.pack(ids, bits)
     params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": p.solver,
               "z": p.fixed_z}
     sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
-                Section("IDS_", bitpack.pack(ids, bits), compressible=True))
+                Section("IDS_", packed, compressible=True))
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
         if J is not None:
@@ -148,9 +156,50 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
     return params, sections, exact_J
 
 
+def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
+    """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
+    a small summary from the device, the rounding runs there (ids stay a device tensor)."""
+    dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
+    if x.numel() == 0:
+        return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
+    src = torch_backend.TorchSource(x)
+    bounds = src.bounds()
+    c = centroids.solve(src, p.fixed_z, p.solver, rng, bounds=bounds)
+    wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
+    if wire.size == 1:  # one level: every id is 0 and the rounding step draws nothing
+        return wire, np.zeros(x.numel(), np.uint8), 0.0
+    if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
+        return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
+    ids, J = torch_backend.stochastic_round(x, wire, quantize.draw_key(rng), return_J=True)
+    return wire, ids, J
+
+
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> np.ndarray:
     """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
+    cent, width, packed = _cluster_sections(n, params, sections)
+    ids = bitpack.unpack(packed, width, n)  # checks the length before allocating
+    k = cent.size
+    if k and width and int(ids.max(initial=0)) >= k:
+        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    if n == 0:
+        return np.zeros(0, dtype)
+    return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
+
+
+def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                          dtype: np.dtype, device) -> Any:
+    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor)."""
+    cent, width, packed = _cluster_sections(n, params, sections)
+    bitpack.check_packed(packed, width, n)
+    ids = torch_backend.unpack(packed, width, n, device)
+    if cent.size and width and n and int(ids.max()) >= cent.size:
+        raise FormatError(f"cluster id {int(ids.max())} out of range for {cent.size} centroids")
+    return torch_backend.gather(cent.astype(dtype), ids)
+
+
+def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+    """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header."""
     cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
     k = param_int(params, "centroids", 0, MAX_Z)
     if (k == 0) != (n == 0):
@@ -162,12 +211,7 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
     width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
     if (width == 0) != (k <= 1) or width < id_width(k):
         raise FormatError(f"id_bits {width} cannot address {k} centroids")
-    ids = bitpack.unpack(section(sections, "IDS_", bitpack.packed_size(n, width)), width, n)
-    if k and width and int(ids.max(initial=0)) >= k:
-        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
-    if n == 0:
-        return np.zeros(0, dtype)
-    return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
+    return cent, width, section(sections, "IDS_", bitpack.packed_size(n, width))
 
 
 def group_bytes(sections: Sequence[Section], zstd_level: int | None) -> int:
@@ -198,6 +242,7 @@ class Mucsc(Codec):
 
     name = "mucsc"
     unbiased = True
+    accepts_torch = True
     summary = "soft clustering to z centroids, unbiased; ceil(log2 z) bits per element"
     Params = MucscParams
 
@@ -271,8 +316,9 @@ class Mucsc(Codec):
             level = None if self.params.id_packing == "tight" else fmt_default_level()
             state = rng.bit_generator.state
             fresh = lambda: _restored(rng, state)  # noqa: E731
-            ctx = PlanContext(level, x.size, 0, lambda i: fresh(), lambda params: 0)
-            (codec,) = self.plan([x], ctx)
+            host = x.cpu().numpy() if torch_backend.is_torch(x) else x  # planning runs on the host
+            ctx = PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0)
+            (codec,) = self.plan([host], ctx)
             rng = fresh()
         params, sections, J = encode_clusters(x, codec.params, rng)
         return EncodedGroup(params, sections, {"J": J})
@@ -281,6 +327,11 @@ class Mucsc(Codec):
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         return decode_clusters(n, params, sections, dtype)
+
+    @classmethod
+    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype, device) -> Any:
+        return decode_clusters_torch(n, params, sections, dtype, device)
 
 
 class _Frozen(tuple):

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Device-resident encode/decode: torch tensor on a device -> message bytes -> tensor on the device.
+
+    python benchmarks/bench_gpu.py                      # CUDA, d = 1e7, 1e8, 1e9 (skips sizes that do not fit)
+    python benchmarks/bench_gpu.py --device cpu --sizes 1e6,1e7   # the torch backend on CPU tensors
+
+Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
+* ``device encode``: ``mucsc.encode(x_dev)`` -- the solver summary, rounding and packing on the device,
+  only the packed IDs copied to the host (the torch backend);
+* ``host encode``: ``mucsc.encode(x_dev.cpu().numpy())`` -- the copy to the host plus the compiled kernels
+  (or numpy) on one core: what a user did before the torch backend;
+* ``device decode``: ``mucsc.decode(blob, as_torch=True, device=dev)`` -- unpack and gather on the device;
+* ``host decode``: ``mucsc.decode(blob, as_torch=True).to(dev)``.
+GB/s counts the float32 input (4 bytes per element); best of --repeat, after one warm-up run.  Both
+encodes must give identical bytes (checked; the benchmark stops otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+
+import mucsc
+from mucsc.codec import kernels
+
+
+def sync(torch, dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def best_time(fn, repeat, torch, dev):
+    fn()  # warm-up: kernels, allocator
+    sync(torch, dev)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync(torch, dev)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def host_encode(a: np.ndarray, z: int) -> bytes:
+    """The host path (compiled kernels or numpy), also when the torch backend is selected for CPU."""
+    was, kernels.TORCH = kernels.TORCH, False
+    try:
+        return mucsc.encode(a, "mucsc", z=z, seed=0)
+    finally:
+        kernels.TORCH = was
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sizes", default="1e7,1e8,1e9")
+    ap.add_argument("--z", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+
+    dev = torch.device(args.device)
+    kernels.TORCH = dev.type == "cpu"  # CPU tensors take the torch backend only when selected
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_gpu: no CUDA device here (use --device cpu to time the torch backend on CPU)")
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    print(f"# device {dev} ({name}), torch {torch.__version__}, host kernels {kernels.BACKEND}, "
+          f"mucsc z={args.z}, float32 Gaussian, best of {args.repeat}")
+    print(f"{'d':>12}  {'what':<14} {'seconds':>9} {'GB/s':>7}")
+    for d in (int(float(s)) for s in args.sizes.split(",")):
+        try:
+            g = torch.Generator(device=dev).manual_seed(0)
+            x = torch.randn(d, generator=g, device=dev)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            print(f"{d:>12,}  skipped: {str(exc).splitlines()[0][:60]}")
+            continue
+        blob = mucsc.encode(x, "mucsc", z=args.z, seed=0)
+        if blob != host_encode(x.cpu().numpy(), args.z):
+            raise SystemExit(f"bench_gpu: device and host bytes differ at d = {d}")
+        rows = [
+            ("device encode", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0)),
+            ("host encode", lambda: host_encode(x.cpu().numpy(), args.z)),
+            ("device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev)),
+            ("host decode", lambda: mucsc.decode(blob, as_torch=True).to(dev)),
+        ]
+        for what, fn in rows:
+            t = best_time(fn, args.repeat, torch, dev)
+            print(f"{d:>12,}  {what:<14} {t:>9.4f} {4 * d / t / 1e9:>7.2f}", flush=True)
+        del x
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The torch backend (mucsc/codec/torch_backend.py) writes the same bytes as the compiled / numpy
+reference: the rounding stream and decision rule of FORMAT.md 4.3, the IDS_ packing, the solver's
+device summary, and the API path that keeps tensors on their device.  Runs on CPU tensors (the same
+torch ops as on a GPU); the CUDA cases run only where a GPU is present."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from msgtools import recrc, section_offsets
+
+import mucsc
+from mucsc.codec import bitpack, centroids, kernels, quantize
+from mucsc.codec import format as fmt
+
+torch = pytest.importorskip("torch")
+from mucsc.codec import torch_backend as tb  # noqa: E402  (imports torch lazily; after the skip)
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture
+def torch_backend_on(monkeypatch):
+    monkeypatch.setattr(kernels, "TORCH", True)
+
+
+def _data(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    x = {"t3": lambda: g.standard_t(3, n), "gauss": lambda: g.normal(size=n),
+         "zeros": lambda: np.where(g.random(n) < 0.9, 0.0, g.normal(size=n)),
+         "few": lambda: g.choice([-2.0, 0.0, 1.5], n)}[kind]()
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("z", [2, 3, 5, 16, 256, 300])
+@pytest.mark.parametrize("n", [1, 7, 1001, 4099])
+def test_rounding_ids_and_J_equal_the_reference(dtype, z, n):
+    x = _data("t3", n, dtype, seed=z + n)
+    c = quantize.wire_centroids(centroids.solve(x, z), x, np.float32)
+    ref_ids, ref_J = quantize.stochastic_round(x, c, np.random.default_rng([3, 1]), return_J=True)
+    key = quantize.draw_key(np.random.default_rng([3, 1]))
+    ids, J = tb.stochastic_round(torch.from_numpy(x), c, key, return_J=True)
+    assert np.array_equal(ids.numpy(), ref_ids.astype(np.int64))
+    assert J == pytest.approx(ref_J, rel=1e-9, abs=1e-12)
+
+
+def test_float64_work_for_float32_data_with_float64_levels():
+    x = _data("gauss", 999, np.float32)
+    c = centroids.solve(x, 16) + 1e-9  # not exact in float32: the reference works in float64
+    c[0], c[-1] = float(x.min()) - 1e-6, float(x.max()) + 1e-6
+    ref = quantize.stochastic_round(x, c, np.random.default_rng(5))
+    ids, _ = tb.stochastic_round(torch.from_numpy(x), c, quantize.draw_key(np.random.default_rng(5)))
+    assert not tb.work_float32(torch.from_numpy(x), c)
+    assert np.array_equal(ids.numpy(), ref.astype(np.int64))
+
+
+@pytest.mark.parametrize("width", range(0, 17))
+@pytest.mark.parametrize("n", [0, 1, 5, 8, 13, 1027])
+def test_pack_and_unpack_equal_bitpack(width, n):
+    hi = 1 << width if width else 1
+    ids = np.random.default_rng(width * 100 + n).integers(0, hi, n)
+    packed = tb.pack(torch.from_numpy(ids), width)
+    assert packed == bitpack.pack(ids, width)
+    assert np.array_equal(tb.unpack(packed, width, n, "cpu").numpy(), ids)
+
+
+def test_splitmix64_equals_the_numpy_stream():
+    ref = kernels.splitmix64(0xDEADBEEFCAFEF00D, 17, 1000)
+    got = tb.splitmix64(0xDEADBEEFCAFEF00D, 17, 1000, "cpu").numpy().view(np.uint64)
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("kind", ["t3", "zeros", "few"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_messages_byte_identical(torch_backend_on, monkeypatch, kind, dtype):
+    # sizes above centroids.FULL_SORT_MAX take the subsample + exact-tails summary from the device
+    n = centroids.FULL_SORT_MAX + 4099
+    x = _data(kind, n, dtype, seed=7)
+    for z in (2, 16, 300):
+        got = mucsc.encode(torch.from_numpy(x), "mucsc", z=z, seed=11)
+        monkeypatch.setattr(kernels, "TORCH", False)
+        want = mucsc.encode(x, "mucsc", z=z, seed=11)
+        monkeypatch.setattr(kernels, "TORCH", True)
+        assert got == want, (kind, dtype, z)
+
+
+@pytest.mark.parametrize("codec,params", [("mucsc", {"z": 8}), ("mucsc", {"z": 256, "centroid_dtype": "float64"}),
+                                          ("mucsc", {"z": 4, "id_packing": "tight"}),
+                                          ("bmucsc", {"keep": 0.05}), ("qsgd", {}), ("topk", {})])
+@pytest.mark.parametrize("shared", [True, False])
+def test_state_dicts_byte_identical(torch_backend_on, monkeypatch, codec, params, shared):
+    g = torch.Generator().manual_seed(0)
+    sd = {"w": torch.randn(123, 45, generator=g), "b": torch.zeros(7), "h": torch.randn(51, generator=g).half(),
+          "bf": torch.randn(33, generator=g).bfloat16(), "d": torch.randn(17, generator=g).double(),
+          "step": torch.arange(3)}
+    got = mucsc.encode(sd, codec, seed=2, shared=shared, **params)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    assert got == mucsc.encode(sd, codec, seed=2, shared=shared, **params)
+
+
+def test_bmucsc_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_on, monkeypatch):
+    x = _data("zeros", 20_000, np.float32, seed=3)  # ~10% non-zero, keep 20%: ties at 0
+    assert tb.top_k_positions(torch.from_numpy(x), 4000) is None
+    got = mucsc.encode(torch.from_numpy(x), "bmucsc", keep=0.2, seed=1)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    assert got == mucsc.encode(x, "bmucsc", keep=0.2, seed=1)
+
+
+def test_bmucsc_device_reductions_change_at_most_the_mean(torch_backend_on, monkeypatch):
+    """On a GPU the rest's float64 sum is reduced in the device's order: run that branch here and
+    check every section but SCAL is identical and SCAL is within one float32 ulp."""
+    x = _data("t3", 100_003, np.float32, seed=5)
+    monkeypatch.setattr(tb, "host_sums", lambda t: False)
+    dev = mucsc.decode(mucsc.encode(torch.from_numpy(x), "bmucsc", seed=2, compress="off"))
+    monkeypatch.setattr(kernels, "TORCH", False)
+    ref = mucsc.decode(mucsc.encode(x, "bmucsc", seed=2, compress="off"))
+    kept = np.abs(x) >= np.sort(np.abs(x))[-1001]
+    assert np.array_equal(dev[kept], ref[kept])
+    rest_dev, rest_ref = np.unique(dev[~kept]), np.unique(ref[~kept])
+    assert rest_dev.size == rest_ref.size == 1
+    assert abs(int(rest_dev.view(np.int32)[0]) - int(rest_ref.view(np.int32)[0])) <= 1
+
+
+def test_level_gap_beyond_float32_falls_back_to_the_reference(torch_backend_on, monkeypatch):
+    x = np.array([-1.8e38, 1.8e38, 0.0, 1e37] * 3, np.float32)
+    c = quantize.wire_centroids(np.array([-1.8e38, 1.8e38]), x, np.float32)
+    assert not tb.round_supported(torch.from_numpy(x), c)
+    got = mucsc.encode(torch.from_numpy(x), "mucsc", z=2, seed=0)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    assert got == mucsc.encode(x, "mucsc", z=2, seed=0)
+
+
+def test_decode_on_a_device_equals_the_host_decode():
+    sd = {"w": torch.randn(64, 33), "bf": torch.randn(9).bfloat16(), "i": torch.arange(4)}
+    for codec in ("mucsc", "bmucsc", "fp16"):
+        blob = mucsc.encode(sd, codec, seed=1, shared=False)
+        host = mucsc.decode(blob, as_torch=True)
+        dev = mucsc.decode(blob, as_torch=True, device="cpu")
+        for k in host:
+            assert host[k].dtype == dev[k].dtype and torch.equal(host[k], dev[k]), (codec, k)
+
+
+@pytest.mark.parametrize("tamper", ["padding", "id_range", "length"])
+def test_device_decode_validates_like_the_host_decode(tamper):
+    # 10 elements, 3 centroids, 2-bit ids: 20 bits in 3 bytes, the last 4 bits padding
+    blob = bytearray(mucsc.encode(np.linspace(-1, 1, 10, dtype="f4"), "mucsc", z=3, compress="off"))
+    pos, tag, stored, _ = next(s for s in section_offsets(bytes(blob)) if s[1] == "IDS_")
+    data = pos + fmt.SECTION.size
+    if tamper == "padding":
+        blob[data + stored - 1] |= 0x80
+    elif tamper == "id_range":
+        blob[data] |= 0x03  # id 3 with 3 centroids
+    else:
+        struct.pack_into("<QQ", blob, pos + 16, stored - 1, stored - 1)
+    bad = recrc(blob)
+    with pytest.raises(mucsc.MucscError) as host:
+        mucsc.decode(bad, as_torch=True)
+    with pytest.raises(type(host.value)):
+        mucsc.decode(bad, as_torch=True, device="cpu")
+
+
+def test_device_argument_errors():
+    blob = mucsc.encode(np.ones(3, "f4"))
+    with pytest.raises(mucsc.ParameterError, match="as_torch"):
+        mucsc.decode(blob, device="cpu")
+    with pytest.raises(mucsc.ParameterError, match="not a torch device"):
+        mucsc.decode(blob, as_torch=True, device="no-such-device")
+    if not CUDA:
+        with pytest.raises(mucsc.ParameterError, match="CUDA is not available"):
+            mucsc.decode(blob, as_torch=True, device="cuda")
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+def test_cuda_tensor_encodes_to_the_same_bytes_and_decodes_on_the_gpu():
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(0))
+    want = mucsc.encode(x, "mucsc", z=16, seed=4)
+    assert mucsc.encode(x.cuda(), "mucsc", z=16, seed=4) == want
+    back = mucsc.decode(want, as_torch=True, device="cuda")
+    assert back.is_cuda and torch.equal(back.cpu(), mucsc.decode(want, as_torch=True))
