@@ -77,7 +77,7 @@ def _rebuild(blob, params=None, sections=None, drop=()):
         if s.group == 0 and sections and s.tag in sections:
             data = sections[s.tag]
         secs.append((s.group, s.tag, data, False))
-    return fmt.write_message(header, secs, zstd_level=None)
+    return fmt.write_message(header, secs, zstd_level=None, minor=msg.minor)
 
 
 def _payload(blob, tag):
@@ -105,7 +105,18 @@ def invalid_cases():
     stc = mucsc.encode(x, "stc", keep=0.1, compress="off")
     f16 = mucsc.encode(gauss(8, 42), "fp16", compress="off")
     nc = mucsc.encode(gauss(8, 43), "none", compress="off")
+    ra = mucsc.encode(gauss(300, 44), "mucsc", z=4, id_coding="rans", compress="off")
+    rp = bytearray(_payload(ra, "IDSA"))
+    bad_state, bad_sum = bytearray(rp), bytearray(rp)
+    bad_state[-1] ^= 0x5A  # the last renormalisation byte of the only lane
+    bad_sum[2] ^= 0x01  # f_0 (a one- or two-byte varint) changes: the table no longer sums to 2^S
     cases = {
+        "rans_final_state": (_rebuild(ra, sections={"IDSA": bytes(bad_state)}), "FormatError",
+                             "IDSA: a stream byte changed, the lane does not end in state 2^23"),
+        "rans_table_sum": (_rebuild(ra, sections={"IDSA": bytes(bad_sum)}), "FormatError",
+                           "IDSA: the frequencies do not sum to 2^S"),
+        "rans_lane_lengths": (_rebuild(ra, sections={"IDSA": bytes(rp) + b"\0"}), "FormatError",
+                              "IDSA: one byte more than the lane lengths account for"),
         "dgc_positions_not_increasing": (_rebuild(top, sections={"INDX": swapped.astype("<i4").tobytes()}),
                                          "FormatError", "int32 positions out of order"),
         "dgc_position_out_of_range": (_rebuild(top, sections={"INDX": beyond.astype("<i4").tobytes()}),

@@ -63,16 +63,54 @@ def test_cheapest_within():
 # ---- the mucsc codec -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bits", [1.5, 2.0, 3.0])
-def test_bits_meets_the_budget_and_records_z(bits):
+def test_bits_packed_meets_the_budget_and_equals_the_fixed_z_message(bits):
     x = heavy(20000)
-    blob, stats = mucsc.encode_with_stats(x, "mucsc", bits=bits)
+    blob = mucsc.encode(x, "mucsc", bits=bits, id_coding="packed")
     assert 8 * len(blob) <= bits * x.size
-    z = mucsc.inspect(blob).groups[0].params["z"]
+    info = mucsc.inspect(blob)
+    assert info.version == "1.0"
+    z = info.groups[0].params["z"]
     # the largest ladder Z that fits: the next one up would not have
     bigger = [q for q in mucsc.codec.codecs.mucsc.Z_LADDER if q > z][0]
     assert 8 * len(mucsc.encode(x, "mucsc", z=bigger)) > bits * x.size
     assert blob == mucsc.encode(x, "mucsc", z=z)  # same bytes as the fixed-Z message it chose
-    assert np.allclose(mucsc.decode(blob), mucsc.decode(mucsc.encode(x, "mucsc", z=z)))
+
+
+@pytest.mark.parametrize("bits", [0.5, 1.0, 2.0, 4.0])
+def test_bits_with_rans_beats_every_fixed_z_that_fits(bits):
+    x = heavy(20000, 2)
+    blob, stats = mucsc.encode_with_stats(x, "mucsc", bits=bits)
+    assert 8 * len(blob) <= bits * x.size
+    y = mucsc.decode(blob)
+    assert y.shape == x.shape and np.isfinite(y).all()
+    for z in mucsc.codec.codecs.mucsc.Z_LADDER[:30]:
+        b2, s2 = mucsc.encode_with_stats(x, "mucsc", z=z)
+        if 8 * len(b2) <= bits * x.size:
+            assert stats.J <= s2.J
+    if mucsc.inspect(blob).groups[0].params.get("id_coding") == "rans":
+        assert mucsc.inspect(blob).version == "1.1"
+
+
+def test_goal_messages_are_unbiased():
+    """Entropy-constrained levels may lie beyond the data; stochastic rounding keeps E[decode] = x."""
+    from mucsc.codec.codecs.mucsc import MucscParams, decode_clusters, encode_clusters
+
+    x = np.random.default_rng(3).normal(size=20000).astype(np.float32)
+    blob = mucsc.encode(x, "mucsc", bits=0.5)
+    c = np.frombuffer(mucsc.codec.format.read_message(blob).group_sections(0)["CENT"], "<f4")
+    assert c[0] < x.min() and c[-1] > x.max()  # wide ends: most elements go to the level near 0
+    assert np.array_equal(mucsc.decode(blob), decode_clusters(x.size, mucsc.inspect(blob).groups[0].params,
+                          mucsc.codec.format.read_message(blob).group_sections(0), np.dtype("f4")))
+    xs = x[:500]
+    draws = []
+    for s in range(300):
+        params, secs, _ = encode_clusters(xs, MucscParams(), np.random.default_rng(s), c.astype(np.float64), "packed")
+        draws.append(decode_clusters(xs.size, params, {t.tag: memoryview(bytes(t.tobytes())) for t in secs},
+                                     np.dtype("f4")))
+    draws = np.array(draws)
+    var = mucsc.codec.quantize.expected_sq_error(xs, c)  # (c_{k+1} - x)(x - c_k), eq. 8
+    z = (draws.mean(0) - xs) / np.sqrt(var / len(draws) + 1e-12)
+    assert np.mean(z ** 2) < 1.3
 
 
 def test_size_meets_the_budget_and_more_bytes_lower_J():

@@ -492,10 +492,152 @@ done:
     return res;
 }
 
+/* ---- static rANS over cluster IDs (spec/FORMAT.md 4.4, section IDSA; numpy twin: rans.py) ---- */
+
+#define RANS_L (1u << 23)
+
+static const char rans_encode_doc[] =
+    "rans_encode(ids u32, f u32, cum u32, S, W, out u8, lengths i64): lane j of W codes ids j, j+W, ...\n"
+    "backwards into out[j*cap:(j+1)*cap] (cap = len(out) // W) from its end; lengths[j] = bytes used.\n"
+    "Every id must have f > 0. Returns 0, or -1 if a lane ran out of room.";
+
+static PyObject *py_rans_encode(PyObject *self, PyObject *args)
+{
+    PyObject *io, *fo, *co, *oo, *lo;
+    int S, W;
+    if (!PyArg_ParseTuple(args, "OOOiiOO", &io, &fo, &co, &S, &W, &oo, &lo)) return NULL;
+    Py_buffer ib, fb, cb, ob, lb;
+    if (get_buf(io, &ib, 0, "ids") < 0) return NULL;
+    if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&ib); return NULL; }
+    if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&ib); PyBuffer_Release(&fb); return NULL; }
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&ib); PyBuffer_Release(&fb); PyBuffer_Release(&cb); return NULL; }
+    if (get_buf(lo, &lb, 1, "lengths") < 0) {
+        PyBuffer_Release(&ib); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); return NULL;
+    }
+    PyObject *res = NULL;
+    if (W < 1 || W > 64 || S < 1 || S > 22 || ib.itemsize != 4 || fb.itemsize != 4 || cb.itemsize != 4
+        || lb.itemsize != 8 || lb.len / 8 != W || fb.len != cb.len) {
+        PyErr_SetString(PyExc_ValueError, "rans_encode: bad arguments");
+        goto done;
+    }
+    {
+        const uint32_t *ids = (const uint32_t *)ib.buf, *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
+        uint8_t *out = (uint8_t *)ob.buf;
+        int64_t *lens = (int64_t *)lb.buf;
+        Py_ssize_t n = ib.len / 4, k = fb.len / 4, cap = ob.len / W;
+        uint32_t x[64];
+        Py_ssize_t ptr[64], lim[64];
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = (Py_ssize_t)(j + 1) * cap; lim[j] = (Py_ssize_t)j * cap; }
+        for (Py_ssize_t i = n - 1; i >= 0 && !err; i--) {
+            int j = (int)(i % W);
+            uint32_t s = ids[i];
+            if ((Py_ssize_t)s >= k || f[s] == 0) { err = -2; break; }
+            uint32_t fs = f[s], xs = x[j];
+            uint32_t xmax = ((RANS_L >> S) << 8) * fs;
+            while (xs >= xmax) {
+                if (ptr[j] <= lim[j]) { err = -1; break; }
+                out[--ptr[j]] = (uint8_t)(xs & 0xff);
+                xs >>= 8;
+            }
+            x[j] = ((xs / fs) << S) + (xs % fs) + cum[s];
+        }
+        for (int j = 0; j < W && !err; j++) {
+            if (ptr[j] - 4 < lim[j]) { err = -1; break; }
+            ptr[j] -= 4;
+            out[ptr[j]] = (uint8_t)x[j]; out[ptr[j] + 1] = (uint8_t)(x[j] >> 8);
+            out[ptr[j] + 2] = (uint8_t)(x[j] >> 16); out[ptr[j] + 3] = (uint8_t)(x[j] >> 24);
+            lens[j] = (int64_t)((Py_ssize_t)(j + 1) * cap - ptr[j]);
+        }
+        Py_END_ALLOW_THREADS
+        if (err == -2) PyErr_SetString(PyExc_ValueError, "rans_encode: an id has no frequency");
+        else res = PyLong_FromLong(err);
+    }
+done:
+    PyBuffer_Release(&ib); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); PyBuffer_Release(&lb);
+    return res;
+}
+
+static const char rans_decode_doc[] =
+    "rans_decode(buf u8, f u32, cum u32, S, W, starts i64, lengths i64, out u32): decode len(out) ids;\n"
+    "returns 0, or 1 if a lane ends early, does not end in state 2^23 or leaves bytes unread.";
+
+static PyObject *py_rans_decode(PyObject *self, PyObject *args)
+{
+    PyObject *bo, *fo, *co, *so, *lo, *oo;
+    int S, W;
+    if (!PyArg_ParseTuple(args, "OOOiiOOO", &bo, &fo, &co, &S, &W, &so, &lo, &oo)) return NULL;
+    Py_buffer bb, fb, cb, sb, lb, ob;
+    if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
+    if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); return NULL; }
+    if (get_buf(so, &sb, 0, "starts") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); return NULL; }
+    if (get_buf(lo, &lb, 0, "lengths") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb); return NULL;
+    }
+    if (get_buf(oo, &ob, 1, "out") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+        PyBuffer_Release(&lb); return NULL;
+    }
+    PyObject *res = NULL;
+    uint16_t *tab = NULL;
+    if (W < 1 || W > 64 || S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || sb.len != 8 * W
+        || lb.len != 8 * W || ob.itemsize != 4 || fb.len / 4 > 65536) {
+        PyErr_SetString(PyExc_ValueError, "rans_decode: bad arguments");
+        goto done;
+    }
+    {
+        const uint8_t *buf = (const uint8_t *)bb.buf;
+        const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
+        const int64_t *st = (const int64_t *)sb.buf, *ln = (const int64_t *)lb.buf;
+        uint32_t *out = (uint32_t *)ob.buf;
+        Py_ssize_t n = ob.len / 4, k = fb.len / 4;
+        uint32_t M = 1u << S, mask = M - 1;
+        tab = (uint16_t *)malloc((size_t)M * sizeof(uint16_t));
+        if (!tab) { PyErr_NoMemory(); goto done; }
+        for (Py_ssize_t s = 0; s < k; s++)  /* the caller checked sum f == M */
+            for (uint32_t t = 0; t < f[s]; t++) tab[cum[s] + t] = (uint16_t)s;
+        uint32_t x[64];
+        int64_t p[64], end[64];
+        int err = 0;
+        for (int j = 0; j < W; j++) {
+            p[j] = st[j]; end[j] = st[j] + ln[j];
+            if (st[j] < 0 || ln[j] < 4 || end[j] > (int64_t)bb.len) { err = 1; break; }
+            x[j] = (uint32_t)buf[p[j]] | ((uint32_t)buf[p[j] + 1] << 8) | ((uint32_t)buf[p[j] + 2] << 16)
+                   | ((uint32_t)buf[p[j] + 3] << 24);
+            p[j] += 4;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !err; i++) {
+            int j = (int)(i % W);
+            uint32_t xs = x[j], slot = xs & mask, s = tab[slot];
+            xs = f[s] * (xs >> S) + slot - cum[s];
+            while (xs < RANS_L) {
+                if (p[j] >= end[j]) { err = 1; break; }
+                xs = (xs << 8) | buf[p[j]++];
+            }
+            x[j] = xs;
+            out[i] = s;
+        }
+        for (int j = 0; j < W && !err; j++)
+            if (x[j] != RANS_L || p[j] != end[j]) err = 1;
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromLong(err);
+    }
+done:
+    free(tab);
+    PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb); PyBuffer_Release(&ob);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
+    {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
+    {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {NULL, NULL, 0, NULL},
 };
 

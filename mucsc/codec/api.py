@@ -140,7 +140,8 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
     _check_header_limits(header)
-    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer)
+    minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
+    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer, minor=minor)
     stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
                         tuple(gstats))
     return blob, stats

@@ -79,6 +79,12 @@ class Codec(ABC):
         """numcodecs-style config: ``{"codec": name, **params}``."""
         return {"codec": self.name, **dataclasses.asdict(self.params)}
 
+    @classmethod
+    def format_minor(cls, params: Mapping[str, Any]) -> int:
+        """The format minor version (FORMAT.md 2.1) a group with these header params needs: 0 unless
+        the group uses a 1.1 feature.  A message is written with the largest over its groups."""
+        return 0
+
     @property
     def needs_plan(self) -> bool:
         """True when :meth:`plan` must see the groups before encoding (a message-wide goal is set)."""

@@ -261,13 +261,17 @@ def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
 
 
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
-                  zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None) -> bytes:
+                  zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None,
+                  minor: int = 0) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
 
     A compressible payload is stored zstd-compressed when that is strictly smaller (``zstd_level``
-    None: never).  The HEAD section is written first.  With ``auth`` the message is 1.1 with an
-    authentication trailer; without, it is 1.0 (the oldest version that can represent it).
+    None: never).  The HEAD section is written first.  ``minor``: the format minor version the
+    sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
+    message is 1.1 with an authentication trailer.  Writers emit the oldest version that fits.
     """
+    if not 0 <= minor <= MINOR:
+        raise ValueError(f"format minor version {minor} is not in 0..{MINOR}")
     if flags:
         raise ValueError("flags are set by the writer, not by its caller")
     cctx = _compressor(zstd_level) if zstd_level is not None else None
@@ -289,9 +293,8 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
     total = PREAMBLE.size + sum(len(p) for p in parts) + TRAILER.size
-    minor = 0
     if auth is not None:
-        flags, minor = flags | FLAG_AUTH, 1
+        flags, minor = flags | FLAG_AUTH, max(minor, 1)
     parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
     crc = 0
     for p in parts:  # incrementally, so the message is assembled with a single copy

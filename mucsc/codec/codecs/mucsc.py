@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import allocate, bitpack, centroids, kernels, quantize, torch_backend
+from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, quantize, rans, torch_backend
 from mucsc.codec import format as fmt
 from mucsc.codec.base import (Codec, EncodedGroup, PlanContext, Section, array_from, param_int, param_str,
                               register, section)
@@ -25,6 +25,7 @@ CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
 
 
 ID_PACKINGS = ("auto", "tight", "aligned")
+ID_CODINGS = ("auto", "packed", "rans")
 # zstd's entropy stage codes bytes: IDs that straddle byte boundaries (3, 5, 6, 7 bits) compress far
 # worse than the same IDs packed 4 or 8 bits wide (measured, Gaussian d = 1.3e6, Z = 8: 2.81 bits per
 # ID tight vs 2.46 aligned, entropy 2.43; docs/codecs.md).  Wider IDs (9..15 bits) stay tight: as
@@ -67,9 +68,12 @@ class MucscParams:
     is given): ``z`` fixes it (2..65536); ``bits`` is a budget in bits per element of the whole
     message (framing included); ``size`` a budget in bytes of the whole message; ``max_error`` a
     bound on each group's relative error sqrt(J) / ||x||.  The header records the Z chosen, so
-    decoding needs nothing else.  solver: how centroids are chosen; centroid_dtype: wire dtype;
-    id_packing: "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy allows,
-    for a zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses)."""
+    decoding needs nothing else.  solver: how centroids are chosen for a fixed z (the goals use
+    entropy-constrained levels, mucsc.codec.ecsq, as well); centroid_dtype: wire dtype; id_packing:
+    "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy allows, for a
+    zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses); id_coding:
+    "packed" (IDS_, format 1.0), "rans" (IDSA, static rANS, format 1.1) or "auto" (packed for a fixed
+    z, so those messages stay 1.0; with a goal, whichever option is best)."""
 
     z: int | None = None
     solver: str = "optimal"
@@ -78,6 +82,7 @@ class MucscParams:
     bits: float | None = None
     max_error: float | None = None
     size: int | None = None
+    id_coding: str = "auto"
 
     def __post_init__(self) -> None:
         given = [t for t in TARGETS if getattr(self, t) is not None]
@@ -98,6 +103,8 @@ class MucscParams:
             raise ParameterError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}")
         if self.id_packing not in ID_PACKINGS:
             raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
+        if self.id_coding not in ID_CODINGS:
+            raise ParameterError(f"id_coding must be one of {', '.join(ID_CODINGS)}")
 
     @property
     def target(self) -> str:
@@ -118,12 +125,22 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
     return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
 
 
-def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> tuple[dict, tuple, Any]:
-    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_) sections, J as a callable).
+def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
+                    levels: np.ndarray | None = None, coding: str | None = None,
+                    estimate: bool = False) -> tuple[dict, tuple, Any]:
+    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
+    callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
+    "packed" or "rans" (default: "rans" only when ``p.id_coding`` says so); ``estimate``: an IDSA
+    section of zeros of the estimated coded size (rate control's search; never sent).
 
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
-    giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``."""
-    if torch_backend.applies(x):
+    giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``.
+    Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
+    coding = coding or ("rans" if p.id_coding == "rans" else "packed")
+    solver = p.solver if levels is None else "ecsq"
+    if levels is not None and torch_backend.is_torch(x):
+        x = x.cpu().numpy()
+    if levels is None and torch_backend.applies(x):
         wire, ids, J = _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
     elif x.size == 0:
         wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
@@ -131,7 +148,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
         J = 0.0
     else:
         bounds = (float(x.min()), float(x.max()))  # once, not once per stage
-        c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds)
+        c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds) if levels is None else levels
         wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
         # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
         # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
@@ -141,12 +158,21 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator) -> 
             ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
             J = None
     k = int(wire.size)
-    bits = packed_width(ids, k, p.id_packing)
-    packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else bitpack.pack(ids, bits)
-    params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": p.solver,
-              "z": p.fixed_z}
-    sections = (Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype])),
-                Section("IDS_", packed, compressible=True))
+    z = p.fixed_z if levels is None else max(MIN_Z, k)
+    cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
+    if coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
+        if torch_backend.is_torch(ids):
+            ids = ids.cpu().numpy()
+        params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "rans", "solver": solver,
+                  "z": z}
+        data = bytes(rans.estimated_size(ids, k)) if estimate else rans.encode(ids, k)
+        sections = (cent, Section("IDSA", data))
+    else:
+        bits = packed_width(ids, k, p.id_packing)
+        params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
+                  "z": z}
+        packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else bitpack.pack(ids, bits)
+        sections = (cent, Section("IDS_", packed, compressible=True))
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
         if J is not None:
@@ -174,14 +200,22 @@ def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
     return wire, ids, J
 
 
+def format_minor(params: Mapping[str, Any]) -> int:
+    """The format minor version a group with these header params needs (1 for rANS-coded IDs)."""
+    return 1 if params.get("id_coding") == "rans" else 0
+
+
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> np.ndarray:
     """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
-    cent, width, packed = _cluster_sections(n, params, sections)
-    ids = bitpack.unpack(packed, width, n)  # checks the length before allocating
+    cent, width, payload = _cluster_sections(n, params, sections)
     k = cent.size
-    if k and width and int(ids.max(initial=0)) >= k:
-        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
+        ids = rans.decode(payload, n, k)
+    else:
+        ids = bitpack.unpack(payload, width, n)  # checks the length before allocating
+        if k and width and int(ids.max(initial=0)) >= k:
+            raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
     if n == 0:
         return np.zeros(0, dtype)
     return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
@@ -189,17 +223,23 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
 
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                           dtype: np.dtype, device) -> Any:
-    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor)."""
-    cent, width, packed = _cluster_sections(n, params, sections)
-    bitpack.check_packed(packed, width, n)
-    ids = torch_backend.unpack(packed, width, n, device)
+    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor);
+    rANS-coded IDs are decoded on the host (the coder is sequential) and moved there."""
+    cent, width, payload = _cluster_sections(n, params, sections)
+    if width is None:
+        torch = torch_backend._torch()
+        ids = torch.from_numpy(rans.decode(payload, n, cent.size).astype(np.int64)).to(device)
+        return torch_backend.gather(cent.astype(dtype), ids)
+    bitpack.check_packed(payload, width, n)
+    ids = torch_backend.unpack(payload, width, n, device)
     if cent.size and width and n and int(ids.max()) >= cent.size:
         raise FormatError(f"cluster id {int(ids.max())} out of range for {cent.size} centroids")
     return torch_backend.gather(cent.astype(dtype), ids)
 
 
 def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
-    """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header."""
+    """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header; the width is
+    None and the payload IDSA's for rANS-coded IDs (format 1.1)."""
     cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
     k = param_int(params, "centroids", 0, MAX_Z)
     if (k == 0) != (n == 0):
@@ -208,6 +248,13 @@ def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, 
                       CENTROID_DTYPES[cdtype], k)
     if k and not (np.all(np.isfinite(cent)) and np.all(np.diff(cent) > 0)):
         raise FormatError("centroids must be finite and strictly increasing")
+    coding = params.get("id_coding", "packed")
+    if coding == "rans":
+        if k <= 1:
+            raise FormatError("id_coding 'rans' needs at least 2 centroids")
+        return cent, None, section(sections, "IDSA")
+    if coding != "packed":
+        raise FormatError(f"header parameter 'id_coding' must be 'packed' or 'rans', got {coding!r}")
     width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
     if (width == 0) != (k <= 1) or width < id_width(k):
         raise FormatError(f"id_bits {width} cannot address {k} centroids")
@@ -219,21 +266,103 @@ def group_bytes(sections: Sequence[Section], zstd_level: int | None) -> int:
     return sum(fmt.section_bytes(s.tobytes(), s.compressible, zstd_level) for s in sections)
 
 
-def z_options(x: np.ndarray, p: MucscParams, rng: Callable[[], np.random.Generator],
-              zstd_level: int | None, stop: Callable[[allocate.Option], bool]) -> list[allocate.Option]:
-    """Options (section bytes, J, key = (Z, header params)) of encoding ``x`` with each Z of the
-    ladder, smallest first, until ``stop`` says enough or more centroids cannot help (all distinct
-    values are levels).  ``rng()`` returns a fresh copy of the group's generator, so the option
-    chosen encodes to exactly the bytes counted."""
-    opts = []
-    for z in Z_LADDER:
-        params, sections, J = encode_clusters(
-            x, dataclasses.replace(p, z=z, bits=None, max_error=None, size=None), rng())
-        o = allocate.Option(group_bytes(sections, zstd_level), float(J()), (z, _Frozen(params)))
-        opts.append(o)
-        if stop(o) or params["centroids"] < z or o.J == 0.0:
-            break
-    return opts
+# Lagrange multipliers tried by the goals, as mu = lambda * d / ||x||^2 (J per bit, relative to the
+# mean square): from ~0.05 bits per element (mu = 1e4) to ~8 bits (mu = 1e-5).
+MU_GRID = tuple(float(v) for v in 10.0 ** np.linspace(4, -5, 28))
+REFINE_STEPS = 6  # bisection steps on mu between the two grid points around a single group's goal
+# The grid sweep solves over this many interior candidates (the DP is cubic in them); the
+# bisection around the goal over ecsq.INTERIOR_CANDIDATES.
+SWEEP_CANDIDATES = 96
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """How one group is encoded under a goal: J-optimal levels for ``z``, or the entropy-constrained
+    ``levels`` (ecsq); the IDs ``coding``; the header params it produces (an option key)."""
+
+    z: int
+    levels: tuple[float, ...] | None
+    coding: str
+    mu: float | None
+    params: tuple
+
+
+class _Group:
+    """One group's options under a goal: encodings measured exactly (bytes as stored, J)."""
+
+    def __init__(self, x: np.ndarray, p: MucscParams, rng: Callable[[], np.random.Generator],
+                 zstd_level: int | None):
+        self.x, self.p, self.rng, self.level = x, p, rng, zstd_level
+        self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
+        self._prepared: dict[int, ecsq.Prepared] = {}
+        self.options: list[allocate.Option] = []
+
+    def measure(self, choice_z: int | None = None, mu: float | None = None, coding: str = "packed",
+                fine: bool = False) -> allocate.Option:
+        """Encode with Z-ladder levels (``choice_z``) or ecsq levels for ``mu`` (over the coarse
+        candidate set, or the fine one); record the option."""
+        p = dataclasses.replace(self.p, z=choice_z or MIN_Z, bits=None, max_error=None, size=None)
+        levels = None
+        if mu is not None:
+            m = ecsq.INTERIOR_CANDIDATES if fine else SWEEP_CANDIDATES
+            if m not in self._prepared:
+                self._prepared[m] = ecsq.prepare(self.x, m)
+            lam = mu * self.norm2 / max(self.x.size, 1)
+            levels = ecsq.solve(self._prepared[m], lam, 8.0 * np.dtype(CENTROID_DTYPES[p.centroid_dtype]).itemsize
+                                + 16.0)[0]
+        params, sections, J = encode_clusters(self.x, p, self.rng(), levels, coding, estimate=True)
+        key = Choice(params["z"], None if levels is None else tuple(map(float, levels)), coding, mu,
+                     tuple(sorted(params.items())))
+        o = allocate.Option(group_bytes(sections, self.level), float(J()), key)
+        self.options.append(o)
+        return o
+
+    def exact(self, o: allocate.Option) -> allocate.Option:
+        """``o`` with its exact size (rANS-coded IDs are searched with an estimate)."""
+        if o.key.coding != "rans":
+            return o
+        p = dataclasses.replace(self.p, z=o.key.z, bits=None, max_error=None, size=None)
+        levels = None if o.key.levels is None else np.array(o.key.levels)
+        _, sections, _ = encode_clusters(self.x, p, self.rng(), levels, "rans")
+        return dataclasses.replace(o, bytes=group_bytes(sections, self.level))
+
+    def sweep(self, stop: Callable[[allocate.Option], bool]) -> None:
+        """The Z ladder (packed IDs, unless id_coding="rans") and the mu grid (rANS-coded IDs, unless
+        id_coding="packed"), each from the fewest bits up until ``stop``."""
+        p = self.p
+        if self.x.size == 0 or self.x.min() == self.x.max():
+            self.measure(MIN_Z)
+            return
+        ladder_coding = "rans" if p.id_coding == "rans" else "packed"
+        for z in Z_LADDER:
+            o = self.measure(z, coding=ladder_coding)
+            if stop(o) or dict(o.key.params)["centroids"] < z or o.J == 0.0:
+                break
+        if p.id_coding != "packed":
+            for mu in MU_GRID:
+                o = self.measure(mu=mu, coding="rans")
+                if stop(o) or o.J == 0.0:
+                    break
+
+    def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
+               better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
+        """Bisect mu (fine candidates) between the two neighbouring grid points where ``ok`` changes
+        (the goal lies between them); returns the best option (``better(a, b)``: a preferred)."""
+        grid = sorted((o for o in self.options if o.key.mu in MU_GRID), key=lambda o: -o.key.mu)
+        pair = next(((a, b) for a, b in zip(grid, grid[1:]) if ok(a) != ok(b)), None)
+        if pair is None:
+            return best
+        good, bad = (pair[0].key.mu, pair[1].key.mu) if ok(pair[0]) else (pair[1].key.mu, pair[0].key.mu)
+        for _ in range(REFINE_STEPS):
+            mid = math.sqrt(good * bad)
+            o = self.measure(mu=mid, coding="rans", fine=True)
+            if ok(o):
+                good = mid
+                if better(o, best):
+                    best = o
+            else:
+                bad = mid
+        return best
 
 
 @register
@@ -253,62 +382,95 @@ class Mucsc(Codec):
     def needs_plan(self) -> bool:
         return self.params.target != "z"
 
-    def with_z(self, z: int) -> "Mucsc":
-        """This codec with the number of centroids fixed (what a rate-controlled mode resolves to)."""
-        return type(self)(**{**dataclasses.asdict(self.params), "z": z, "bits": None, "max_error": None,
-                             "size": None})
+    @classmethod
+    def format_minor(cls, params: Mapping[str, Any]) -> int:
+        return format_minor(params)
+
+    def resolved(self, choice: Choice) -> "Mucsc":
+        """This codec fixed to one choice (what a goal resolves to for one group)."""
+        c = type(self)(**{**dataclasses.asdict(self.params), "z": choice.z, "bits": None, "max_error": None,
+                          "size": None, "id_coding": "rans" if choice.coding == "rans" else "packed"})
+        c._levels = None if choice.levels is None else np.array(choice.levels)
+        return c
+
+    _levels: np.ndarray | None = None
 
     def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
         """Resolve bits= / size= (one byte budget split across the groups to minimise total J, see
         mucsc.codec.allocate) and max_error= (per group, the smallest message meeting the bound) to
-        one fixed Z per group."""
+        one fixed encoding per group: J-optimal levels for a Z of the ladder, or entropy-constrained
+        levels (mucsc.codec.ecsq) with rANS-coded IDs, whichever does better."""
         p = self.params
         if p.target == "z":
             return None
         level = ctx.zstd_level
+        groups = [_Group(x, p, (lambda i=i: ctx.rngs(i)), level) for i, x in enumerate(xs)]
         if p.target == "max_error":
             out = []
-            for i, x in enumerate(xs):
-                norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
-                opts = z_options(x, p, lambda: ctx.rngs(i), level,
-                                 lambda o: allocate.relative_error(o.J, norm2) <= p.max_error)
-                best = allocate.cheapest_within(opts, norm2, p.max_error)
+            for g in groups:
+                meets = lambda o, g=g: allocate.relative_error(o.J, g.norm2) <= p.max_error  # noqa: E731
+                g.sweep(meets)
+                best = allocate.cheapest_within(g.options, g.norm2, p.max_error)
                 if best is None:
-                    best = min(opts, key=lambda o: o.J)
+                    best = min(g.options, key=lambda o: o.J)
                     raise ParameterError(
                         f"max_error={p.max_error:g} is out of reach: the best relative error is "
-                        f"{allocate.relative_error(best.J, norm2):.3g} (Z = {best.key[0]})")
-                out.append(self.with_z(best.key[0]))
+                        f"{allocate.relative_error(best.J, g.norm2):.3g} (Z = {best.key.z})")
+                best = g.refine(best, meets, lambda a, b: (a.bytes, a.J) < (b.bytes, b.J))
+                out.append(self.resolved(best.key))
             return out
         total = p.size if p.target == "size" else math.floor(p.bits * ctx.elements / 8)
         what = f"size={p.size}" if p.target == "size" else f"bits={p.bits:g}"
-        curves = [z_options(x, p, lambda: ctx.rngs(i), level, lambda o: o.bytes > total - ctx.fixed_bytes)
-                  for i, x in enumerate(xs)]
+        for g in groups:
+            g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes)
 
         def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
-            return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key[1]) for o in chosen])
+            return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key.params) for o in chosen])
                     + sum(o.bytes for o in chosen))
 
-        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
-        least = cost(cheapest)
-        if least > total:
-            raise ParameterError(f"{what} is below the smallest mucsc message for this input: {least} "
-                                 f"bytes ({8 * least / max(ctx.elements, 1):.3g} bits per element)")
-        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
-        # HEAD of the last choice, check the exact size, and retry with the difference.
-        best, tried = cheapest, set()
-        budget = total - (least - sum(o.bytes for o in cheapest))
-        while budget not in tried and len(tried) < 8:
-            tried.add(budget)
-            try:
-                chosen = allocate.split_budget(curves, budget)
-            except ParameterError:
-                break
-            size = cost(chosen)
-            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
-                best = chosen
-            budget += total - size
-        return [self.with_z(o.key[0]) for o in best]
+        def split(total: int) -> list[allocate.Option]:
+            curves = [g.options for g in groups]
+            cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
+            least = cost(cheapest)
+            if least > total:
+                raise ParameterError(f"{what} is below the smallest mucsc message for this input: {least} "
+                                     f"bytes ({8 * least / max(ctx.elements, 1):.3g} bits per element)")
+            # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
+            # HEAD of the last choice, check the exact size, and retry with the difference.
+            best, tried = cheapest, set()
+            budget = total - (least - sum(o.bytes for o in cheapest))
+            while budget not in tried and len(tried) < 8:
+                tried.add(budget)
+                try:
+                    chosen = allocate.split_budget(curves, budget)
+                except ParameterError:
+                    break
+                size = cost(chosen)
+                if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
+                    best = chosen
+                budget += total - size
+            return best
+
+        best = split(total)
+        if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
+            g = groups[0]
+            fits = lambda o: cost([o]) <= total  # noqa: E731
+            g.refine(best[0], fits, lambda a, b: a.J < b.J)
+            best = split(total)
+        # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
+        # overshoot until the exact message fits (the cheapest options always fit: checked below).
+        goal = total
+        for _ in range(8):
+            exact = [g.exact(o) for g, o in zip(groups, best)]
+            size = cost(exact)
+            if size <= total:
+                return [self.resolved(o.key) for o in best]
+            goal -= size - total
+            best = split(goal)
+        exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
+        if cost(exact) > total:
+            raise ParameterError(f"{what} is below the smallest mucsc message for this input: {cost(exact)} bytes")
+        return [self.resolved(o.key) for o in exact]
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
@@ -320,7 +482,7 @@ class Mucsc(Codec):
             ctx = PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0)
             (codec,) = self.plan([host], ctx)
             rng = fresh()
-        params, sections, J = encode_clusters(x, codec.params, rng)
+        params, sections, J = encode_clusters(x, codec.params, rng, codec._levels)
         return EncodedGroup(params, sections, {"J": J})
 
     @classmethod
@@ -332,13 +494,6 @@ class Mucsc(Codec):
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype, device) -> Any:
         return decode_clusters_torch(n, params, sections, dtype, device)
-
-
-class _Frozen(tuple):
-    """Header params as a hashable value (an option key): sorted (name, value) pairs."""
-
-    def __new__(cls, params: Mapping[str, Any]):
-        return super().__new__(cls, sorted(params.items()))
 
 
 def fmt_default_level() -> int:

@@ -1,0 +1,70 @@
+"""The static rANS coder of IDSA (spec/FORMAT.md 4.4): round trips, the two backends, bad input."""
+
+import numpy as np
+import pytest
+
+from mucsc.codec import kernels, rans
+from mucsc.errors import FormatError
+
+
+def ids_for(n, k, seed=0, skew=None):
+    rng = np.random.default_rng(seed)
+    p = None
+    if skew is not None:
+        p = np.full(k, (1 - skew) / (k - 1))
+        p[k // 2] = skew
+    return rng.choice(k, n, p=p).astype(np.uint16)
+
+
+CASES = [(0, 2), (1, 2), (7, 3), (1000, 3), (40000, 3), (33000, 16), (5000, 300), (20000, 5000)]
+
+
+@pytest.mark.parametrize("n, k", CASES)
+def test_round_trip_and_backends_agree(n, k, monkeypatch):
+    ids = ids_for(n, k, skew=0.9 if k == 3 else None)
+    blobs = {}
+    for backend in (["numpy", "c"] if kernels.c_module() is not None else ["numpy"]):
+        monkeypatch.setattr(kernels, "BACKEND", backend)
+        blobs[backend] = rans.encode(ids, k)
+        assert np.array_equal(rans.decode(blobs[backend], n, k), ids)
+    assert len(set(blobs.values())) == 1  # bit-identical twins
+
+
+@pytest.mark.parametrize("skew", [0.5, 0.9, 0.99])
+def test_size_is_near_the_entropy_and_estimate_is_close(skew):
+    n, k = 50000, 3
+    ids = ids_for(n, k, 1, skew)
+    blob = rans.encode(ids, k)
+    ent = rans.coded_size_bits(np.bincount(ids, minlength=k)) / 8
+    assert len(blob) <= ent * 1.01 + 40
+    assert abs(rans.estimated_size(ids, k) - len(blob)) <= 0.002 * len(blob) + 8
+
+
+def test_lanes_and_scale():
+    assert rans.lanes_for(100) == 1 and rans.lanes_for(1 << 20) == 64
+    f = rans.normalize(np.array([0, 5, 1, 1000]), 8)
+    assert f.sum() == 256 and f[0] == 0 and f.min(initial=1) >= 0 and (f[1:] >= 1).all()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_corrupt_streams_are_rejected(backend, monkeypatch):
+    if backend == "c" and kernels.c_module() is None:
+        pytest.skip("no compiled kernels")
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    ids = ids_for(3000, 5, 2)
+    blob = bytearray(rans.encode(ids, 5))
+    for mutate in (lambda b: b.__setitem__(-1, b[-1] ^ 0x41),      # a stream byte
+                   lambda b: b.__setitem__(0, 30),                  # S out of range
+                   lambda b: b.__setitem__(1, 0),                   # no lanes
+                   lambda b: b.__setitem__(2, b[2] ^ 1),            # table sum
+                   lambda b: b.extend(b"\0"),                       # extra byte
+                   lambda b: b.__delitem__(slice(-3, None))):       # truncated
+        bad = bytearray(blob)
+        mutate(bad)
+        try:
+            out = rans.decode(bytes(bad), 3000, 5)
+        except FormatError:
+            continue
+        assert not np.array_equal(out, ids)  # pragma: no cover  (a corruption that decodes must differ)
+    with pytest.raises(FormatError):
+        rans.decode(b"\x10", 10, 3)
