@@ -131,8 +131,9 @@ def test_codec_failure_with_concurrent_runs(tmp_path, monkeypatch):
 
 
 def test_workers_give_identical_rounds_csv(tmp_path):
-    for w in ("1", "2", "3"):
-        r = _run(["--codecs", "none,mucsc,dgc", "--seed", "5", "--workers", w, "-o", str(tmp_path / w)])
+    for w in ("1", "2", "3"):  # the digits CNN: convolutions over (n, 1, 8, 8) images
+        r = _run(["--codecs", "none,mucsc,dgc", "--seed", "5", "--workers", w, "--model", "cnn",
+                  "-o", str(tmp_path / w)])
         assert r.exit_code == 0, r.output
         assert f"device cpu, {w} worker process" in r.stderr
         assert json.loads((tmp_path / w / "summary.json").read_text())["machine"]["workers"] == int(w)

@@ -196,10 +196,8 @@ class LocalTrainer:
         self.names = [n for n, _ in self.model.named_parameters()]
         self.params = [p for _, p in self.model.named_parameters()]
         dev = self.device
-        self.x_train = torch.from_numpy(data.x_train).to(dev)
-        self.y_train = torch.from_numpy(data.y_train).to(dev)
-        self.x_test = torch.from_numpy(data.x_test).to(dev)
-        self.y_test = torch.from_numpy(data.y_test).to(dev)
+        self.x_train, self.y_train, self.x_test, self.y_test = (
+            _canonical(a).to(dev) for a in (data.x_train, data.y_train, data.x_test, data.y_test))
         self.parts = [torch.from_numpy(np.asarray(p, dtype=np.int64)).to(dev) for p in parts]
 
     def _load(self, weights: list[np.ndarray]) -> list[torch.Tensor]:
@@ -237,6 +235,17 @@ class LocalTrainer:
                 correct += int((out.argmax(1) == self.y_test[i:i + 1024]).sum())
         self.model.train()
         return correct / n, loss_sum / n
+
+
+def _canonical(a: np.ndarray) -> torch.Tensor:
+    """A tensor over ``a``'s values with row-major strides for every dimension, size-1 ones included.
+
+    numpy calls (n, 1, 8, 8) arrays with a size-1 axis stride of 4 bytes "C-contiguous", but torch
+    reads such strides as channels-last and picks another convolution algorithm, whose float sums
+    differ in the last bits; without this, a worker (whose data arrive with plain strides) and the
+    main process would train differently."""
+    a = np.ascontiguousarray(a)
+    return torch.from_numpy(a.reshape(-1)).view(a.shape)
 
 
 @dataclasses.dataclass(frozen=True)
