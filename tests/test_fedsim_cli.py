@@ -151,3 +151,19 @@ def test_device_choice():
         r = _run(["--codecs", "none", "--device", "cuda"])
         assert r.exit_code == 1 and "Traceback" not in r.output
         assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--device cuda: no GPU available" in r.stderr
+
+
+def test_seeds_sweep_equals_single_seed_runs(tmp_path):
+    r = _run(["--codecs", "none,stc", "--seeds", "1,2", "--workers", "2", "-o", str(tmp_path / "many")])
+    assert r.exit_code == 0, r.output
+    assert "seed 1\n" in r.stdout and "seed 2\n" in r.stdout and "across seeds 1, 2:" in r.stdout
+    assert [line.split(":")[0] for line in r.stderr.splitlines()[:2]] == ["seed 1", "seed 2"]
+    assert "across seeds 1, 2:" in (tmp_path / "many" / "summary.txt").read_text()
+    for seed in ("1", "2"):
+        assert _run(["--codecs", "none,stc", "--seed", seed, "--workers", "1", "-o", str(tmp_path / seed)]).exit_code == 0
+        for codec in ("none", "stc"):
+            alone = (tmp_path / seed / codec / "rounds.csv").read_bytes()
+            assert (tmp_path / "many" / f"seed{seed}" / codec / "rounds.csv").read_bytes() == alone
+        assert json.loads((tmp_path / "many" / f"seed{seed}" / "summary.json").read_text())["config"]["seed"] == int(seed)
+    assert (tmp_path / "many" / "seed1" / "none" / "rounds.csv").read_bytes() != \
+        (tmp_path / "many" / "seed2" / "none" / "rounds.csv").read_bytes()

@@ -187,6 +187,8 @@ def machine_info() -> dict[str, object]:
 @click.option("--down-mbps", type=float, help="Mean downlink speed, Mb/s [1.4].")
 @click.option("--speed-sd", type=float, help="Speed standard deviation / mean [0.1].")
 @click.option("--seed", type=int, help="Seed of everything [0].")
+@click.option("--seeds", callback=_csv(int), help="Several seeds, e.g. 0,1,2: every codec runs with each "
+              "(independent runs, in parallel with --workers); results per seed in DIR/seed<S>/.")
 @click.option("--threads", type=int, help="torch threads per process [1].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where models train and aggregate: auto = cuda when available [auto].")
@@ -242,30 +244,36 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
         device = simulation.resolve_device(cfg.device)
     except InputError as exc:
         raise click.ClickException(str(exc)) from None
-    try:
-        setup = simulation.prepare(cfg)
+    seeds = cfg.seed_list()
+    cfgs = [cfg.with_seed(s) for s in seeds]
+    try:  # each seed draws its own split, partition and Z groups
+        setups = [simulation.prepare(c) for c in cfgs]
     except (MucscError, OSError) as exc:
         raise click.ClickException(f"data: {exc}") from None
-    z_groups = [cfg.z_up[g] for g in setup.groups]
+    many = len(seeds) > 1
+    specs = [simulation.RunSpec(c, name, st, k) for k, (c, st) in enumerate(zip(cfgs, setups)) for name in cfg.codecs]
+    labels = [f"{sp.codec} (seed {sp.cfg.seed})" if many else sp.codec for sp in specs]
     workers = cfg.workers or parallel.default_workers(device)
-    concurrent = 1 if workers == 1 else min(workers, len(cfg.codecs))
+    concurrent = 1 if workers == 1 else min(workers, len(specs))
     machine = machine_info()
     machine.update(device=device, workers=workers, concurrent_runs=concurrent)
     if device == "cuda":
         machine["gpu"] = torch.cuda.get_device_name()
     tty = sys.stderr.isatty()
     show = not quiet and tty
-    data_info = data_summary(cfg, setup)
+    data_infos = [data_summary(c, st) for c, st in zip(cfgs, setups)]
     if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
-        click.echo(data_line(data_info) + f"; device {device}, {workers} worker process"
-                   f"{'es' if workers > 1 else ''}", err=True)
-    progress = Progress(show, cfg.codecs, cfg.resolved("rounds"), log=not quiet and not tty)
+        for s, info in zip(seeds, data_infos):
+            click.echo((f"seed {s}: " if many else "") + data_line(info) + f"; device {device}, {workers} worker "
+                       f"process{'es' if workers > 1 else ''}", err=True)
+    progress = Progress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
     writers: dict[int, report.RunWriter] = {}
     done: dict[int, object] = {}
+    run_dir = (lambda sp: out / f"seed{sp.cfg.seed}") if many else (lambda sp: out)
 
     def on_start(i: int, name: str) -> None:
         if out:
-            writers[i] = report.RunWriter(out, name, cfg)
+            writers[i] = report.RunWriter(run_dir(specs[i]), name, specs[i].cfg)
         progress.start_run(i)
 
     def on_round(i: int, rec) -> None:
@@ -281,34 +289,63 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
 
     failure, failed = None, None
     try:
-        executor = parallel.make_executor(cfg, setup, workers)
+        executor = parallel.make_executor(cfg, setups, workers)
     except (MucscError, OSError, RuntimeError) as exc:
         raise click.ClickException(f"workers: {exc}") from None
     try:
-        simulation.sweep(cfg, setup, cfg.codecs, executor, on_start=on_start, on_round=on_round,
-                         on_done=on_done, concurrent=concurrent)
+        simulation.sweep_runs(specs, executor, on_start=on_start, on_round=on_round, on_done=on_done,
+                              concurrent=concurrent)
     except simulation.RunFailed as exc:
         if not isinstance(exc.cause, (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt)):
             raise exc.cause from None
         what = "was interrupted" if isinstance(exc.cause, KeyboardInterrupt) else "failed"
-        failure, failed = f"run {exc.codec!r} {what} after {exc.rounds} rounds: {exc}", exc.codec
+        failure, failed = f"run {labels[exc.index]!r} {what} after {exc.rounds} rounds: {exc}", exc.index
     except KeyboardInterrupt:
         failure = "interrupted"
     finally:
         executor.close()
     for i, w in writers.items():  # runs stopped by a failure keep their rows
-        w.close(None, error=failure if cfg.codecs[i] == failed else f"stopped: {failure}")
+        w.close(None, error=failure if i == failed else f"stopped: {failure}")
     progress.close()
-    results = [done[i] for i in sorted(done)]
-    rows = [report.summarize(res, cfg, z_groups) for res in results]
-    report.add_relative(rows)
-    table = report.format_table(rows, cfg) if rows else "(no run completed)"
-    click.echo(table)
-    if out:
-        report.write_summary(out, rows, cfg, table, machine, data_info)
-        if results:
-            report.plot(out, results)
-        if show:
-            click.echo(f"results in {out}/", err=True)
+    tables, all_rows = [], []
+    for k, (c, st, s) in enumerate(zip(cfgs, setups, seeds)):
+        results = [done[i] for i in sorted(done) if specs[i].key == k]
+        z_groups = [c.z_up[g] for g in st.groups]
+        rows = [report.summarize(res, c, z_groups) for res in results]
+        report.add_relative(rows)
+        table = report.format_table(rows, c) if rows else "(no run completed)"
+        tables.append((f"seed {s}\n" if many else "") + table)
+        all_rows.append(rows)
+        if out:
+            report.write_summary(run_dir(specs[k * len(cfg.codecs)]), rows, c, table, machine, data_infos[k])
+            if results:
+                report.plot(run_dir(specs[k * len(cfg.codecs)]), results)
+    text = "\n\n".join(tables)
+    if many:
+        text += "\n\n" + across_seeds(cfg.codecs, seeds, all_rows)
+        if out:
+            (out / "summary.txt").write_text(text + "\n")
+    click.echo(text)
+    if out and show:
+        click.echo(f"results in {out}/", err=True)
     if failure:
         raise click.ClickException(failure + (f"; results so far are in {out}/" if out else ""))
+
+
+def across_seeds(codecs: tuple[str, ...], seeds: tuple[int, ...], rows_by_seed: list[list[dict]]) -> str:
+    """Per codec over the seeds: rounds run (R, > when the target was missed), final accuracy mean
+    and standard deviation, traffic mean."""
+    import statistics
+
+    lines = [f"across seeds {', '.join(map(str, seeds))}:",
+             f"{'codec':<10} {'R per seed':<24} {'acc mean':>8} {'acc sd':>7} {'traffic MB mean':>16}"]
+    for name in codecs:
+        rows = [r for rows in rows_by_seed for r in rows if r["codec"] == name]
+        if not rows:
+            continue
+        accs = [r["final_acc"] for r in rows]
+        rr = ",".join(f"{r['rounds']}" if r["reached"] else f">{r['rounds']}" for r in rows)
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        lines.append(f"{name:<10} {rr:<24} {statistics.fmean(accs):>8.3f} {sd:>7.3f} "
+                     f"{statistics.fmean(r['traffic_MB'] for r in rows):>16.3f}")
+    return "\n".join(lines)

@@ -88,6 +88,7 @@ class SimConfig:
     down_mbps: float = 1.4
     speed_sd: float = 0.1
     seed: int = 0
+    seeds: tuple[int, ...] = ()        # several seeds: every codec runs with each (empty: just ``seed``)
     threads: int = 1                   # torch threads per process (main and each worker)
     device: str = "auto"               # "auto" (cuda when available), "cpu", "cuda"
     workers: int | None = None         # processes training clients / runs; None: cores (1 on cuda)
@@ -109,6 +110,8 @@ class SimConfig:
         _check(self.normalize in ("auto", "off"), "normalize must be 'auto' or 'off'")
         _check(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}")
         _check(self.workers is None or self.workers >= 1, "workers must be >= 1")
+        _check(all(x >= 0 for x in self.seeds) and len(set(self.seeds)) == len(self.seeds),
+               "seeds must be distinct and >= 0")
         _check(self.rounds is None or self.rounds >= 1, "rounds must be >= 1")
         _check(self.target is None or 0 <= self.target <= 1, "target accuracy must be in [0, 1]")
         _check(self.eval_every is None or self.eval_every >= 1, "eval period must be >= 1")
@@ -122,6 +125,14 @@ class SimConfig:
         _check(self.threads >= 1 and self.seed >= 0, "threads must be >= 1 and seed >= 0")
         for p in self.params:
             _check(len(p) == 4 and p[1] in ("up", "down", "both"), f"bad codec parameter {p!r}")
+
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds a sweep runs: ``seeds``, or just ``seed``."""
+        return self.seeds or (self.seed,)
+
+    def with_seed(self, seed: int) -> SimConfig:
+        """These settings for one seed of the sweep."""
+        return dataclasses.replace(self, seed=seed, seeds=())
 
     def resolved(self, key: str) -> Any:
         """A setting, with the data set's default when it was left as None."""
@@ -204,7 +215,7 @@ def _check(ok: bool, msg: str) -> None:
         raise InputError(msg)
 
 
-_TUPLE_FIELDS = {"codecs": str, "z_up": int}
+_TUPLE_FIELDS = {"codecs": str, "z_up": int, "seeds": int}
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

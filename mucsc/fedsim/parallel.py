@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import shared_memory
 from typing import Any
@@ -38,25 +39,31 @@ def default_workers(device: str) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _SharedArrays:
-    """Where a worker finds the data: one shared-memory block and (field, dtype, shape, offset)."""
+class _SharedSetup:
+    """Where a worker finds one setup's data: a shared-memory block and (field, dtype, shape, offset)."""
 
     name: str
     layout: tuple[tuple[str, str, tuple[int, ...], int], ...]
     fields: dict[str, Any]            # the Dataset's other fields (name, num_classes, ...)
     parts: tuple[np.ndarray, ...]
     model_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _WorkerSpec:
+    setups: tuple[_SharedSetup, ...]
     seed: int
     device: str
     threads: int
 
 
 _ARRAYS = ("x_train", "y_train", "x_test", "y_test")
-_TRAINER: LocalTrainer | None = None
-_SHM: shared_memory.SharedMemory | None = None
+_SPEC: _WorkerSpec | None = None
+_TRAINERS: dict[int, LocalTrainer] = {}
+_SHMS: list[shared_memory.SharedMemory] = []
 
 
-def _share(setup: Setup) -> tuple[shared_memory.SharedMemory, tuple]:
+def _share(setup: Setup) -> tuple[shared_memory.SharedMemory, _SharedSetup]:
     arrays = [np.ascontiguousarray(getattr(setup.data, k)) for k in _ARRAYS]
     layout, offset = [], 0
     for k, a in zip(_ARRAYS, arrays):
@@ -66,27 +73,41 @@ def _share(setup: Setup) -> tuple[shared_memory.SharedMemory, tuple]:
     shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
     for (k, dt, shape, off), a in zip(layout, arrays):
         np.ndarray(shape, dtype=dt, buffer=shm.buf, offset=off)[...] = a
-    return shm, tuple(layout)
+    fields = {f.name: getattr(setup.data, f.name) for f in dataclasses.fields(setup.data) if f.name not in _ARRAYS}
+    return shm, _SharedSetup(shm.name, tuple(layout), fields, setup.parts, setup.model_name)
 
 
-def _init_worker(spec: _SharedArrays) -> None:
-    """Attach the shared data and build this worker's trainer (once per process)."""
-    global _TRAINER, _SHM
-    from mucsc.fedsim.datasets import Dataset
-
-    _SHM = shared_memory.SharedMemory(name=spec.name)
-    arrays = {k: np.ndarray(shape, dtype=dt, buffer=_SHM.buf, offset=off) for k, dt, shape, off in spec.layout}
-    data = Dataset(x_train=arrays["x_train"], y_train=arrays["y_train"], x_test=arrays["x_test"],
-                   y_test=arrays["y_test"], **spec.fields)
-    _TRAINER = LocalTrainer(spec.model_name, data, spec.parts, spec.seed, spec.device, spec.threads)
+def _init_worker(spec: _WorkerSpec) -> None:
+    global _SPEC
+    _SPEC = spec
 
 
-def _train(weights: list[np.ndarray], task: ClientTask):
-    return _TRAINER.train(weights, task)
+def _trainer(key: int) -> LocalTrainer:
+    """This worker's trainer for setup ``key``: attaches the shared data on first use."""
+    t = _TRAINERS.get(key)
+    if t is None:
+        from mucsc.fedsim.datasets import Dataset
+
+        st = _SPEC.setups[key]
+        shm = shared_memory.SharedMemory(name=st.name)
+        _SHMS.append(shm)
+        arrays = {k: np.ndarray(shape, dtype=dt, buffer=shm.buf, offset=off) for k, dt, shape, off in st.layout}
+        data = Dataset(**arrays, **st.fields)
+        t = _TRAINERS[key] = LocalTrainer(st.model_name, data, st.parts, _SPEC.seed, _SPEC.device, _SPEC.threads)
+    return t
 
 
-def _evaluate(weights: list[np.ndarray]):
-    return _TRAINER.evaluate(weights)
+def _train(weights: list[np.ndarray], task: ClientTask, key: int):
+    return _trainer(key).train(weights, task)
+
+
+def _train_many(weights: list[np.ndarray], tasks: list[ClientTask], key: int):
+    trainer = _trainer(key)
+    return [trainer.train(weights, t) for t in tasks]
+
+
+def _evaluate(weights: list[np.ndarray], key: int):
+    return _trainer(key).evaluate(weights)
 
 
 def _context() -> mp.context.BaseContext:
@@ -98,30 +119,41 @@ def _context() -> mp.context.BaseContext:
 
 
 class WorkerPool(Executor):
-    """``workers`` processes, each with its own trainer on ``cfg.device``."""
+    """``workers`` processes, each with its own trainer per setup on ``cfg.device``.
 
-    def __init__(self, cfg: SimConfig, setup: Setup, workers: int) -> None:
+    As with any multiprocessing code, a script that creates one must guard its entry point with
+    ``if __name__ == "__main__":`` (the workers import the main module)."""
+
+    def __init__(self, cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int) -> None:
         if workers < 1:
             raise InputError("workers must be >= 1")
         self.device = resolve_device(cfg.device)
         self.workers = workers
-        self._shm, layout = _share(setup)
-        fields = {f.name: getattr(setup.data, f.name) for f in dataclasses.fields(setup.data)
-                  if f.name not in _ARRAYS}
-        spec = _SharedArrays(self._shm.name, layout, fields, setup.parts, setup.model_name, cfg.seed,
-                             self.device, cfg.threads)
+        self._shms: list[shared_memory.SharedMemory] = []
         try:
+            shared = []
+            for st in ([setups] if isinstance(setups, Setup) else setups):
+                shm, info = _share(st)
+                self._shms.append(shm)
+                shared.append(info)
+            spec = _WorkerSpec(tuple(shared), cfg.seed, self.device, cfg.threads)
             self._pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker,
                                              initargs=(spec,))
         except BaseException:
             self._release()
             raise
 
-    def train(self, weights: list[np.ndarray], task: ClientTask) -> Future:
-        return self._pool.submit(_train, weights, task)
+    def train(self, weights: list[np.ndarray], task: ClientTask, key: int = 0) -> Future:
+        return self._pool.submit(_train, weights, task, key)
 
-    def evaluate(self, weights: list[np.ndarray]) -> Future:
-        return self._pool.submit(_evaluate, weights)
+    def train_all(self, weights: list[np.ndarray], tasks: list[ClientTask], key: int = 0) -> list[Future]:
+        """One chunk of consecutive tasks per worker: the weights cross once per chunk, not per client."""
+        n = min(self.workers, len(tasks))
+        bounds = [len(tasks) * k // n for k in range(n + 1)]
+        return [self._pool.submit(_train_many, weights, tasks[a:b], key) for a, b in zip(bounds, bounds[1:])]
+
+    def evaluate(self, weights: list[np.ndarray], key: int = 0) -> Future:
+        return self._pool.submit(_evaluate, weights, key)
 
     def close(self) -> None:
         try:
@@ -130,13 +162,13 @@ class WorkerPool(Executor):
             self._release()
 
     def _release(self) -> None:
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
-            self._shm = None
+        for shm in self._shms:
+            shm.close()
+            shm.unlink()
+        self._shms = []
 
 
-def make_executor(cfg: SimConfig, setup: Setup, workers: int | None = None) -> Executor:
+def make_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int | None = None) -> Executor:
     """In-process for one worker, else a :class:`WorkerPool`; ``None``: ``cfg.workers`` or the default."""
     n = workers or cfg.workers or default_workers(resolve_device(cfg.device))
-    return InProcess(cfg, setup) if n == 1 else WorkerPool(cfg, setup, n)
+    return InProcess(cfg, setups) if n == 1 else WorkerPool(cfg, setups, n)

@@ -280,8 +280,8 @@ class _Run:
     """One FedAvg run with experiment preset ``codec``: the server's and the clients' codec state and
     the shared model on the device; training and evaluation are handed to an executor."""
 
-    def __init__(self, cfg: SimConfig, codec: str, setup: Setup, device: str) -> None:
-        self.cfg, self.codec, self.setup = cfg, codec, setup
+    def __init__(self, cfg: SimConfig, codec: str, setup: Setup, device: str, key: int = 0) -> None:
+        self.cfg, self.codec, self.setup, self.key = cfg, codec, setup, key
         self.device = torch.device(device)
         self.ups, self.down = cfg.links(codec, cfg.clients, list(setup.groups))
         for link in {*self.ups, self.down}:
@@ -388,40 +388,62 @@ class _Run:
 
 
 class RunFailed(Exception):
-    """A run of a sweep raised; ``codec`` names it, ``rounds`` how many of its rounds completed."""
+    """A run of a sweep raised; ``codec`` and ``index`` name it, ``rounds`` says how many of its rounds
+    completed."""
 
-    def __init__(self, codec: str, rounds: int, cause: BaseException) -> None:
+    def __init__(self, codec: str, rounds: int, cause: BaseException, index: int = 0) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
-        self.codec, self.rounds, self.cause = codec, rounds, cause
+        self.codec, self.rounds, self.cause, self.index = codec, rounds, cause, index
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: its settings (seed included), its codec preset, and which of the
+    executor's setups (data, partition) it trains on."""
+
+    cfg: SimConfig
+    codec: str
+    setup: Setup
+    key: int = 0                # index of ``setup`` among the executor's setups
 
 
 def sweep(cfg: SimConfig, setup: Setup, codecs: Sequence[str], executor: Executor, *,
           on_start: Callable[[int, str], None] | None = None,
           on_round: Callable[[int, RoundRecord], None] | None = None,
           on_done: Callable[[int, RunResult], None] | None = None, concurrent: int = 1) -> list[RunResult]:
-    """Run experiment presets ``codecs`` (by index), up to ``concurrent`` at a time, training and
+    """Run experiment presets ``codecs`` on one setup (see :func:`sweep_runs`)."""
+    return sweep_runs([RunSpec(cfg, c, setup) for c in codecs], executor, on_start=on_start,
+                      on_round=on_round, on_done=on_done, concurrent=concurrent)
+
+
+def sweep_runs(specs: Sequence[RunSpec], executor: Executor, *,
+               on_start: Callable[[int, str], None] | None = None,
+               on_round: Callable[[int, RoundRecord], None] | None = None,
+               on_done: Callable[[int, RunResult], None] | None = None, concurrent: int = 1) -> list[RunResult]:
+    """Run ``specs`` (callbacks get their index), up to ``concurrent`` at a time, training and
     evaluating through ``executor``.  Runs start in order; each run's rounds are strictly
-    sequential and depend only on the seed, so the results do not depend on the executor or on
-    ``concurrent``.  A failing run raises :class:`RunFailed` after the others were stopped."""
+    sequential and depend only on its settings and seed, so the results do not depend on the
+    executor or on ``concurrent``.  A failing run raises :class:`RunFailed` after the others were
+    stopped."""
     device = executor.device
-    queue = list(enumerate(codecs))
+    queue = list(enumerate(specs))
     active: list[tuple[int, _Run, str, list, Any]] = []   # (index, run, stage, futures, payload)
     results: dict[int, RunResult] = {}
 
     def launch(i: int, run: _Run) -> None:
         weights = run.host_weights()
         tasks = run.tasks()
-        active.append((i, run, "train", [executor.train(weights, t) for t in tasks], tasks))
+        active.append((i, run, "train", executor.train_all(weights, tasks, run.key), tasks))
 
     def start_next() -> None:
         while queue and len(active) < concurrent:
-            i, name = queue.pop(0)
+            i, spec = queue.pop(0)
             if on_start is not None:
-                on_start(i, name)
+                on_start(i, spec.codec)
             try:
-                run = _Run(cfg, name, setup, device)
+                run = _Run(spec.cfg, spec.codec, spec.setup, device, spec.key)
             except BaseException as exc:
-                raise RunFailed(name, 0, exc) from exc
+                raise RunFailed(spec.codec, 0, exc, i) from exc
             launch(i, run)
 
     try:
@@ -435,9 +457,9 @@ def sweep(cfg: SimConfig, setup: Setup, codecs: Sequence[str], executor: Executo
                 active.remove(entry)
                 try:
                     if stage == "train":
-                        rec = run.finish_round(payload, [f.result() for f in futs])
+                        rec = run.finish_round(payload, [r for f in futs for r in f.result()])
                         if run.eval_due():
-                            active.append((i, run, "eval", [executor.evaluate(run.host_weights())], rec))
+                            active.append((i, run, "eval", [executor.evaluate(run.host_weights(), run.key)], rec))
                             continue
                         run.close_round(rec, None)
                     else:
@@ -449,7 +471,7 @@ def sweep(cfg: SimConfig, setup: Setup, codecs: Sequence[str], executor: Executo
                         launch(i, run)
                         continue
                 except BaseException as exc:
-                    raise RunFailed(run.codec, len(run.records), exc) from exc
+                    raise RunFailed(run.codec, len(run.records), exc, i) from exc
                 results[i] = run.result()
                 if on_done is not None:
                     on_done(i, results[i])
@@ -482,14 +504,20 @@ def run(cfg: SimConfig, codec: str, setup: Setup, on_round: Callable[[RoundRecor
 # ---- executors: where training and evaluation run -------------------------------------------------
 
 class Executor:
-    """Runs ``LocalTrainer.train`` / ``evaluate`` calls and returns futures."""
+    """Runs ``LocalTrainer.train`` / ``evaluate`` calls on one of its setups (by index) and returns
+    futures."""
 
     device: str
 
-    def train(self, weights: list[np.ndarray], task: ClientTask) -> Future:
+    def train(self, weights: list[np.ndarray], task: ClientTask, key: int = 0) -> Future:
         raise NotImplementedError
 
-    def evaluate(self, weights: list[np.ndarray]) -> Future:
+    def train_all(self, weights: list[np.ndarray], tasks: list[ClientTask], key: int = 0) -> list[Future]:
+        """Train a round's clients from the same weights: futures whose results (lists), concatenated
+        in order, are ``train(weights, task)`` for each task."""
+        raise NotImplementedError
+
+    def evaluate(self, weights: list[np.ndarray], key: int = 0) -> Future:
         raise NotImplementedError
 
     def wait(self, futures: list[Future]) -> None:
@@ -500,11 +528,22 @@ class Executor:
 
 
 class InProcess(Executor):
-    """Everything in this process, one call at a time (``--workers 1``)."""
+    """Everything in this process, one call at a time (``--workers 1``); one trainer per setup,
+    built when first used."""
 
-    def __init__(self, cfg: SimConfig, setup: Setup) -> None:
+    def __init__(self, cfg: SimConfig, setups: Setup | Sequence[Setup]) -> None:
         self.device = resolve_device(cfg.device)
-        self.trainer = LocalTrainer(setup.model_name, setup.data, setup.parts, cfg.seed, self.device, cfg.threads)
+        self.cfg = cfg
+        self.setups = [setups] if isinstance(setups, Setup) else list(setups)
+        self._trainers: dict[int, LocalTrainer] = {}
+
+    def trainer(self, key: int = 0) -> LocalTrainer:
+        t = self._trainers.get(key)
+        if t is None:
+            st = self.setups[key]
+            t = self._trainers[key] = LocalTrainer(st.model_name, st.data, st.parts, self.cfg.seed, self.device,
+                                                   self.cfg.threads)
+        return t
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Future:
         fut: Future = Future()
@@ -514,8 +553,11 @@ class InProcess(Executor):
             fut.set_exception(exc)
         return fut
 
-    def train(self, weights, task):
-        return self._call(self.trainer.train, weights, task)
+    def train(self, weights, task, key=0):
+        return self._call(lambda: self.trainer(key).train(weights, task))
 
-    def evaluate(self, weights):
-        return self._call(self.trainer.evaluate, weights)
+    def train_all(self, weights, tasks, key=0):
+        return [self._call(lambda: [self.trainer(key).train(weights, t) for t in tasks])]
+
+    def evaluate(self, weights, key=0):
+        return self._call(lambda: self.trainer(key).evaluate(weights))
