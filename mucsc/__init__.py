@@ -14,6 +14,7 @@ from mucsc.codec.api import (
     DEFAULT_MAX_EXPANSION,
     EncodeStats,
     MessageInfo,
+    TensorStats,
     decode,
     encode,
     encode_with_stats,
@@ -22,6 +23,7 @@ from mucsc.codec.api import (
 )
 from mucsc.codec.auth import AuthSummary, authenticate, generate_key, load_key, load_keys, public_key, sign
 from mucsc.codec.base import Codec, available_codecs, get_codec
+from mucsc.codec.policy import Policy
 from mucsc.errors import (
     AuthError,
     ChecksumError,
@@ -44,7 +46,8 @@ except PackageNotFoundError:  # running from a source tree without installation
 __all__ = [
     "DEFAULT_MAX_ELEMENTS", "DEFAULT_MAX_EXPANSION",
     "AuthError", "AuthSummary", "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError",
-    "KeyFileError", "LimitError", "MessageInfo", "MucscError", "ParameterError", "TruncatedError",
+    "KeyFileError", "LimitError", "MessageInfo", "MucscError", "ParameterError", "Policy", "TensorStats",
+    "TruncatedError",
     "UnknownCodecError", "VersionError",
     "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "generate_key",
     "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",

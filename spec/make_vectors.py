@@ -68,6 +68,13 @@ CASES = {
                           gauss(33000, 16, "float16"), dict(codec="mucsc", z=4, id_coding="rans")),
     "mucsc_bits_ecsq": ("format 1.1: bits=1.5 goal: entropy-constrained levels beyond the data, rANS IDs",
                         gauss(3000, 17), dict(codec="mucsc", bits=1.5)),
+    "policy_pooled_raw": ("format 1.1: the grouping policy (mucsc.Policy) pools small lossless tensors, "
+                          "one raw group of two int64 records, one fp16 group of an fp16-exact bias and an "
+                          "all-zero tensor, and a weight with its own codebook",
+                          {"weight": gauss(600, 15).reshape(20, 30), "bias": np.array([0.5, -1, 2], np.float32),
+                           "step": np.array(7, np.int64), "zeros": np.zeros(4, np.float32),
+                           "counts": np.array([1, 2, 3], np.int64)},
+                          dict(codec="mucsc", z=16, policy={})),
     "raw_ints": ("lossless raw codec for integer and bool tensors",
                  {"a": np.arange(-5, 5, dtype=np.int32), "mask": np.array([True, False, True])},
                  dict(codec="raw")),
@@ -95,13 +102,20 @@ def tensors_json(data):
     return [hexed("", data)]
 
 
+def policy_arg(enc):
+    """encode's ``policy`` keyword from a case's JSON ``policy`` object (the Policy's fields)."""
+    return {"policy": mucsc.Policy(**enc["policy"])} if "policy" in enc else {}
+
+
 def valid_files():
     files = {}
     for name, (desc, data, kw) in CASES.items():
         kw = dict(kw)
         enc = {"seed": kw.pop("seed", 7), "shared": kw.pop("shared", True), "compress": kw.pop("compress", "auto")}
         codec = kw.pop("codec")
-        blob = mucsc.encode(data, codec, **enc, **kw)
+        if "policy" in kw:  # only cases that use one carry the key (older vectors keep their bytes)
+            enc["policy"] = kw.pop("policy")
+        blob = mucsc.encode(data, codec, **{**enc, **policy_arg(enc)}, **kw)
         decoded = mucsc.decode(blob)
         case = {"description": desc, "codec": codec, "params": kw, **enc,
                 "container": "dict" if isinstance(data, dict) else "tensor",
@@ -150,6 +164,8 @@ def invalid_files():
                                   "LimitError", "zstd section claiming a raw size 2^40 for a few bytes"),
         "ids_out_of_range": (_ids_out_of_range(), "FormatError", "Z = 3 but an id equals 3"),
         "centroids_unsorted": (_unsorted_centroids(base, sec[1]), "FormatError", "CENT not increasing"),
+        "pooled_raw_in_1_0": (_pooled_raw_as_1_0(), "FormatError",
+                              "a raw group of two records in a message declaring minor 0 (a 1.1 feature)"),
     }
     try:
         from vector_cases_codecs import invalid_cases as codec_invalid_cases
@@ -184,6 +200,13 @@ def _ids_out_of_range():
     ids = [s for s in msg.sections if s.tag == "IDS_"][0]
     blob[ids.offset] = 0xFF  # ids 3,3,3,3
     return _crc(bytes(blob))
+
+
+def _pooled_raw_as_1_0():
+    blob = mucsc.encode({"a": np.array([1], np.int64), "b": np.array([2, 3], np.int64)}, "raw",
+                        policy=mucsc.Policy())
+    assert blob[9] == 1
+    return _crc(blob[:9] + b"\x00" + blob[10:])
 
 
 def _unsorted_centroids(base, head_off):

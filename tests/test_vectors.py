@@ -38,8 +38,9 @@ def test_valid_vector(path):
         assert got.tobytes() == exp.astype(exp.dtype.newbyteorder("=")).tobytes()
     inputs = {t["name"]: unhex(t) for t in case["input"]}
     data = inputs[""] if case["container"] == "tensor" else inputs
+    policy = {"policy": mucsc.Policy(**case["policy"])} if "policy" in case else {}
     again = mucsc.encode(data, case["codec"], seed=case["seed"], shared=case["shared"],
-                         compress=case["compress"], **case["params"])
+                         compress=case["compress"], **policy, **case["params"])
     assert again == blob, "the reference encoder is not deterministic for this vector"
 
 

@@ -19,7 +19,7 @@ import click
 
 import mucsc
 from mucsc import tensorfiles
-from mucsc.cli import report
+from mucsc.cli import defaults, report
 from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
 from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
 from mucsc.cli.lazy import LazyGroup
@@ -126,8 +126,10 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @click.option("-o", "--output", metavar="OUT", help="Output file ('-': stdout). Default: IN.mucsc, or "
               "stdout when IN is '-'.")
 @click.option("-c", "--codec", default="mucsc", show_default=True, help="Codec (see below).")
-@click.option("--shared/--per-tensor", default=True, show_default=True,
-              help="One codebook for all float tensors (the paper's flattened update) or one per tensor.")
+@click.option("--shared/--per-tensor", default=None,
+              help="--shared: all float tensors as one vector with one codebook (the paper's flattened "
+              "update). --per-tensor (default): one codebook per tensor, small and all-zero tensors "
+              "carried losslessly.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the stochastic rounding: same input, options and seed give the same bytes.")
 @click.option("--base", metavar="OLD", help="Compress the update IN - OLD (same names, shapes, dtypes); "
@@ -138,16 +140,22 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def compress(input: str, output: str | None, codec: str, shared: bool, seed: int,
-             base: str | None, compress_mode: str, force: bool, quiet: bool, as_json: bool,
+def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None, compress_mode: str, force: bool, quiet: bool, as_json: bool,
              **codec_values: Any) -> None:
     """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
 
-    Float tensors are encoded by the codec; integer and bool tensors are carried losslessly.  The size
-    report goes to stderr (or, with --json, to stdout).
+    Without --base the input is a model: by default every float tensor gets its own codebook with Z
+    chosen so that its relative error stays within 1% (--max-error ERR, a fraction or e.g. 0.5%),
+    all-zero and small tensors are carried losslessly.  With --base the input is the update IN - OLD: unbiased mucsc at Z = 16, one
+    codebook per tensor.  Integer and bool tensors are always carried losslessly.  The report goes to
+    stderr (or, with --json, to stdout).
     """
     params = chosen_params(codec, codec_values, CODEC_PARAMS)
+    if "max_error" in params:
+        params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
     codec_obj = get_codec(codec, **params)  # bad values: a usage error before any file is read
+    mode, params = defaults.choose(codec_obj, params, shared=shared, update=base is not None)
+    codec_obj = get_codec(codec, **params)
     level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
     out = output or ("-" if input == "-" else input + ".mucsc")
     if out == "-" and as_json:
@@ -182,8 +190,8 @@ def compress(input: str, output: str | None, codec: str, shared: bool, seed: int
         del loaded
         meta = {META_KEY: os.path.basename(base)} if base is not None else None
         with about(_label(input)):
-            blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=shared, compress=level,
-                                                  meta=meta, **params)
+            blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=mode.shared, compress=level,
+                                                  meta=meta, policy=mode.policy, **params)
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)
@@ -192,33 +200,37 @@ def compress(input: str, output: str | None, codec: str, shared: bool, seed: int
         progress.done()
 
     effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec" and v is not None}
+    if mode.z_per_tensor:
+        effective.pop("z", None)
+    warning = report.quality_warning(stats) if not mode.update else None
     if as_json:
-        click.echo(json.dumps(_compress_json(input, out, base, codec, effective, shared, seed, level,
-                                             stats, info, norm2, notes), indent=2))
+        click.echo(json.dumps(_compress_json(input, out, base, codec, effective, mode, seed, level,
+                                             stats, info, norm2, notes, warning), indent=2))
     elif not quiet:
         for note in notes:
             click.echo(f"mucsc: note: {note}", err=True)
         lines = report.compress_lines(input if input != "-" else "<stdin>", out if out != "-" else "<stdout>",
-                                      codec, effective, shared, stats, info, norm2, base)
+                                      codec, effective, mode, stats, info, norm2, base)
         click.echo("\n".join(lines), err=True)
+        if warning:
+            click.echo(f"mucsc: warning: {warning}", err=True)
 
 
 compress.params.extend(click_options(CODEC_PARAMS))
 
 
-def _compress_json(input, out, base, codec, params, shared, seed, level, stats, info, norm2, notes):
+def _compress_json(input, out, base, codec, params, mode, seed, level, stats, info, norm2, notes, warning):
     J = stats.J
     return {
         "input": input, "output": out, "base": base, "codec": codec, "params": params,
-        "shared": shared, "seed": seed, "compress": level,
-        "original_bytes": stats.original_bytes, "compressed_bytes": stats.message_bytes,
-        "elements": stats.elements, "ratio_original_over_compressed": stats.ratio,
-        "saved_percent": 100.0 * (1 - stats.message_bytes / stats.original_bytes) if stats.original_bytes else None,
-        "bits_per_element": stats.bits_per_element if stats.elements else None,
+        "mode": mode.name, "mode_reason": mode.reason, "shared": mode.shared and mode.policy is None,
+        "max_error": mode.max_error, "seed": seed, "compress": level,
+        **report.size_keys(stats.original_bytes, stats.message_bytes, stats.elements),
         "J": J, "squared_norm": norm2, "relative_error_expected": report.relative_error(J, norm2),
         "groups": [{"index": g.index, "codec": g.codec, "records": list(g.records), "elements": g.elements,
                     "bytes": g.bytes, "stats": gs.stats} for g, gs in zip(info.groups, stats.groups)],
-        "notes": notes,
+        "tensors": [report.tensor_entry(t) for t in stats.tensors],
+        "warning": warning, "notes": notes,
     }
 
 
@@ -327,7 +339,7 @@ def info(input: str, as_json: bool) -> None:
     with about(_label(input)):
         summary = mucsc.inspect(blob)
     if as_json:
-        click.echo(json.dumps({"file": input, **summary.to_dict()}, indent=2))
+        click.echo(json.dumps(report.info_json(input, summary), indent=2))
     else:
         click.echo("\n".join(report.info_lines(input if input != "-" else "<stdin>", summary)))
 

@@ -16,7 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 MAX_ROWS = 20  # larger tables show the first rows and one summary row
+WORST_ROWS = 5  # the per-tensor quality table lists this many tensors of largest relative error
+WARN_ERROR = 0.10  # a model with a float tensor beyond this relative error gets a warning
+RATIO_BASIS = "tensor bytes (elements x dtype size, not the input file's size) / message bytes"
 
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
             "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
 
@@ -58,9 +62,10 @@ def record_bytes(dtype: str, shape: Sequence[int]) -> int:
     return math.prod(shape) * ITEMSIZE.get(dtype, 0)
 
 
-def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], shared: bool,
+def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], mode: Any,
                    stats: Any, info: Any, norm2: float, base: str | None) -> list[str]:
-    """The human report of ``mucsc compress``: one row per group, then the totals line."""
+    """The human report of ``mucsc compress``: the mode line, one row per group, the worst tensors by
+    relative error, then the totals line."""
     rec_bytes = {r.name: record_bytes(r.dtype, r.shape) for r in info.records}
     rows = []
     for g, gs in zip(info.groups, stats.groups):
@@ -73,20 +78,78 @@ def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], share
     if len(rows) > MAX_ROWS:
         rest = rows[MAX_ROWS - 1:]
         rows = rows[: MAX_ROWS - 1] + [["...", f"{len(rest)} more groups", "", "", "", "", "", ""]]
-    out = [f"{src} -> {dst}", "  codec " + " ".join([codec] + [f"{k}={v}" for k, v in params.items()])
-           + (", one codebook for all float tensors" if shared else ", one codebook per tensor")
+    out = [f"{src} -> {dst}", f"  {mode.reason}",
+           "  codec " + " ".join([codec] + [f"{k}={v}" for k, v in params.items()])
            + (f"; update relative to {base}" if base else "")]
-    out += ["  " + s for s in table(["group", "tensors", "codec", "elements", "original B", "stored B",
+    out += ["  " + s for s in table(["group", "tensors", "codec", "elements", "tensor B", "stored B",
                                      "bits/elem", "J"], rows, [True, False, False, True, True, True, True, True])]
+    out += worst_lines(stats.tensors)
     out.append("  total: " + totals_phrase(stats.original_bytes, stats.message_bytes, stats.elements,
                                            stats.J, norm2))
     return out
 
 
+def worst_lines(tensors: Sequence[Any]) -> list[str]:
+    """The float tensors of largest measured relative error (||decoded - x|| / ||x||)."""
+    lossy = [t for t in tensors if t.dtype in FLOAT_DTYPES and (t.rel_error is None or t.rel_error > 0)]
+    if not lossy:
+        return ["  every tensor is stored exactly"] if tensors else []
+    lossy.sort(key=lambda t: (t.rel_error is not None, -(t.rel_error or 0.0), t.name))
+    rows = [[t.name or "(array)", t.codec, t.dtype, "x".join(map(str, t.shape)) or "scalar",
+             fmt_float(t.bits_per_element), error_text(t)] for t in lossy[:WORST_ROWS]]
+    title = (f"  worst tensors by relative error ||decoded - x|| / ||x|| (measured; {len(lossy)} lossy of "
+             f"{len(tensors)}):")
+    return [title] + ["    " + s for s in table(["tensor", "codec", "dtype", "shape", "bits/elem", "rel error"],
+                                                rows, [False, False, False, False, True, True])]
+
+
+def error_text(t: Any) -> str:
+    if t.rel_error is None:  # an all-zero tensor that does not decode to zeros
+        return f"inf (x = 0, ||error|| = {fmt_float(t.abs_error)})"
+    return f"{100 * t.rel_error:.3g}%"
+
+
+def quality_warning(stats: Any) -> str | None:
+    """A sentence when any float tensor of a model exceeds WARN_ERROR relative error, else None."""
+    bad = [t for t in stats.tensors if t.dtype in FLOAT_DTYPES and (t.rel_error is None or t.rel_error > WARN_ERROR)]
+    if not bad:
+        return None
+    bad.sort(key=lambda t: (t.rel_error is not None, -(t.rel_error or 0.0)))
+    worst = bad[0]
+    return (f"{len(bad)} float tensor(s) exceed {100 * WARN_ERROR:.0f}% relative error (worst: "
+            f"{worst.name or '(array)'} {error_text(worst)}); the restored model may not work "
+            "(the default without --shared/--z keeps every tensor within 1%; see --max-error)")
+
+
+def size_keys(original: int, compressed: int, elements: int) -> dict[str, Any]:
+    """The size figures of every JSON report, under the same keys in ``compress`` and ``info``."""
+    return {"original_bytes": original, "compressed_bytes": compressed, "elements": elements,
+            "ratio": original / compressed if compressed else None, "ratio_basis": RATIO_BASIS,
+            "saved_percent": 100.0 * (1 - compressed / original) if original else None,
+            "bits_per_element": 8 * compressed / elements if elements else None}
+
+
+def tensor_entry(t: Any) -> dict[str, Any]:
+    """One tensor's figures in a JSON report (``compress --json`` and ``info --json``)."""
+    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "codec": t.codec, "group": t.group,
+            "bits_per_element": t.bits_per_element, "rel_error": t.rel_error, "abs_error": t.abs_error}
+
+
+def info_json(name: str, info: Any) -> dict[str, Any]:
+    """``mucsc info --json``: the message summary plus the same size and tensor keys as compress."""
+    d = info.to_dict()
+    d.update(size_keys(info.original_bytes, info.size, info.elements))
+    per = {g.index: (g.codec, 8 * g.bytes / g.elements if g.elements else None) for g in info.groups}
+    d["tensors"] = [{"name": r.name, "dtype": r.dtype, "shape": list(r.shape), "codec": per[r.group][0],
+                     "group": r.group, "bits_per_element": per[r.group][1], "rel_error": None,
+                     "abs_error": None} for r in info.records]  # errors need the original: not in a message
+    return {"file": name, **d}
+
+
 def totals_phrase(original: int, compressed: int, elements: int, J: float | None, norm2: float | None) -> str:
-    """'5,200,008 -> 654,321 bytes, 7.95x smaller (...), 87.4% saved; 4.03 bits/element; J ...'."""
+    """'tensor bytes 5,200,008 -> 654,321 bytes, 7.95x smaller (...), 87.4% saved; 4.03 bits/element; J ...'."""
     bits = 8 * compressed / elements if elements else math.nan
-    text = (f"{nbytes(original)} -> {nbytes(compressed)} bytes, {ratio_phrase(original, compressed)}; "
+    text = (f"tensor bytes {nbytes(original)} -> {nbytes(compressed)} bytes, {ratio_phrase(original, compressed)}; "
             f"{fmt_float(bits)} bits/element")
     if J is not None:
         text += f"; J = {fmt_float(J)}"
@@ -234,6 +297,8 @@ class Progress:
 def _columns(stream: IO[str]) -> int:
     """The width of the terminal ``stream`` writes to (stdout may be a pipe while stderr is not)."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        cols = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError):
-        return shutil.get_terminal_size((80, 24)).columns
+        cols = 0
+    # some terminals (serial consoles, CI ptys) report 0 columns: use $COLUMNS or 80
+    return cols if cols > 0 else (shutil.get_terminal_size((80, 24)).columns or 80)

@@ -17,6 +17,7 @@ from mucsc.codec import format as fmt
 from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec import torch_backend
+from mucsc.codec.policy import Planned, Policy, decode_encoded
 from mucsc.codec.tensors import Tensor, from_record, on_host, require_torch, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 
@@ -43,6 +44,22 @@ class GroupStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorStats:
+    """One tensor's measured quality: its group's codec and bits per element (a shared group's bits
+    are spread evenly over its elements) and ``rel_error`` = ||decode - x|| / ||x|| (0 for lossless;
+    None when x is all zero but its decoding is not; ``abs_error`` = ||decode - x|| then says how far)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    group: int
+    bits_per_element: float | None
+    rel_error: float | None
+    abs_error: float
+
+
+@dataclasses.dataclass(frozen=True)
 class EncodeStats:
     """Totals of one encoding.  ``J`` is the exact expected squared error E||decode - x||^2 summed over
     groups whose codec reports it (None when some lossy group does not)."""
@@ -51,9 +68,11 @@ class EncodeStats:
     original_bytes: int
     elements: int
     groups: tuple[GroupStats, ...]
+    tensors: tuple[TensorStats, ...] = ()
 
     @property
     def ratio(self) -> float:
+        """Tensor bytes (the records' dtype sizes, not the input file) / message bytes."""
         return self.original_bytes / self.message_bytes
 
     @property
@@ -68,34 +87,45 @@ class EncodeStats:
     def to_dict(self) -> dict[str, Any]:
         return {"message_bytes": self.message_bytes, "original_bytes": self.original_bytes,
                 "elements": self.elements, "ratio": self.ratio, "bits_per_element": self.bits_per_element,
-                "J": self.J, "groups": [dataclasses.asdict(g) for g in self.groups]}
+                "J": self.J, "groups": [dataclasses.asdict(g) for g in self.groups],
+                "tensors": [tensor_dict(t) for t in self.tensors]}
+
+
+def tensor_dict(t: TensorStats) -> dict[str, Any]:
+    """The JSON form of one tensor's figures (the keys of ``"tensors"`` in every report)."""
+    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "codec": t.codec, "group": t.group,
+            "bits_per_element": t.bits_per_element, "rel_error": t.rel_error, "abs_error": t.abs_error}
 
 
 def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
-           compress: str | int = "auto", meta: Mapping[str, str] | None = None, key: Any = None,
-           key_id: str | None = None, context: bytes | str | None = None, **params: Any) -> bytes:
+           compress: str | int = "auto", meta: Mapping[str, str] | None = None,
+           policy: Policy | None = None, key: Any = None, key_id: str | None = None,
+           context: bytes | str | None = None, **params: Any) -> bytes:
     """Encode an array, a torch tensor or a mapping of them into one mucsc message.
 
     ``codec`` and its ``params`` (e.g. ``z=16``) apply to every float tensor; non-float tensors are
     carried losslessly.  ``shared=True`` encodes all float tensors as one vector with one codebook
     (the paper's flattened update); False gives each tensor its own.  ``compress="auto"`` stores
     compressible sections zstd-compressed when smaller ("off": fixed-width, the paper's byte counts;
-    an int: that zstd level).  The same input, parameters and seed always give the same bytes.
+    an int: that zstd level).  ``policy`` (a :class:`mucsc.Policy`) replaces ``shared`` by the
+    checkpoint-grade grouping: a codebook per tensor, lossless carriers where coding is not smaller,
+    optionally a per-tensor error target.  The same input, parameters and seed give the same bytes.
 
     ``key`` (32 secret bytes for BLAKE2b, or an Ed25519 private key) with ``key_id`` appends an
     authentication tag that also covers ``context`` (not stored; e.g. ``b"run-4/round-9/up"``): the
     receiver must give the same context.  See docs/security.md.
     """
-    return _encode(data, codec, seed, shared, compress, meta, params, _signer(key, key_id, context),
+    return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
                    want_stats=False)[0]
 
 
 def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
-                      compress: str | int = "auto", meta: Mapping[str, str] | None = None, key: Any = None,
-                      key_id: str | None = None, context: bytes | str | None = None,
-                      **params: Any) -> tuple[bytes, EncodeStats]:
-    """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio)."""
-    return _encode(data, codec, seed, shared, compress, meta, params, _signer(key, key_id, context),
+                      compress: str | int = "auto", meta: Mapping[str, str] | None = None,
+                      policy: Policy | None = None, key: Any = None, key_id: str | None = None,
+                      context: bytes | str | None = None, **params: Any) -> tuple[bytes, EncodeStats]:
+    """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio, and each tensor's
+    measured error: every lossy group is decoded once more to measure it)."""
+    return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
                    want_stats=True)
 
 
@@ -110,7 +140,7 @@ def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
     return auth.Signer(key, key_id, context)
 
 
-def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want_stats):
+def _encode(data, codec_name, seed, shared, compress, meta, params, policy, signer, want_stats):
     level = _zstd_level(compress)
     codec = get_codec(codec_name, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -118,16 +148,22 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
     container, tensors = to_tensors(data)
     if container == "dict" and not tensors:
         raise InputError("nothing to encode: the mapping is empty")
-    plan = _plan_groups(tensors, codec, shared)
-    ready: dict[int, EncodedGroup] = {}
-    if codec.needs_plan:
+    if policy is not None:
+        planned = policy.plan(tensors, codec, int(seed))
+    else:
+        planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, codec, shared)]
+    plan = [(p.codec, list(p.members)) for p in planned]
+    ready: dict[int, EncodedGroup] = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
+    if codec.needs_plan and any(c is codec for c, _ in plan):
         trailer = signer.trailer_bytes if signer is not None else 0
-        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer)
-    groups, sections, gstats = [], [], []
+        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer, ready)
+    groups, sections, gstats, errors = [], [], [], {}
     for gi, (gcodec, members) in enumerate(plan):
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
         x = _for_codec(gcodec, x)
         enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
+        if want_stats:
+            errors.update(_member_errors(gcodec, enc, x, members, tensors))
         del x
         groups.append(fmt.Group(gcodec.name, enc.params, tuple(members), gdtype))
         sections.extend((gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections)
@@ -141,9 +177,21 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, signer, want
     header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
     _check_header_limits(header)
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
-    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer, minor=minor)
+    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer,
+                             minor=max(minor, _minor_needed(header)))
+    if not want_stats:
+        return blob, None
+    gbytes = _group_bytes(blob)
+    tstats: list[TensorStats | None] = [None] * len(records)
+    for gi, g in enumerate(header.groups):
+        n = sum(records[i].size for i in g.records)
+        bits = 8 * gbytes.get(gi, 0) / n if n else None
+        for i in g.records:
+            rel, err = errors[i]
+            tstats[i] = TensorStats(records[i].name, records[i].dtype, records[i].shape, g.codec, gi, bits,
+                                    rel, err)
     stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
-                        tuple(gstats))
+                        tuple(gstats), tuple(tstats))
     return blob, stats
 
 
@@ -162,19 +210,22 @@ def _group_rng(seed: int, gi: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), gi])
 
 
-def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes=0):
+def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes=0, ready=None):
     """Let ``codec`` see its groups and the rest of the message before encoding (a byte budget over
     the whole message, ``bits=`` / ``size=``).  The other groups are encoded here (their exact size is
-    part of the budget) and returned with the plan so they are not encoded twice.  ``auth_bytes``:
-    the authentication trailer's size, also part of the message."""
+    part of the budget; ``ready`` ones were already) and returned with the plan so they are not
+    encoded twice.  ``auth_bytes``: the authentication trailer's size, also part of the message."""
     mine = [gi for gi, (c, _) in enumerate(plan) if c is codec]
-    ready: dict[int, EncodedGroup] = {}
+    ready = dict(ready or {})
     other_bytes = 0
     for gi, (gcodec, members) in enumerate(plan):
         if gi in mine:
             continue
-        x, _ = _group_vector(gcodec, [tensors[i] for i in members])
-        enc = ready[gi] = gcodec.encode_array(_for_codec(gcodec, x), _group_rng(seed, gi))
+        if gi in ready:
+            enc = ready[gi]
+        else:
+            x, _ = _group_vector(gcodec, [tensors[i] for i in members])
+            enc = ready[gi] = gcodec.encode_array(_for_codec(gcodec, x), _group_rng(seed, gi))
         other_bytes += sum(fmt.section_bytes(s.tobytes(), s.compressible, level) for s in enc.sections)
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     dtypes = [_group_dtype(c, [tensors[i] for i in m]) for c, m in plan]
@@ -210,6 +261,53 @@ def _group_dtype(codec: Codec, members: list[Tensor]) -> str:
     return "float64" if any(t.dtype == "float64" for t in members) else "float32"
 
 
+def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: tuple[int, ...],
+                   tensors: list[Tensor]) -> dict[int, tuple[float | None, float]]:
+    """Per record of a group: (||decode - x|| / ||x||, ||decode - x||), measured by decoding the group
+    from its sections as the receiver will (lossless groups: exactly 0)."""
+    if codec.lossless:
+        return {i: (0.0, 0.0) for i in members}
+    x = _host(x)  # a group encoded on a device is measured on the host
+    y = decode_encoded(codec, enc, x.size, x.dtype)
+    out, offset = {}, 0
+    for i in members:
+        n = tensors[i].array.size
+        xs, ys = x[offset: offset + n], y[offset: offset + n]
+        offset += n
+        norm, err = _norms(xs, ys)
+        out[i] = ((0.0 if err == 0 else None) if norm == 0 else err / norm, err)
+    return out
+
+
+def _norms(x: np.ndarray, y: np.ndarray, chunk: int = 1 << 20) -> tuple[float, float]:
+    """(||x||, ||y - x||) in float64, a chunk at a time (no full-size float64 temporaries)."""
+    nx = ne = 0.0
+    for a in range(0, x.size, chunk):
+        xc = x[a: a + chunk].astype(np.float64)
+        d = y[a: a + chunk] - xc
+        nx += float(np.dot(xc, xc))
+        ne += float(np.dot(d, d))
+    return math.sqrt(nx), math.sqrt(ne)
+
+
+def _minor_needed(header: fmt.Header) -> int:
+    """The oldest minor version that can represent ``header`` (FORMAT.md: writers emit the oldest):
+    1.1 for a lossless group holding several records, else 1.0."""
+    for g in header.groups:
+        if len(g.records) > 1 and codec_class(g.codec).lossless:
+            return 1
+    return 0
+
+
+def _group_bytes(blob: bytes) -> dict[int, int]:
+    """Bytes each group takes in the message: its sections' headers, payloads and padding."""
+    out: dict[int, int] = {}
+    for s in fmt.read_message(blob).sections:
+        if s.group != fmt.MESSAGE_GROUP:
+            out[s.group] = out.get(s.group, 0) + fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes)
+    return out
+
+
 def _zstd_level(compress: str | int) -> int | None:
     if compress == "auto":
         return DEFAULT_ZSTD_LEVEL
@@ -234,9 +332,11 @@ def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tupl
 
 def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]:
     """The flat vector a codec encodes, and the dtype it works in (checked finite for lossy codecs)."""
-    if codec.lossless:
-        (t,) = members
-        return np.ascontiguousarray(on_host(t).array).reshape(-1), t.dtype
+    if codec.lossless:  # one record, or (format 1.1) several of one dtype
+        if len({t.dtype for t in members}) != 1:
+            raise ValueError("a lossless group holds records of one dtype")
+        parts = [np.ascontiguousarray(on_host(t).array).reshape(-1) for t in members]
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)), members[0].dtype
     gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
     if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
@@ -360,8 +460,10 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = Non
         raise FormatError(f"group {gi} uses codec {group.codec!r}, which this decoder does not know") from None
     n = sum(msg.header.records[i].size for i in group.records)
     if cls.lossless:
-        if len(group.records) != 1 or msg.header.records[group.records[0]].dtype != group.dtype:
-            raise FormatError(f"group {gi}: a lossless group holds one record of its own dtype")
+        if not group.records or any(msg.header.records[i].dtype != group.dtype for i in group.records):
+            raise FormatError(f"group {gi}: a lossless group holds records of its own dtype")
+        if len(group.records) > 1 and msg.minor < 1:
+            raise FormatError(f"group {gi}: a lossless group of several records needs format 1.1")
         dtype = np.dtype("<u2") if group.dtype == "bfloat16" else np.dtype(group.dtype).newbyteorder("<")
     else:
         if group.dtype not in ("float32", "float64"):

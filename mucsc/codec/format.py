@@ -265,6 +265,9 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
                   minor: int = 0) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
 
+    ``minor``: the version to declare, the oldest that can represent the message (a message using
+    no 1.1 feature is written as 1.0, byte-identical to what a 1.0 writer produces).
+
     A compressible payload is stored zstd-compressed when that is strictly smaller (``zstd_level``
     None: never).  The HEAD section is written first.  ``minor``: the format minor version the
     sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
@@ -274,6 +277,8 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         raise ValueError(f"format minor version {minor} is not in 0..{MINOR}")
     if flags:
         raise ValueError("flags are set by the writer, not by its caller")
+    if not 0 <= minor <= MINOR:
+        raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
     cctx = _compressor(zstd_level) if zstd_level is not None else None
     parts: list[bytes | memoryview] = []
     count = 0

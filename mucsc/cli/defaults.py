@@ -1,0 +1,89 @@
+"""Which default ``mucsc compress`` takes, and why: model mode, update mode, or the paper's --shared.
+
+A file without ``--base`` is a model: the default keeps it usable (every float tensor within 1%
+relative error, Z chosen per tensor, small and all-zero tensors carried losslessly).  With ``--base``
+the input is an update, and the default stays the paper's update codec (unbiased mucsc at the codec's
+Z = 16), with one codebook per tensor and exact small tensors.  ``--shared`` is the paper's flattened
+update with one codebook for everything, as an explicit choice.  The grouping itself is
+:class:`mucsc.Policy`; this module only picks its parameters from the options and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import click
+
+import mucsc
+
+MODEL_MAX_ERROR = 0.01  # the default per-tensor target for a model: ||decoded - x|| / ||x|| <= 1%
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """The chosen default: ``name`` (model/update/shared), the one-line ``reason`` the report prints,
+    and what to pass to :func:`mucsc.encode_with_stats` (``shared``, ``policy``)."""
+
+    name: str
+    reason: str
+    shared: bool
+    policy: mucsc.Policy | None
+    max_error: float | None
+    z_per_tensor: bool
+    update: bool
+
+
+def parse_error(text: str | float) -> float:
+    """'0.5%' -> 0.005, '0.01' -> 0.01; a usage error unless it is in (0, 1)."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number (e.g. 0.01 or 1%)", param_hint="--max-error") from None
+    if not (math.isfinite(v) and 0 < v < 1):
+        raise click.BadParameter(f"{text!r} must be above 0 and below 100%", param_hint="--max-error")
+    return v
+
+
+def percent(v: float) -> str:
+    return f"{100 * v:.3g}%"
+
+
+TARGETS = ("z", "bits", "size", "max_error")  # codec parameters that choose the number of centroids
+
+
+def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
+           update: bool) -> tuple[Mode, dict[str, Any]]:
+    """The mode for these options, and the codec parameters to encode with (a per-tensor
+    ``max_error`` moves from the codec to the policy, which applies it tensor by tensor)."""
+    fields = {f.name for f in dataclasses.fields(codec.params)}
+    book = "codebook" if "z" in fields else "group"
+    given = [t for t in TARGETS if t in params]
+    if shared:
+        what = f"; {given[0]} = {params[given[0]]} for the whole vector" if given else ""
+        return Mode("shared", f"--shared: all float tensors as one vector, one {book} (the paper's "
+                    f"flattened update){what}", True, None, params.get("max_error"), False, update), params
+    params = dict(params)
+    err = params.pop("max_error", None)
+    defaulted = not update and err is None and not given and "max_error" in fields
+    if defaulted:
+        err = MODEL_MAX_ERROR
+    if err is not None:
+        target = f"Z per tensor for <= {percent(err)} relative error" + (" (--max-error to change)" if defaulted else "")
+    elif "bits" in params or "size" in params:
+        key = "bits" if "bits" in params else "size"
+        target = f"--{key} {params[key]}: one budget for the message, split across the tensors"
+    elif "z" in fields:
+        target = f"Z = {getattr(codec.params, 'fixed_z', None) or params.get('z')}"
+    else:
+        target = "no error target (the codec has no --max-error)"
+    policy = mucsc.Policy(max_error=err, lossy_fp16=not update)
+    if update:
+        reason = (f"update mode (--base given): {codec.name}, {target}, one {book} per tensor; small and "
+                  "all-zero tensors carried exactly")
+    else:
+        reason = (f"model mode (no --base): {codec.name}, one {book} per tensor, {target}; small and all-zero "
+                  "tensors carried losslessly (--shared: the paper's flattened update)")
+    return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), params

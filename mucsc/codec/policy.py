@@ -1,0 +1,222 @@
+"""Grouping policy: which tensors share a codebook, which get their own, which are carried losslessly.
+
+The paper compresses a model *update* as one flattened vector with one codebook (``shared=True`` in
+:func:`mucsc.encode`).  Applied to a whole checkpoint that destroys small tensors (a bias next to a
+large weight matrix gets the matrix's codebook spacing) and turns all-zero tensors into noise.  The
+:class:`Policy` here is the checkpoint-grade alternative:
+
+1. every float tensor large enough to gain from coding gets its own codebook (its own group);
+   with a ``max_error`` target, the codec's own error-targeting mode picks each tensor's Z (mucsc:
+   the cheapest Z meeting the bound, mucsc.codec.allocate) and the policy checks the *measured*
+   error ||decode - x|| / ||x|| of the result (:func:`encode_within`); a message-wide budget
+   (mucsc's ``bits=`` / ``size=``) is split across the coded tensors by the API;
+2. a float tensor is carried losslessly whenever coding it would not be smaller: as fp16 when fp16
+   holds it exactly (and is smaller), else raw; all-zero tensors are always carried exactly;
+3. lossless tensors are pooled: all fp16-carried tensors in one fp16 group, small raw tensors in one
+   raw group per dtype (format 1.1), so a one-element int tensor does not cost a group of its own.
+
+Determinism: trial encodings draw from ``np.random.default_rng([seed, record index, attempt])``, so the
+same input, codec, policy and seed give the same message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.base import Codec, EncodedGroup, get_codec
+from mucsc.codec.format import ITEMSIZE
+from mucsc.codec.tensors import Tensor, on_host
+from mucsc.errors import InputError, ParameterError
+
+# What one more group costs beyond its payload bytes: its HEAD entry ({"codec":..,"dtype":..,
+# "params":{..},"records":[..]}, 60-150 bytes of JSON) and one 32-byte section header per section.
+GROUP_OVERHEAD = 96
+POOL_MAX_BYTES = 64 << 10  # raw tensors up to this size share one raw group per dtype
+RETRIES = 3  # encodings per tensor at most when the measured error overshoots the expected one
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One group of the plan: the codec, the record indices (in order), and, when the policy already
+    encoded it while choosing, the encoding to use as it is."""
+
+    codec: Codec
+    members: tuple[int, ...]
+    encoded: EncodedGroup | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Per-tensor groups with lossless fallback (see the module docstring).
+
+    ``max_error``: the relative error ||decode - x|| / ||x|| every coded float tensor must meet
+    (a fraction: 0.01 is 1%); needs a codec with a ``max_error`` parameter (mucsc), which then
+    chooses Z per tensor.  None keeps the codec's parameters as given (e.g. an update at Z = 16).
+    ``lossy_fp16``: allow fp16 as the carrier of a tensor it does not hold exactly when that meets
+    ``max_error`` and is smaller (a checkpoint may take fp16 rounding; an unbiased update may not).
+    """
+
+    max_error: float | None = None
+    lossy_fp16: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_error is not None:
+            if isinstance(self.max_error, bool) or not isinstance(self.max_error, (int, float)) \
+                    or not math.isfinite(self.max_error) or not 0 < self.max_error < 1:
+                raise ParameterError(f"max_error must be a fraction in (0, 1), e.g. 0.01 for 1%, "
+                                     f"got {self.max_error!r}")
+
+    def plan(self, tensors: Sequence[Tensor], codec: Codec, seed: int) -> list[Planned]:
+        """The groups for ``tensors`` (record order of their first member)."""
+        if self.max_error is not None and not has_param(codec, "max_error"):
+            raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
+                                 f"codec {codec.name!r} has no max_error parameter")
+        raw, fp16 = get_codec("raw"), get_codec("fp16")
+        fp16_pool: list[int] = []
+        raw_pools: dict[str, list[int]] = {}
+        plan: list[Planned] = []
+        for i, t in enumerate(tensors):
+            if not t.is_float or codec.lossless:
+                self._carry_raw(i, t, raw, raw_pools, plan)
+                continue
+            x = flat_float(t)
+            choice = self._choose(i, t, x, codec, fp16, seed)
+            if choice == "fp16":
+                fp16_pool.append(i)
+            elif choice == "raw":
+                self._carry_raw(i, t, raw, raw_pools, plan)
+            else:
+                plan.append(choice)
+        if fp16_pool:
+            plan.append(Planned(fp16, tuple(fp16_pool)))
+        plan += [Planned(raw, tuple(m)) for m in raw_pools.values()]
+        plan.sort(key=lambda p: p.members[0])  # groups in record order: deterministic and easy to read
+        return plan
+
+    @staticmethod
+    def _carry_raw(i: int, t: Tensor, raw: Codec, pools: dict[str, list[int]], plan: list[Planned]) -> None:
+        if math.prod(t.array.shape) * ITEMSIZE[t.dtype] <= POOL_MAX_BYTES:
+            pools.setdefault(t.dtype, []).append(i)
+        else:
+            plan.append(Planned(raw, (i,)))
+
+    def _choose(self, i: int, t: Tensor, x: np.ndarray, codec: Codec, fp16: Codec, seed: int) -> Any:
+        """"raw", "fp16" or a :class:`Planned` coded group for float tensor ``t`` (values ``x``)."""
+        n = x.size
+        raw_bytes = x.size * ITEMSIZE[t.dtype]
+        exact16 = t.dtype in ("float32", "float64") and fp16_exact(x)
+        lossless_bytes = min(raw_bytes, 2 * n) if exact16 else raw_bytes
+        lossless = "fp16" if exact16 and 2 * n < raw_bytes else "raw"
+        norm = float(np.sqrt(np.dot(x, x))) if n else 0.0
+        # all-zero tensors exactly; and no coding can beat a carrier no bigger than a group's overhead
+        if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8:
+            return lossless
+        rng_for = _rng_for(seed, i)
+        if self.max_error is None and codec.needs_plan:
+            # a message-wide budget (bits=, size=): the API splits it across the coded groups
+            return Planned(codec, (i,))
+        if self.max_error is None:
+            enc = codec.encode_array(x, rng_for(0))
+            coded: Planned | None = Planned(codec, (i,), enc)
+        else:
+            found = encode_within(x, codec, self.max_error, rng_for)
+            coded = None if found is None else Planned(found[0], (i,), found[1])
+        coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
+        if self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < min(coded_bytes, raw_bytes) \
+                and t.dtype in ("float32", "float64") and relative_error(x, fp16_round_trip(x), norm) <= self.max_error:
+            return "fp16"
+        if lossless_bytes <= coded_bytes:
+            return lossless
+        return coded
+
+
+def encode_within(x: np.ndarray, codec: Codec, max_error: float,
+                  rng_for: Callable[[int], np.random.Generator]) -> tuple[Codec, EncodedGroup] | None:
+    """``x`` encoded by ``codec`` in its own error-targeting mode (its ``max_error`` parameter: for
+    mucsc, the cheapest Z of its ladder whose expected error sqrt(J) / ||x|| meets the bound, chosen by
+    mucsc.codec.allocate), with the *measured* error of that very encoding checked too: when chance
+    puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
+    is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
+    bound is out of the codec's reach."""
+    norm = float(np.sqrt(np.dot(x, x)))
+    bound = max_error
+    for attempt in range(RETRIES):
+        c = with_max_error(codec, bound)
+        try:
+            enc = c.encode_array(x, rng_for(attempt))
+        except ParameterError:  # the codec's largest Z misses the bound
+            return None
+        rel = relative_error(x, decode_encoded(c, enc, x.size, x.dtype), norm)
+        if rel <= max_error:
+            return c, enc
+        bound *= 0.97 * max_error / rel
+    return None
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+def flat_float(t: Tensor) -> np.ndarray:
+    """A float tensor's values as a flat float32/float64 vector, checked finite."""
+    x = np.ascontiguousarray(on_host(t).as_float()).reshape(-1)
+    if x.dtype == np.float16:
+        x = x.astype(np.float32)
+    if x.size and not (np.isfinite(x.min()) and np.isfinite(x.max())):
+        raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
+    return x
+
+
+def fp16_round_trip(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(x.dtype)
+
+
+def fp16_exact(x: np.ndarray) -> bool:
+    """Whether every value survives float16 exactly (-0.0 included: its sign bit is kept)."""
+    return bool(np.array_equal(fp16_round_trip(x).view(_uint(x)), x.view(_uint(x))))
+
+
+def _uint(x: np.ndarray) -> type:
+    return np.uint64 if x.dtype == np.float64 else np.uint32
+
+
+def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None) -> float:
+    """||y - x|| / ||x|| (0 when both are zero, inf when only x is)."""
+    if norm is None:
+        norm = float(np.sqrt(np.dot(x, x)))
+    d = np.asarray(y, np.float64) - x
+    err = float(np.sqrt(np.dot(d, d)))
+    if norm == 0:
+        return 0.0 if err == 0 else math.inf
+    return err / norm
+
+
+def payload_bytes(enc: EncodedGroup) -> int:
+    """Bytes of an encoding's sections, uncompressed (the container may zstd some: an upper bound)."""
+    return sum(len(memoryview(s.tobytes()).cast("B")) for s in enc.sections)
+
+
+def decode_encoded(codec: Codec, enc: EncodedGroup, n: int, dtype: np.dtype) -> np.ndarray:
+    """Decode an encoding straight from its sections (no container), as the receiver would."""
+    sections = {s.tag: memoryview(s.tobytes()).cast("B") for s in enc.sections}
+    return type(codec).decode_array(n, enc.params, sections, np.dtype(dtype))
+
+
+def with_max_error(codec: Codec, bound: float) -> Codec:
+    """The same codec in its error-targeting mode: ``max_error`` set, the other size-choosing
+    parameters (z, bits, size: only one may be given) cleared."""
+    params = dataclasses.asdict(codec.params)
+    params.update({k: None for k in ("z", "bits", "size") if k in params}, max_error=bound)
+    return type(codec)(**params)
+
+
+def has_param(codec: Codec, name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(codec.params))
+
+
+def _rng_for(seed: int, index: int) -> Callable[[int], np.random.Generator]:
+    return lambda attempt: np.random.default_rng([int(seed), index, attempt])
