@@ -76,7 +76,8 @@ def to_click_error(exc: BaseException) -> click.ClickException | None:
 def _kind(exc: MucscError) -> str:
     # the class name tells a truncated file from a corrupted one; the message says where
     names = {"TruncatedError": "truncated: ", "ChecksumError": "corrupt: ", "VersionError": "",
-             "LimitError": "over a limit: ", "FormatError": "not a valid mucsc message: "}
+             "LimitError": "over a limit: ", "FormatError": "not a valid mucsc message: ",
+             "AuthError": "authentication failed: "}
     return names.get(type(exc).__name__, "")
 
 

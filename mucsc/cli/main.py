@@ -20,6 +20,9 @@ import click
 import mucsc
 from mucsc import tensorfiles
 from mucsc.cli import defaults, report
+from mucsc.cli.auth_options import (
+    signing_kwargs, signing_options, unverified_note, verifying_kwargs, verifying_options,
+)
 from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
 from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
 from mucsc.cli.lazy import LazyGroup
@@ -116,7 +119,8 @@ def main() -> None:
 # ---- compress ------------------------------------------------------------------------------------
 
 _RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
-             "compress", "help", "version", "format", "max-elements", "max-expansion"}
+             "compress", "help", "version", "format", "max-elements", "max-expansion", "key-file", "key-id",
+             "keys", "context"}
 CODEC_PARAMS = codec_params(_RESERVED)
 
 
@@ -138,10 +142,12 @@ CODEC_PARAMS = codec_params(_RESERVED)
               help="auto: zstd-compress sections when smaller; off: fixed-width (the paper's byte "
               "counts); 1..22: that zstd level.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
+@signing_options
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None, compress_mode: str, force: bool, quiet: bool, as_json: bool,
-             **codec_values: Any) -> None:
+def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None,
+             compress_mode: str, force: bool, key_file: str | None, key_id: str | None, context: str | None,
+             quiet: bool, as_json: bool, **codec_values: Any) -> None:
     """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
 
     Without --base the input is a model: by default every float tensor gets its own codebook with Z
@@ -167,6 +173,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     if base is not None:
         _check_input(base, allow_stdin=input != "-")
     _check_output(out, force, inputs=[input, base])
+    signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
     new_size, old_size = _size(input), _size(base)
     progress = report.Progress(not quiet and _is_terminal(sys.stderr)
@@ -191,7 +198,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         meta = {META_KEY: os.path.basename(base)} if base is not None else None
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=mode.shared, compress=level,
-                                                  meta=meta, policy=mode.policy, **params)
+                                                  meta=meta, policy=mode.policy, **signing, **params)
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)
@@ -245,11 +252,18 @@ def _compress_json(input, out, base, codec, params, mode, seed, level, stats, in
               help="Output format, overriding the suffix (default for stdout: safetensors).")
 @click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only).")
 @limit_options
+@verifying_options
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
-               max_elements: int | None, max_expansion: float | None, force: bool, quiet: bool) -> None:
-    """Decode a .mucsc message into a tensor file (dtypes and shapes restored)."""
+               max_elements: int | None, max_expansion: float | None, key_file: str | None,
+               keys_dir: str | None, key_id: str | None, context: str | None, force: bool,
+               quiet: bool) -> None:
+    """Decode a .mucsc message into a tensor file (dtypes and shapes restored).
+
+    With --key-file or --keys the message must carry a valid authentication tag (checked before
+    anything is decoded); without, an authenticated message is decoded unverified, with a note.
+    """
     out = output or _default_decompressed_name(input)
     fmt = OUT_FORMATS[out_format] if out_format else ("safetensors" if out == "-" else _format_of(out))
     _check_input(input)
@@ -258,10 +272,11 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
             _format_of(base)
         _check_input(base, allow_stdin=input != "-")
     _check_output(out, force, inputs=[input, base])
+    verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
 
     blob = _read_bytes(input)
     with about(_label(input)):
-        info = mucsc.inspect(blob)
+        info = mucsc.inspect(blob, **verifying)  # verifies first when keys are given
         if fmt == "npy" and len(info.records) != 1:
             raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
                                "tensors (write .npz, .safetensors or .pt)")
@@ -269,6 +284,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
         if as_torch:
             tensorfiles.require_torch()  # a clear "needs torch" before any decoding
+        # the same immutable bytes inspect() verified: no second tag check needed
         decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
                                max_expansion=max_expansion)
     del blob
@@ -276,7 +292,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     # every record's recorded shape (a view, no copy; a safety net for 0-d tensors)
     shapes = {r.name or tensorfiles.BARE_NAME: tuple(r.shape) for r in info.records}
     tensors = {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
-    notes = []
+    notes = [n for n in [unverified_note(info)] if n]
     if base is not None:
         old = _load(base)
         notes += old.notes
@@ -331,13 +347,17 @@ def _without_bfloat16(tensors: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 @main.command(short_help="List tensors, codecs, sections and sizes of a message.", epilog=EXIT_CODES)
 @click.argument("input", metavar="IN.mucsc")
+@verifying_options
 @click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
-def info(input: str, as_json: bool) -> None:
-    """List a message's tensors, groups (codec and parameters), sections and sizes."""
+def info(input: str, key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None,
+         as_json: bool) -> None:
+    """List a message's tensors, groups (codec and parameters), sections and sizes, and its
+    authentication tag (algorithm and key id; verified with --key-file or --keys)."""
     _check_input(input)
+    verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
     blob = _read_bytes(input)
     with about(_label(input)):
-        summary = mucsc.inspect(blob)
+        summary = mucsc.inspect(blob, **verifying)
     if as_json:
         click.echo(json.dumps(report.info_json(input, summary), indent=2))
     else:
@@ -347,21 +367,28 @@ def info(input: str, as_json: bool) -> None:
 @main.command("test", short_help="Verify messages (checksum, every tensor decodes).", epilog=EXIT_CODES)
 @click.argument("inputs", metavar="IN.mucsc...", nargs=-1, required=True)
 @limit_options
+@verifying_options
 @click.option("-q", "--quiet", is_flag=True, help="Print only failures.")
 @click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
-def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: float | None, quiet: bool,
-             as_json: bool) -> None:
-    """Check messages like gzip -t: the checksum holds and every tensor decodes (exit 0), else exit 1."""
+def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: float | None,
+             key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None,
+             quiet: bool, as_json: bool) -> None:
+    """Check messages like gzip -t: the checksum holds and every tensor decodes (exit 0), else exit 1.
+
+    With --key-file or --keys every message must also carry a valid authentication tag.
+    """
+    verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
     results = []
     for path in inputs:
         try:
             _check_input(path)
             blob = _read_bytes(path)
             with about(_label(path)):
-                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion)
+                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, **verifying)
             results.append({"file": path, "ok": True, "error": None})
             if not (quiet or as_json):
-                click.echo(f"{_label(path)}: OK")
+                how = f" (authenticated: key id {_key_id(blob)!r})" if verifying else ""
+                click.echo(f"{_label(path)}: OK{how}")
         except Exception as exc:  # noqa: BLE001 - mapped to one line, or re-raised when not ours
             err = exc if isinstance(exc, click.ClickException) else to_click_error(exc)
             if err is None:
@@ -376,6 +403,12 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
 
 
 # ---- shared helpers ------------------------------------------------------------------------------
+
+def _key_id(blob: bytes) -> str | None:
+    """The key id of a message already verified (read from its trailer; nothing is decoded)."""
+    auth = mucsc.inspect(blob).auth
+    return auth.key_id if auth else None
+
 
 def _check_input(path: str, allow_stdin: bool = True) -> None:
     """Refuse a terminal as binary input and a second use of stdin (a usage error)."""

@@ -86,6 +86,8 @@ def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], mode:
     out += worst_lines(stats.tensors)
     out.append("  total: " + totals_phrase(stats.original_bytes, stats.message_bytes, stats.elements,
                                            stats.J, norm2))
+    if info.auth is not None:
+        out.append("  " + auth_phrase(info.auth).replace(", not verified (no keys given)", ""))
     return out
 
 
@@ -146,6 +148,13 @@ def info_json(name: str, info: Any) -> dict[str, Any]:
     return {"file": name, **d}
 
 
+def auth_phrase(a: Any) -> str:
+    """'authenticated: blake2b-256, key id 'client-17', 45 B trailer (32 B tag), verified'."""
+    state = "verified" if a.verified else "not verified (no keys given)"
+    return (f"authenticated: {a.algorithm}, key id {a.key_id!r}, {a.trailer_bytes} B trailer "
+            f"({a.tag_bytes} B tag), {state}")
+
+
 def totals_phrase(original: int, compressed: int, elements: int, J: float | None, norm2: float | None) -> str:
     """'tensor bytes 5,200,008 -> 654,321 bytes, 7.95x smaller (...), 87.4% saved; 4.03 bits/element; J ...'."""
     bits = 8 * compressed / elements if elements else math.nan
@@ -175,6 +184,8 @@ def info_lines(name: str, info: Any) -> list[str]:
            "  " + totals_phrase(info.original_bytes, info.size, info.elements, None, None)]
     if info.meta:
         out.append("  meta: " + ", ".join(f"{k}={v}" for k, v in sorted(info.meta.items())))
+    if info.auth is not None:
+        out.append("  " + auth_phrase(info.auth))
     out.append("records:")
     out += ["  " + s for s in table(["name", "dtype", "shape", "group"],
                                     [[r.name or "(array)", r.dtype, "x".join(map(str, r.shape)) or "scalar",

@@ -186,6 +186,9 @@ def machine_info() -> dict[str, object]:
 @click.option("--up-mbps", type=float, help="Mean uplink speed, Mb/s [1.4].")
 @click.option("--down-mbps", type=float, help="Mean downlink speed, Mb/s [1.4].")
 @click.option("--speed-sd", type=float, help="Speed standard deviation / mean [0.1].")
+@click.option("--auth", type=click.Choice(["off", "blake2b", "ed25519"]),
+              help="Tag every message (a key per client and for the server; the context binds run, "
+              "round and direction) and verify it before decoding [off].")
 @click.option("--seed", type=int, help="Seed of everything [0].")
 @click.option("--seeds", callback=_csv(int), help="Several seeds, e.g. 0,1,2: every codec runs with each "
               "(independent runs, in parallel with --workers); results per seed in DIR/seed<S>/.")

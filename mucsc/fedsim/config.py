@@ -92,6 +92,7 @@ class SimConfig:
     threads: int = 1                   # torch threads per process (main and each worker)
     device: str = "auto"               # "auto" (cuda when available), "cpu", "cuda"
     workers: int | None = None         # processes training clients / runs; None: cores (1 on cuda)
+    auth: str = "off"                  # authenticate every message: "off", "blake2b" or "ed25519"
 
     def __post_init__(self) -> None:
         _check(self.dataset in DATASET_DEFAULTS, f"unknown data set {self.dataset!r}; "
@@ -123,6 +124,7 @@ class SimConfig:
         _check(self.compress in ("auto", "off"), "compress must be 'auto' or 'off'")
         _check(self.downlink in ("all", "participants"), "downlink must be 'all' or 'participants'")
         _check(self.threads >= 1 and self.seed >= 0, "threads must be >= 1 and seed >= 0")
+        _check(self.auth in ("off", "blake2b", "ed25519"), "auth must be 'off', 'blake2b' or 'ed25519'")
         for p in self.params:
             _check(len(p) == 4 and p[1] in ("up", "down", "both"), f"bad codec parameter {p!r}")
 

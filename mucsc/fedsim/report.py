@@ -160,6 +160,9 @@ def summarize(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> dict[st
         "final_acc": accs[-1] if accs else math.nan, "best_acc": max(accs) if accs else math.nan,
         "ratio": f32 / (up + down) if n else math.nan, "rate_measured": measured, "rate_paper": formula,
         "mean_up_bytes": mean_up, "mean_down_bytes": mean_down, "d": result.d,
+        "auth_MB": sum(r.auth_up_bytes + r.auth_down_msg_bytes * r.down_recipients for r in recs) / MB,
+        "auth_bytes_per_msg": recs[-1].auth_down_msg_bytes if n else 0,
+        "auth_up_bytes_per_msg": sum(r.auth_up_bytes for r in recs) / n_up if n_up else 0.0,
     }
 
 
@@ -214,6 +217,13 @@ def legend(rows: list[dict[str, Any]], cfg: SimConfig) -> list[str]:
         "download per client but its denominator only K/N of the uploads, so rate > ratio and NC itself "
         "scores 2 / (1 + K/N). paper rate = the paper's formula for the same d, Z and K/N (MUCSC, B-MUCSC).",
     ]
+    if cfg.auth != "off":
+        tag = {"blake2b": 32, "ed25519": 64}[cfg.auth]
+        text.append(f"authentication ({cfg.auth}, {tag} B tag + 4 B header + key id per message; included "
+                    "in traffic): " + "; ".join(
+                        f"{r['codec']} +{r['auth_up_bytes_per_msg']:.0f} B/uplink msg, "
+                        f"+{r['auth_bytes_per_msg']} B/downlink msg, {r['auth_MB']:.4f} MB = "
+                        f"{100 * r['auth_MB'] / r['traffic_MB']:.3f} % of its traffic" for r in rows) + ".")
     nc = next((r for r in rows if r["codec"] == "none"), None)
     for r in rows:
         if nc is None or r is nc or r["pct_nc_traffic"] is None or r["pct_nc_traffic"] <= 100:

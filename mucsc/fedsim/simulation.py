@@ -32,7 +32,7 @@ from mucsc.fedsim import network, partition
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, num_params
-from mucsc.fedsim.transport import Sender, check_codec, receive
+from mucsc.fedsim.transport import Authenticator, Sender, check_codec, receive, seal
 
 # Independent random streams, so that e.g. a codec's randomness never shifts the batches.
 _S_PARTITION, _S_GROUPS, _S_SELECT, _S_BATCH, _S_NET, _S_UP, _S_DOWN = range(7)
@@ -122,6 +122,8 @@ class RoundRecord:
     comp_s: float                  # critical path: max_i(train_i + enc_i) + server dec/enc + client dec
     accuracy: float | None = None
     loss: float | None = None
+    auth_up_bytes: int = 0         # bytes the authentication trailers add to this round's uplink
+    auth_down_msg_bytes: int = 0   # ... and to the downlink message (0 without --auth)
 
     @property
     def bytes_up(self) -> int:
@@ -301,6 +303,7 @@ class _Run:
         self.rnd = 0
         self.selected = select_clients(cfg, 0, self.weights)
         self.done = False
+        self.auth = Authenticator(cfg.auth, cfg.seed, f"{codec}-seed{cfg.seed}") if cfg.auth != "off" else None
 
     def host_weights(self) -> list[np.ndarray]:
         """The global model as the clients receive it: host float32 arrays (copies)."""
@@ -313,25 +316,29 @@ class _Run:
         """Clients encode their updates; the server decodes, aggregates (eq. 4 / 11), encodes D; every
         client decodes D~ and applies w <- w - D~ (eq. 12).  Returns the round's record (not yet evaluated)."""
         cfg, rnd, selected = self.cfg, self.rnd, self.selected
-        updates, up_bytes, per_client_time = [], [], []
+        updates, up_bytes, per_client_time, auth_up = [], [], [], 0
         train_s = enc_s = server_dec = 0.0
         for task, (update, t_train) in zip(tasks, trained):
             sender = self.senders.get(task.client)
             if sender is None:
                 sender = self.senders[task.client] = Sender(self.ups[task.client])
             msg = encode_update(sender, update, task, codec_seed(cfg.seed, _S_UP, rnd, task.slot), t_train)
-            decoded, t_dec = receive(msg.blob)
+            sent = seal(self.auth, msg.blob, f"client-{task.client}", rnd, "up")  # --auth: verified first
+            decoded, t_dec = receive(sent.blob, **sent.check)
             updates.append(decoded)
-            up_bytes.append(len(msg.blob))
-            per_client_time.append(msg.train_s + msg.encode_s)
-            train_s += msg.train_s; enc_s += msg.encode_s; server_dec += t_dec
+            up_bytes.append(len(sent.blob))
+            per_client_time.append(msg.train_s + msg.encode_s + sent.seconds)
+            train_s += msg.train_s; enc_s += msg.encode_s + sent.seconds; server_dec += t_dec
+            auth_up += sent.added_bytes
         if cfg.sampling == "weighted":
             q = np.full(len(selected), 1.0 / len(selected))           # unbiased under Assumption 4
         else:
             q = self.sizes[selected] / self.sizes[selected].sum()     # eq. 4: weights by local data size
         agg = self._aggregate(q, updates)
         down_blob, t_senc = self.server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
-        applied, t_cdec = receive(down_blob)
+        sent_down = seal(self.auth, down_blob, "server", rnd, "down")
+        down_blob, t_senc = sent_down.blob, t_senc + sent_down.seconds
+        applied, t_cdec = receive(down_blob, **sent_down.check)
         with torch.no_grad():
             for n, g in zip(self.names, self.global_w):
                 g.sub_(torch.from_numpy(np.ascontiguousarray(applied[n], dtype=np.float32)).to(self.device))  # eq. 12
@@ -349,7 +356,8 @@ class _Run:
             comm_up_s=network.transfer_time(np.array(up_bytes), up_speeds[selected]),
             comm_down_s=network.transfer_time(np.full(len(down_ids), len(down_blob)), down_speeds[down_ids]),
             train_s=train_s, encode_s=enc_s, decode_s=server_dec + t_cdec,
-            comp_s=max(per_client_time) + server_dec + t_senc + t_cdec)
+            comp_s=max(per_client_time) + server_dec + t_senc + t_cdec,
+            auth_up_bytes=auth_up, auth_down_msg_bytes=sent_down.added_bytes)
         self.selected = next_sel
         return rec
 
