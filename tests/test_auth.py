@@ -221,6 +221,8 @@ def test_api_parameter_errors():
         mucsc.encode(X, key=K17, key_id="x" * 65)
     with pytest.raises(ParameterError, match="needs keys"):
         mucsc.decode(tagged(), require_auth=True)
+    with pytest.raises(ParameterError, match="give keys too"):
+        mucsc.decode(tagged(), context=CTX)
     with pytest.raises(ParameterError, match="context"):
         mucsc.decode(tagged(), keys=verify_keys(), context=12)
     with pytest.raises(mucsc.InputError, match="already authenticated"):

@@ -273,8 +273,8 @@ def check(blob: bytes | bytearray | memoryview, keys: Keys | None, context: Any,
     if keys is None:
         if require_auth:
             raise ParameterError("require_auth=True needs keys to verify the message with")
-        if context is not None:
-            context_bytes(context)  # a bad type is still the caller's error
+        if context is not None:  # a caller who forgot keys must not get an unverified decode silently
+            raise ParameterError("context is only used to verify an authentication tag: give keys too")
         return None
     return authenticate(blob, keys, context, require_auth=require_auth)
 
