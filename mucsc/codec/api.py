@@ -271,7 +271,7 @@ def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: tupl
     y = decode_encoded(codec, enc, x.size, x.dtype)
     out, offset = {}, 0
     for i in members:
-        n = tensors[i].array.size
+        n = tensors[i].size
         xs, ys = x[offset: offset + n], y[offset: offset + n]
         offset += n
         norm, err = _norms(xs, ys)
