@@ -333,11 +333,13 @@ class _Group:
         if self.x.size == 0 or self.x.min() == self.x.max():
             self.measure(MIN_Z)
             return
-        ladder_coding = "rans" if p.id_coding == "rans" else "packed"
-        for z in Z_LADDER:
-            o = self.measure(z, coding=ladder_coding)
-            if stop(o) or dict(o.key.params)["centroids"] < z or o.J == 0.0:
-                break
+        # J-optimal levels: packed IDs (a 1.0 message) and, unless restricted, rANS-coded IDs (at
+        # high rates entropy-coded J-optimal levels are close to the ecsq ones and cheaper to find)
+        for coding in {"auto": ("packed", "rans"), "packed": ("packed",), "rans": ("rans",)}[p.id_coding]:
+            for z in Z_LADDER:
+                o = self.measure(z, coding=coding)
+                if stop(o) or dict(o.key.params)["centroids"] < z or o.J == 0.0:
+                    break
         if p.id_coding != "packed":
             for mu in MU_GRID:
                 o = self.measure(mu=mu, coding="rans")
@@ -350,9 +352,24 @@ class _Group:
         (the goal lies between them); returns the best option (``better(a, b)``: a preferred)."""
         grid = sorted((o for o in self.options if o.key.mu in MU_GRID), key=lambda o: -o.key.mu)
         pair = next(((a, b) for a, b in zip(grid, grid[1:]) if ok(a) != ok(b)), None)
-        if pair is None:
+        if pair is not None:
+            good, bad = (pair[0].key.mu, pair[1].key.mu) if ok(pair[0]) else (pair[1].key.mu, pair[0].key.mu)
+        elif grid and ok(grid[-1]):
+            # every grid point is ok (a byte budget the coarse solver cannot fill): walk on with
+            # the fine solver towards more bits until a point is not ok, then bisect
+            good, bad = grid[-1].key.mu, None
+            for mu in MU_GRID[MU_GRID.index(good):]:
+                o = self.measure(mu=mu, coding="rans", fine=True)
+                if not ok(o):
+                    bad = mu
+                    break
+                good = mu
+                if better(o, best):
+                    best = o
+            if bad is None:
+                return best
+        else:
             return best
-        good, bad = (pair[0].key.mu, pair[1].key.mu) if ok(pair[0]) else (pair[1].key.mu, pair[0].key.mu)
         for _ in range(REFINE_STEPS):
             mid = math.sqrt(good * bad)
             o = self.measure(mu=mid, coding="rans", fine=True)

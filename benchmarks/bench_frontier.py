@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Rate-distortion frontier: J / ||x||^2 against message bits per element, every codec.
+
+    python benchmarks/bench_frontier.py [--d 200000] [--fl-rounds 20] [--out docs] [--quick]
+
+Inputs: Gaussian, Laplace, Student-t(3) and an 80%-near-zero mixture (d elements, float32), and real
+FL updates: one client's update U_i (all LeNet tensors flattened) in round 1 and in round
+``--fl-rounds`` of FedAvg without compression on the shared FEMNIST sample, trained by the
+simulator's own ``LocalTrainer`` (the code ``mucsc sim`` runs; 20 clients, 5 per round, E = 5,
+B = 8, the femnist learning-rate preset).
+
+Codecs: mucsc (z sweep, and the bits= goal), bmucsc, qsgd (every s in 1..127, buckets 128 / 512 / d,
+fixed and Elias coding), terngrad, signsgd, topk, stc.  Sizes are whole messages
+(``mucsc.encode_with_stats``, default container: zstd where smaller); J is the exact expected
+squared error the encoder reports (for biased codecs the squared error).
+
+Prints, per input, the budget check (mucsc bits=b vs the best QSGD / TernGrad message that fits in b
+bits per element) and writes ``rate-distortion.png`` and ``frontier.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mucsc
+
+BUDGETS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+TOLERANCE = 1.02  # "sends <= b bits per element (+2%)"
+
+
+def synthetic(d: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"gaussian": rng.normal(size=d), "laplace": rng.laplace(size=d),
+            "student_t3": rng.standard_t(3, d),
+            "near_zero_80": np.where(rng.random(d) < 0.8, rng.normal(size=d) * 0.01, rng.normal(size=d))}
+
+
+def fl_updates(rounds: int, data_dir: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Client 0's update of round 1 and of round ``rounds`` of plain FedAvg (LeNet, FEMNIST sample)."""
+    from mucsc.fedsim import simulation as S
+    from mucsc.fedsim.config import SimConfig
+    from mucsc.fedsim.models import build_model
+
+    cfg = SimConfig(dataset="femnist", data_dir=data_dir, model="lenet", clients=20, per_round=5, seed=seed)
+    setup = S.prepare(cfg)
+    trainer = S.LocalTrainer(setup.model_name, setup.data, setup.parts, cfg.seed)
+    model = build_model(setup.model_name, setup.data.input_shape, setup.data.num_classes, cfg.seed)
+    w = [p.detach().numpy().copy() for p in model.parameters()]
+    out = {}
+    for r in range(rounds):
+        clients = S.select_clients(cfg, r, setup.sizes.astype(np.float64))
+        ups = []
+        for slot, c in enumerate(clients):
+            u, _ = trainer.train(w, S.client_task(cfg, setup, r, slot, int(c)))
+            ups.append(np.concatenate([v.reshape(-1) for v in u.values()]))
+        if r in (0, rounds - 1):
+            out[f"femnist_lenet_round{r + 1}"] = ups[0].astype(np.float32)
+        mean = np.mean(ups, axis=0)
+        offs = np.cumsum([0] + [a.size for a in w])
+        w = [a - mean[offs[i]:offs[i + 1]].reshape(a.shape) for i, a in enumerate(w)]
+    return out
+
+
+def measure(x: np.ndarray, codec: str, **params) -> tuple[float, float]:
+    blob, st = mucsc.encode_with_stats(x, codec, **params)
+    return 8 * len(blob) / x.size, float(st.J)
+
+
+def frontier_points(x: np.ndarray, quick: bool) -> list[dict]:
+    d = x.size
+    n2 = float(np.dot(x, x.astype(np.float64)))
+    pts = []
+
+    def add(family: str, codec: str, label: str, **params) -> None:
+        try:
+            bits, J = measure(x, codec, **params)
+        except mucsc.MucscError as exc:  # e.g. a bits= goal below the smallest message
+            print(f"    {family} {label}: {exc}", file=sys.stderr)
+            return
+        pts.append({"family": family, "label": label, "bits": bits, "rel_J": J / n2})
+
+    for z in (2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256):
+        add("mucsc z", "mucsc", f"z={z}", z=z)
+    for b in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
+        add("mucsc bits", "mucsc", f"bits={b:g}", bits=b)
+    for keep in (0.001, 0.01, 0.05, 0.2):
+        for z in (16, 256):
+            add("bmucsc", "bmucsc", f"keep={keep:g},z={z}", keep=keep, z=z)
+    svals = (1, 2, 3, 4, 6, 8, 15, 31, 63, 127) if quick else range(1, 128)
+    for bucket in (128, 512, d):
+        for coding in ("fixed", "elias"):
+            for s in svals:
+                add("qsgd", "qsgd", f"s={s},bucket={bucket},{coding}", s=s, bucket=bucket, coding=coding)
+    for clip in (2.5, 0.0):
+        for packing in ("2bit", "base3"):
+            add("terngrad", "terngrad", f"clip={clip:g},{packing}", clip=clip, packing=packing)
+    add("signsgd", "signsgd", "l1")
+    for keep in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3):
+        add("topk", "topk", f"keep={keep:g}", keep=keep)
+        add("stc", "stc", f"keep={keep:g}", keep=keep)
+    return pts
+
+
+def budget_rows(pts: list[dict]) -> list[dict]:
+    rows = []
+    for b in BUDGETS:
+        mine = next((p for p in pts if p["family"] == "mucsc bits" and p["label"] == f"bits={b:g}"), None)
+        rivals = [p for p in pts if p["family"] in ("qsgd", "terngrad") and p["bits"] <= b]
+        best = min(rivals, key=lambda p: p["rel_J"]) if rivals else None
+        ok = (mine is not None and mine["bits"] <= b * TOLERANCE
+              and (best is None or mine["rel_J"] <= best["rel_J"]))
+        rows.append({"budget": b, "mucsc": mine, "best_rival": best, "pass": ok})
+    return rows
+
+
+def pareto(ps: list[dict]) -> list[dict]:
+    out, best = [], np.inf
+    for p in sorted(ps, key=lambda p: (p["bits"], p["rel_J"])):
+        if p["rel_J"] < best:
+            out.append(p)
+            best = p["rel_J"]
+    return out
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    cols = 3
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    styles = {"mucsc bits": ("C3", "-", "o"), "mucsc z": ("C1", "--", "s"), "bmucsc": ("C5", ":", "v"),
+              "qsgd": ("C0", "-", "."), "terngrad": ("C2", "", "^"), "signsgd": ("C4", "", "x"),
+              "topk": ("C7", ":", "d"), "stc": ("C8", ":", "+")}
+    for ax, name in zip(axes.flat, names):
+        pts = results[name]
+        for fam, (c, ls, mk) in styles.items():
+            f = pareto([p for p in pts if p["family"] == fam])
+            if f:
+                ax.plot([p["bits"] for p in f], [p["rel_J"] for p in f], color=c, linestyle=ls or "none",
+                        marker=mk, ms=4, label=fam)
+        ax.set_yscale("log")
+        ax.set_xlim(0, 8.5)
+        ax.set_ylim(1e-4, 1e3)
+        ax.set_title(name)
+        ax.set_xlabel("message bits per element")
+        ax.set_ylabel("J / ||x||^2")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=int, default=200_000)
+    ap.add_argument("--fl-rounds", type=int, default=20, help="0: no FL updates")
+    ap.add_argument("--data-dir", default="/work/shared/data/femnist-sample")
+    ap.add_argument("--out", default="docs")
+    ap.add_argument("--quick", action="store_true", help="10 QSGD levels s instead of all 127")
+    a = ap.parse_args()
+    inputs = {k: v.astype(np.float32) for k, v in synthetic(a.d).items()}
+    if a.fl_rounds:
+        inputs.update(fl_updates(a.fl_rounds, a.data_dir))
+    results, checks = {}, {}
+    for name, x in inputs.items():
+        t = time.perf_counter()
+        results[name] = frontier_points(x, a.quick)
+        checks[name] = budget_rows(results[name])
+        print(f"\n### {name} (d = {x.size}, {time.perf_counter() - t:.0f} s)\n")
+        print("| budget b | mucsc bits=b: bits/elem | J/||x||^2 | best QSGD/TernGrad within b | its bits | its J/||x||^2 | mucsc J / best |")
+        print("|---|---|---|---|---|---|---|")
+        for r in checks[name]:
+            m, bst = r["mucsc"], r["best_rival"]
+            mb = f"{m['bits']:.3f} | {m['rel_J']:.4g}" if m else "- | -"
+            bb = f"{bst['family']} {bst['label']} | {bst['bits']:.3f} | {bst['rel_J']:.4g}" if bst else "none fits | - | -"
+            ratio = f"{m['rel_J'] / bst['rel_J']:.3f}" if m and bst else "-"
+            print(f"| {r['budget']:g} | {mb} | {bb} | {ratio}{'' if r['pass'] else ' FAIL'} |")
+        sys.stdout.flush()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(results, out / "rate-distortion.png")
+    (out / "frontier.json").write_text(json.dumps({"results": results, "checks": checks}, indent=1))
+    failed = [(n, r["budget"]) for n, rows in checks.items() for r in rows if not r["pass"]]
+    print(f"\nbudget checks: {sum(len(r) for r in checks.values()) - len(failed)} pass, {len(failed)} fail {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
