@@ -80,6 +80,12 @@ class Codec(ABC):
         return {"codec": self.name, **dataclasses.asdict(self.params)}
 
     @classmethod
+    def with_preset(cls, preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """Parameters from a preset (a simulator's per-experiment settings) overridden by those a
+        user gave.  A codec whose parameters exclude each other drops the preset's that conflict."""
+        return {**preset, **given}
+
+    @classmethod
     def format_minor(cls, params: Mapping[str, Any]) -> int:
         """The format minor version (FORMAT.md 2.1) a group with these header params needs: 0 unless
         the group uses a 1.1 feature.  A message is written with the largest over its groups."""

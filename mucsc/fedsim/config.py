@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import mucsc
 from mucsc.errors import InputError
 from mucsc.fedsim.transport import LinkCodec
 
@@ -187,7 +188,10 @@ class SimConfig:
             return {k: v for c, dr, k, v in self.params if c == codec and dr in (direction, "both")}
 
         def link(codec: str, base: dict[str, Any], direction: str) -> LinkCodec:
-            params = {**base, **extra(direction, codec)}
+            try:  # the codec decides how a user's parameters combine with the preset (mucsc: z vs bits)
+                params = mucsc.get_codec(codec).with_preset(base, extra(direction, codec))
+            except mucsc.MucscError:  # an unknown codec: reported by check_codec with the links
+                params = {**base, **extra(direction, codec)}
             return LinkCodec(codec, tuple(sorted(params.items())), ef, self.compress)
 
         ups = []

@@ -127,7 +127,7 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
 
 def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
                     levels: np.ndarray | None = None, coding: str | None = None,
-                    estimate: bool = False) -> tuple[dict, tuple, Any]:
+                    estimate: bool = False, levels_by: str = "ecsq") -> tuple[dict, tuple, Any]:
     """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
     callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
     "packed" or "rans" (default: "rans" only when ``p.id_coding`` says so); ``estimate``: an IDSA
@@ -137,7 +137,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
     giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``.
     Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
     coding = coding or ("rans" if p.id_coding == "rans" else "packed")
-    solver = p.solver if levels is None else "ecsq"
+    solver = p.solver if levels is None else levels_by  # informative: who chose the given levels
     if levels is not None and torch_backend.is_torch(x):
         x = x.cpu().numpy()
     if levels is None and torch_backend.applies(x):
@@ -275,6 +275,16 @@ REFINE_STEPS = 6  # bisection steps on mu between the two grid points around a s
 SWEEP_CANDIDATES = 96
 
 
+UNIFORM_STEPS = tuple(int(v) for v in np.unique(np.round(2.0 ** np.arange(2, 16.01, 0.5))))
+
+
+def uniform_levels(lo: float, hi: float, steps: int) -> np.ndarray:
+    """Levels k * delta, delta = (hi - lo) / steps, for the k that bracket [lo, hi] (0 is a level)."""
+    delta = (hi - lo) / steps
+    k = np.arange(math.floor(lo / delta), math.ceil(hi / delta) + 1)
+    return k * delta
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """How one group is encoded under a goal: J-optimal levels for ``z``, or the entropy-constrained
@@ -285,6 +295,7 @@ class Choice:
     coding: str
     mu: float | None
     params: tuple
+    steps: int | None = None  # uniform levels: this many steps of the data's span, a level at 0
 
 
 class _Group:
@@ -295,14 +306,15 @@ class _Group:
         self.x, self.p, self.rng, self.level = x, p, rng, zstd_level
         self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
         self._prepared: dict[int, ecsq.Prepared] = {}
+        self.lo, self.hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
         self.options: list[allocate.Option] = []
 
     def measure(self, choice_z: int | None = None, mu: float | None = None, coding: str = "packed",
-                fine: bool = False) -> allocate.Option:
-        """Encode with Z-ladder levels (``choice_z``) or ecsq levels for ``mu`` (over the coarse
-        candidate set, or the fine one); record the option."""
+                fine: bool = False, steps: int | None = None) -> allocate.Option:
+        """Encode with Z-ladder levels (``choice_z``), ecsq levels for ``mu`` (over the coarse
+        candidate set, or the fine one) or ``steps`` uniform steps; record the option."""
         p = dataclasses.replace(self.p, z=choice_z or MIN_Z, bits=None, max_error=None, size=None)
-        levels = None
+        levels = None if steps is None else uniform_levels(self.lo, self.hi, steps)
         if mu is not None:
             m = ecsq.INTERIOR_CANDIDATES if fine else SWEEP_CANDIDATES
             if m not in self._prepared:
@@ -310,9 +322,10 @@ class _Group:
             lam = mu * self.norm2 / max(self.x.size, 1)
             levels = ecsq.solve(self._prepared[m], lam, 8.0 * np.dtype(CENTROID_DTYPES[p.centroid_dtype]).itemsize
                                 + 16.0)[0]
-        params, sections, J = encode_clusters(self.x, p, self.rng(), levels, coding, estimate=True)
+        params, sections, J = encode_clusters(self.x, p, self.rng(), levels, coding, estimate=True,
+                                              levels_by="ecsq" if steps is None else "uniform")
         key = Choice(params["z"], None if levels is None else tuple(map(float, levels)), coding, mu,
-                     tuple(sorted(params.items())))
+                     tuple(sorted(params.items())), steps)
         o = allocate.Option(group_bytes(sections, self.level), float(J()), key)
         self.options.append(o)
         return o
@@ -323,7 +336,8 @@ class _Group:
             return o
         p = dataclasses.replace(self.p, z=o.key.z, bits=None, max_error=None, size=None)
         levels = None if o.key.levels is None else np.array(o.key.levels)
-        _, sections, _ = encode_clusters(self.x, p, self.rng(), levels, "rans")
+        _, sections, _ = encode_clusters(self.x, p, self.rng(), levels, "rans",
+                                         levels_by="ecsq" if o.key.steps is None else "uniform")
         return dataclasses.replace(o, bytes=group_bytes(sections, self.level))
 
     def sweep(self, stop: Callable[[allocate.Option], bool]) -> None:
@@ -343,6 +357,12 @@ class _Group:
         if p.id_coding != "packed":
             for mu in MU_GRID:
                 o = self.measure(mu=mu, coding="rans")
+                if stop(o) or o.J == 0.0:
+                    break
+            # uniform levels (a level at 0) with rANS-coded IDs: near-optimal at high rates
+            # (Gish-Pierce), where the candidate sets of ecsq get too coarse for many levels
+            for steps in UNIFORM_STEPS:
+                o = self.measure(steps=steps, coding="rans")
                 if stop(o) or o.J == 0.0:
                     break
 
@@ -382,6 +402,36 @@ class _Group:
         return best
 
 
+    def refine_z(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
+                 better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
+        """Bisect Z (J-optimal levels, rANS-coded IDs) and the number of uniform steps between the
+        two points of their ladders where ``ok`` changes: at high rates the ladders' steps are
+        coarser than a budget."""
+        for knob in ("z", "steps"):
+            if knob == "z":
+                pts = [o for o in self.options if o.key.mu is None and o.key.steps is None and o.key.coding == "rans"]
+            else:
+                pts = [o for o in self.options if o.key.steps is not None]
+            pts.sort(key=lambda o: getattr(o.key, knob))
+            pair = next(((a, b) for a, b in zip(pts, pts[1:]) if ok(a) != ok(b)), None)
+            if pair is None:
+                continue
+            a, b = getattr(pair[0].key, knob), getattr(pair[1].key, knob)
+            good, bad = (a, b) if ok(pair[0]) else (b, a)
+            for _ in range(12):
+                if abs(good - bad) <= 1:
+                    break
+                mid = (good + bad) // 2
+                o = self.measure(mid, coding="rans") if knob == "z" else self.measure(steps=mid, coding="rans")
+                if ok(o):
+                    good = mid
+                    if better(o, best):
+                        best = o
+                else:
+                    bad = mid
+        return best
+
+
 @register
 class Mucsc(Codec):
     """MUCSC: Z centroids minimising J, unbiased stochastic rounding, fixed-width cluster IDs."""
@@ -403,14 +453,23 @@ class Mucsc(Codec):
     def format_minor(cls, params: Mapping[str, Any]) -> int:
         return format_minor(params)
 
+    @classmethod
+    def with_preset(cls, preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """A goal the user gave (z, bits, max_error or size) replaces the preset's."""
+        if any(t in given for t in TARGETS):
+            preset = {k: v for k, v in preset.items() if k not in TARGETS}
+        return {**preset, **given}
+
     def resolved(self, choice: Choice) -> "Mucsc":
         """This codec fixed to one choice (what a goal resolves to for one group)."""
         c = type(self)(**{**dataclasses.asdict(self.params), "z": choice.z, "bits": None, "max_error": None,
                           "size": None, "id_coding": "rans" if choice.coding == "rans" else "packed"})
         c._levels = None if choice.levels is None else np.array(choice.levels)
+        c._levels_by = "ecsq" if choice.steps is None else "uniform"
         return c
 
     _levels: np.ndarray | None = None
+    _levels_by = "ecsq"
 
     def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
         """Resolve bits= / size= (one byte budget split across the groups to minimise total J, see
@@ -433,7 +492,8 @@ class Mucsc(Codec):
                     raise ParameterError(
                         f"max_error={p.max_error:g} is out of reach: the best relative error is "
                         f"{allocate.relative_error(best.J, g.norm2):.3g} (Z = {best.key.z})")
-                best = g.refine(best, meets, lambda a, b: (a.bytes, a.J) < (b.bytes, b.J))
+                cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
+                best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
                 out.append(self.resolved(best.key))
             return out
         total = p.size if p.target == "size" else math.floor(p.bits * ctx.elements / 8)
@@ -473,6 +533,7 @@ class Mucsc(Codec):
             g = groups[0]
             fits = lambda o: cost([o]) <= total  # noqa: E731
             g.refine(best[0], fits, lambda a, b: a.J < b.J)
+            g.refine_z(best[0], fits, lambda a, b: a.J < b.J)
             best = split(total)
         # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
         # overshoot until the exact message fits (the cheapest options always fit: checked below).
@@ -499,7 +560,7 @@ class Mucsc(Codec):
             ctx = PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0)
             (codec,) = self.plan([host], ctx)
             rng = fresh()
-        params, sections, J = encode_clusters(x, codec.params, rng, codec._levels)
+        params, sections, J = encode_clusters(x, codec.params, rng, codec._levels, levels_by=codec._levels_by)
         return EncodedGroup(params, sections, {"J": J})
 
     @classmethod
