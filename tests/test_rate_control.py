@@ -202,3 +202,10 @@ def test_bits_beats_qsgd_and_terngrad_at_equal_bits(kind):
         fit = [r[1].J for r in rivals if 8 * len(r[0]) <= b * d]
         if fit:
             assert st.J <= min(fit)
+
+
+def test_a_goal_replaces_the_preset_z():
+    c = mucsc.get_codec("mucsc")
+    assert c.with_preset({"z": 8, "solver": "exact"}, {"bits": 1.0}) == {"solver": "exact", "bits": 1.0}
+    assert c.with_preset({"z": 8}, {"solver": "exact"}) == {"z": 8, "solver": "exact"}
+    assert mucsc.get_codec("qsgd").with_preset({"s": 3}, {"s": 7}) == {"s": 7}
