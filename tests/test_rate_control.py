@@ -209,3 +209,9 @@ def test_a_goal_replaces_the_preset_z():
     assert c.with_preset({"z": 8, "solver": "exact"}, {"bits": 1.0}) == {"solver": "exact", "bits": 1.0}
     assert c.with_preset({"z": 8}, {"solver": "exact"}) == {"z": 8, "solver": "exact"}
     assert mucsc.get_codec("qsgd").with_preset({"s": 3}, {"s": 7}) == {"s": 7}
+
+
+def test_goal_messages_respect_the_centroid_limit():
+    from mucsc.codec.codecs.mucsc import MAX_Z, UNIFORM_STEPS, uniform_levels
+
+    assert uniform_levels(-1.0, 3.0, max(UNIFORM_STEPS)).size <= MAX_Z

@@ -275,7 +275,8 @@ REFINE_STEPS = 6  # bisection steps on mu between the two grid points around a s
 SWEEP_CANDIDATES = 96
 
 
-UNIFORM_STEPS = tuple(int(v) for v in np.unique(np.round(2.0 ** np.arange(2, 16.01, 0.5))))
+# at most 2^15.5 steps: with the two ends, fewer levels than the format's limit of 65536 centroids
+UNIFORM_STEPS = tuple(int(v) for v in np.unique(np.round(2.0 ** np.arange(2, 15.51, 0.5))))
 
 
 def uniform_levels(lo: float, hi: float, steps: int) -> np.ndarray:
