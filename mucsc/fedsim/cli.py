@@ -197,15 +197,18 @@ def machine_info() -> dict[str, object]:
               help="Where models train and aggregate: auto = cuda when available [auto].")
 @click.option("--workers", type=int, help="Processes training a round's clients (and independent runs) "
               "concurrently; results do not depend on it [cores; 1 on cuda].")
+@click.option("--engine", type=click.Choice(["builtin", "flower"]), default="builtin",
+              help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
+                   "every update a real Flower Message (pip install 'mucsc[flower]'; RAY_ADDRESS selects a cluster).")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
-def sim(config_file, out, quiet, params, **flags):
+def sim(config_file, out, quiet, params, engine, **flags):
     """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table.
 
     With no arguments: the built-in digits experiment across none, mucsc, bmucsc, qsgd, signsgd,
     stc and dgc (a few minutes on 2 cores).
     """
-    _require_sim_dependencies(flags.get("dataset"), out)
+    _require_sim_dependencies(flags.get("dataset"), out, engine)
     from mucsc.fedsim.config import make_config, parse_param
 
     try:
@@ -214,10 +217,13 @@ def sim(config_file, out, quiet, params, **flags):
         cfg = make_config(config_file, **flags)
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
-    _run_sweep(cfg, Path(out) if out else None, quiet)
+    if engine == "flower" and cfg.sampling != "uniform":
+        raise click.UsageError("--engine flower needs --sampling uniform (a Flower round sends one message "
+                               "per supernode; weighted sampling can pick a client twice)")
+    _run_sweep(cfg, Path(out) if out else None, quiet, engine)
 
 
-def _require_sim_dependencies(dataset: str | None, out: str | None) -> None:
+def _require_sim_dependencies(dataset: str | None, out: str | None, engine: str = "builtin") -> None:
     """One clear line (exit 1) instead of an ImportError when the simulator's extras are missing."""
     needed = ["torch"]
     if dataset in (None, "digits"):
@@ -227,9 +233,12 @@ def _require_sim_dependencies(dataset: str | None, out: str | None) -> None:
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise click.ClickException(f"mucsc sim needs {', '.join(missing)}: pip install 'mucsc[sim]'")
+    missing = [m for m in ("flwr", "ray") if engine == "flower" and importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"--engine flower needs {', '.join(missing)}: pip install 'mucsc[sim,flower]'")
 
 
-def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
+def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> None:
     import torch
 
     from mucsc.fedsim import parallel, report, simulation
@@ -256,10 +265,10 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
     many = len(seeds) > 1
     specs = [simulation.RunSpec(c, name, st, k) for k, (c, st) in enumerate(zip(cfgs, setups)) for name in cfg.codecs]
     labels = [f"{sp.codec} (seed {sp.cfg.seed})" if many else sp.codec for sp in specs]
-    workers = cfg.workers or parallel.default_workers(device)
+    workers = 1 if engine == "flower" else cfg.workers or parallel.default_workers(device)
     concurrent = 1 if workers == 1 else min(workers, len(specs))
     machine = machine_info()
-    machine.update(device=device, workers=workers, concurrent_runs=concurrent)
+    machine.update(device=device, workers=workers, concurrent_runs=concurrent, engine=engine)
     if device == "cuda":
         machine["gpu"] = torch.cuda.get_device_name()
     tty = sys.stderr.isatty()
@@ -291,13 +300,18 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
         done[i] = res
 
     failure, failed = None, None
-    try:
-        executor = parallel.make_executor(cfg, setups, workers)
+    try:  # --engine flower: Ray runs the clients, so no worker processes of ours
+        executor = None if engine == "flower" else parallel.make_executor(cfg, setups, workers)
     except (MucscError, OSError, RuntimeError) as exc:
         raise click.ClickException(f"workers: {exc}") from None
     try:
-        simulation.sweep_runs(specs, executor, on_start=on_start, on_round=on_round, on_done=on_done,
-                              concurrent=concurrent)
+        if executor is None:
+            from mucsc.flower.sim import sweep_runs as flower_sweep_runs
+
+            flower_sweep_runs(specs, device, on_start=on_start, on_round=on_round, on_done=on_done)
+        else:
+            simulation.sweep_runs(specs, executor, on_start=on_start, on_round=on_round, on_done=on_done,
+                                  concurrent=concurrent)
     except simulation.RunFailed as exc:
         if not isinstance(exc.cause, (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt)):
             raise exc.cause from None
@@ -306,7 +320,8 @@ def _run_sweep(cfg, out: Path | None, quiet: bool) -> None:
     except KeyboardInterrupt:
         failure = "interrupted"
     finally:
-        executor.close()
+        if executor is not None:
+            executor.close()
     for i, w in writers.items():  # runs stopped by a failure keep their rows
         w.close(None, error=failure if i == failed else f"stopped: {failure}")
     progress.close()

@@ -1,0 +1,460 @@
+"""Flower (>= 1.42, Message API) integration: compressed model updates between ClientApps and a ServerApp.
+
+- :func:`mucsc_mod`, a client mod (the pattern of Flower's ``fixedclipping_mod``): keeps the global
+  arrays it received, calls the train function, encodes the update ``global - trained`` with a stateful
+  :class:`mucsc.Compressor` (error feedback for biased codecs) and replaces the reply's ArrayRecord
+  (same key) with one ``Array(dtype="uint8", shape=(len(blob),), stype="mucsc/1", data=blob)``.
+  Codec and parameters come from the ConfigRecord the server sends; the compressor's state and the
+  model version the node holds persist in ``context.state`` (ClientApps are ephemeral).
+- :class:`MucscStrategy`, a wrapper around any Flower strategy (FedAvg, FedAdam, ...): injects the codec
+  config in ``configure_train``, decodes every ``mucsc/1`` reply into ``global - update`` under the same
+  key in ``aggregate_train`` and delegates; with ``downlink=`` it also sends the next global model as a
+  compressed update to nodes holding the previous version (the full model otherwise).  It counts the
+  bytes of the real Messages (:class:`Traffic`).
+
+Flower's built-in aggregation calls ``Array.numpy()``, which refuses any stype but numpy's, so replies
+from :func:`mucsc_mod` must go through :class:`MucscStrategy`.  Only the public ``mucsc`` API is used.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
+    from flwr.clientapp.typing import ClientAppCallable
+    from flwr.serverapp import Grid
+    from flwr.serverapp.strategy import Strategy
+except ImportError as exc:  # an optional extra: say how to get it
+    raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
+
+import mucsc
+
+STYPE = "mucsc/1"           # Array.stype of a compressed ArrayRecord's single Array
+ARRAY_KEY = "mucsc"         # the key of that Array inside its ArrayRecord
+ERROR_CODE = 6              # flwr ErrorCode.MOD_FAILED_PRECONDITION
+
+# ConfigRecord keys the server sends (train messages)
+K_CODEC, K_PARAMS, K_EF, K_COMPRESS, K_SHARED, K_SEED = (
+    "mucsc.codec", "mucsc.params", "mucsc.error-feedback", "mucsc.compress", "mucsc.shared", "mucsc.seed")
+K_VERSION, K_BASE = "mucsc.version", "mucsc.base"  # downlink: version of the model sent, and its base
+R_INFO = "mucsc.info"       # ConfigRecord a mod adds to its reply (encode seconds); the strategy removes it
+# context.state keys on the client
+S_MODEL, S_META, S_MEMORY = "mucsc.model", "mucsc.meta", "mucsc.memory"
+
+
+class FlowerIntegrationError(mucsc.InputError):
+    """A Message that does not fit the mucsc protocol (missing base version, key mismatch, ...)."""
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def compressed_record(blob: bytes) -> ArrayRecord:
+    """An ArrayRecord holding one mucsc message (a non-empty uint8 shape: Flower's ``arrays_size_mod``
+    calls ``.numpy()`` on empty shapes)."""
+    return ArrayRecord({ARRAY_KEY: Array(dtype="uint8", shape=(len(blob),), stype=STYPE, data=bytes(blob))})
+
+
+def is_compressed(record: ArrayRecord) -> bool:
+    """True for an ArrayRecord made by :func:`compressed_record`."""
+    return len(record) == 1 and ARRAY_KEY in record and record[ARRAY_KEY].stype == STYPE
+
+
+def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """{key: ndarray} of an ordinary (numpy-stype) ArrayRecord, in its order."""
+    return {k: a.numpy() for k, a in record.items()}
+
+
+def numpy_to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def delta(base: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a message carries to turn ``base`` into ``new``: ``base - new`` for float arrays (the
+    paper's U = w - w_i, eq. 5), the new values themselves for other dtypes (sent losslessly)."""
+    if list(base) != list(new):
+        raise FlowerIntegrationError(f"array keys differ: {list(base)[:5]} vs {list(new)[:5]}")
+    out = {}
+    for k, b in base.items():
+        n = np.asarray(new[k])
+        if n.shape != b.shape:
+            raise FlowerIntegrationError(f"array {k!r} changed shape: {b.shape} -> {n.shape}")
+        out[k] = (b - n).astype(b.dtype, copy=False) if b.dtype.kind == "f" else n
+    return out
+
+
+def apply_delta(base: Mapping[str, np.ndarray], decoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`delta` on the decoded message: ``base - d`` (floats) or ``d`` (others)."""
+    if set(decoded) != set(base):
+        raise FlowerIntegrationError(f"message holds arrays {sorted(decoded)[:5]}, the model {list(base)[:5]}")
+    out = {}
+    for k, b in base.items():
+        d = np.asarray(decoded[k])
+        if d.shape != b.shape:
+            raise FlowerIntegrationError(f"array {k!r}: message shape {d.shape}, model {b.shape}")
+        out[k] = (b - d).astype(b.dtype, copy=False) if b.dtype.kind == "f" else d.astype(b.dtype, copy=False)
+    return out
+
+
+def decode_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """The arrays of a compressed ArrayRecord's message, as a dict (a single array is keyed "")."""
+    blob = record[ARRAY_KEY].data
+    out = mucsc.decode(blob)
+    return out if isinstance(out, dict) else {"": out}
+
+
+def message_sizes(msg: Message) -> tuple[int, int]:
+    """(payload, serialised) bytes of a Message: the sum of ``len(Array.data)`` over its ArrayRecords,
+    and the sum of the deflated sizes of the Message and every object it contains (what Flower's
+    object store transfers for it)."""
+    payload = 0
+    if msg.has_content():
+        payload = sum(len(a.data) for rec in msg.content.array_records.values() for a in rec.values())
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    serialised = sum(len(obj.deflate()) for obj in get_all_nested_objects(msg).values())
+    return payload, serialised
+
+
+def _config_of(msg: Message) -> tuple[str, ConfigRecord] | None:
+    """The (key, ConfigRecord) that carries the mucsc codec config, or None."""
+    for key, rec in msg.content.config_records.items():
+        if K_CODEC in rec:
+            return key, rec
+    return None
+
+
+def _single_array_record(content: RecordDict, what: str) -> tuple[str, ArrayRecord]:
+    recs = content.array_records
+    if len(recs) != 1:
+        raise FlowerIntegrationError(f"{what} must hold exactly one ArrayRecord, it holds {len(recs)}")
+    return next(iter(recs.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecSpec:
+    """What the server asks a client to encode with (sent in the train ConfigRecord)."""
+
+    codec: str = "mucsc"
+    params: tuple[tuple[str, Any], ...] = ()
+    error_feedback: bool | None = None
+    compress: str | int = "auto"
+    shared: bool = True
+
+    def compressor(self) -> mucsc.Compressor:
+        return mucsc.Compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
+                                compress=self.compress, **dict(self.params))
+
+    def to_config(self) -> dict[str, Any]:
+        ef = "auto" if self.error_feedback is None else ("on" if self.error_feedback else "off")
+        return {K_CODEC: self.codec, K_PARAMS: json.dumps(dict(self.params), sort_keys=True), K_EF: ef,
+                K_COMPRESS: str(self.compress), K_SHARED: bool(self.shared)}
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> CodecSpec:
+        try:
+            params = json.loads(str(cfg.get(K_PARAMS, "{}")))
+        except json.JSONDecodeError as exc:
+            raise FlowerIntegrationError(f"{K_PARAMS} is not JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise FlowerIntegrationError(f"{K_PARAMS} must be a JSON object")
+        ef = {"auto": None, "on": True, "off": False}.get(str(cfg.get(K_EF, "auto")))
+        comp = str(cfg.get(K_COMPRESS, "auto"))
+        return cls(str(cfg[K_CODEC]), tuple(sorted(params.items())), ef,
+                   int(comp) if comp.isdigit() else comp, bool(cfg.get(K_SHARED, True)))
+
+    def key(self) -> str:
+        return json.dumps(self.to_config(), sort_keys=True)
+
+
+def derived_seed(*keys: int) -> int:
+    """A non-negative 63-bit seed from integer keys (SeedSequence), e.g. (seed, round, node)."""
+    ss = np.random.SeedSequence([int(k) % (1 << 64) for k in keys])
+    return int(ss.generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+def _save_compressor(state: RecordDict, spec: CodecSpec, comp: mucsc.Compressor) -> None:
+    sd = comp.state_dict()
+    arrays = {f"{field}/{name}": np.ascontiguousarray(a)
+              for field, table in sd["memory"].items() for name, a in table.items()}
+    state[S_MEMORY] = numpy_to_record(arrays)
+    meta = state[S_META] if S_META in state.config_records else ConfigRecord()
+    meta["rounds"] = int(sd["rounds"])
+    meta["spec"] = spec.key()
+    meta["fields"] = json.dumps(sorted(sd["memory"]))
+    state[S_META] = meta
+
+
+def _load_compressor(state: RecordDict, spec: CodecSpec) -> mucsc.Compressor:
+    comp = spec.compressor()
+    meta = state.config_records.get(S_META)
+    if meta is None or meta.get("spec") != spec.key() or S_MEMORY not in state.array_records:
+        return comp  # first round, or the server changed the codec: start without memory
+    memory: dict[str, dict[str, np.ndarray]] = {f: {} for f in json.loads(str(meta["fields"]))}
+    for key, arr in state.array_records[S_MEMORY].items():
+        field, _, name = key.partition("/")
+        memory.setdefault(field, {})[name] = arr.numpy()
+    comp.load_state_dict({"rounds": int(meta["rounds"]), "memory": memory})
+    return comp
+
+
+def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord) -> tuple[str, dict[str, np.ndarray]]:
+    """The global model the server means (applying a downlink update to the held version), written
+    back into the message as ordinary arrays; the held version is updated when the server tracks one."""
+    key, rec = _single_array_record(msg.content, "a mucsc train message")
+    version = cfg.get(K_VERSION)
+    if is_compressed(rec):
+        base = cfg.get(K_BASE)
+        meta = ctxt.state.config_records.get(S_META)
+        held = None if meta is None else meta.get("version")
+        if base is None or held != base or S_MODEL not in ctxt.state.array_records:
+            raise FlowerIntegrationError(f"downlink update against version {base}, this node holds {held}")
+        glob = apply_delta(record_to_numpy(ctxt.state.array_records[S_MODEL]), decode_record(rec))
+        msg.content[key] = numpy_to_record(glob)
+    else:
+        glob = record_to_numpy(rec)
+    if version is not None:
+        ctxt.state[S_MODEL] = numpy_to_record(glob)
+        meta = ctxt.state[S_META] if S_META in ctxt.state.config_records else ConfigRecord()
+        meta["version"] = int(version)
+        ctxt.state[S_META] = meta
+    return key, glob
+
+
+def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Client mod: compress the reply's model to a mucsc message of ``global - trained``.
+
+    Acts on train messages whose ConfigRecord holds ``mucsc.codec`` (sent by :class:`MucscStrategy`);
+    anything else passes through unchanged.  Errors (a downlink update for a version this node does
+    not hold, a reply whose keys differ from the model's) become an error reply naming the problem.
+    """
+    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or not msg.has_content():
+        return call_next(msg, ctxt)
+    found = _config_of(msg)
+    if found is None:
+        return call_next(msg, ctxt)
+    _, cfg = found
+    try:
+        spec = CodecSpec.from_config(cfg)
+        in_key, glob = _restore_global(msg, ctxt, cfg)
+    except mucsc.MucscError as exc:
+        return Message(Error(ERROR_CODE, f"mucsc_mod: {exc}"), reply_to=msg)
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    try:
+        out_key, rec = _single_array_record(out.content, "the train reply")
+        if out_key != in_key:
+            raise FlowerIntegrationError(f"reply ArrayRecord key {out_key!r} differs from {in_key!r}")
+        update = delta(glob, record_to_numpy(rec))
+        comp = _load_compressor(ctxt.state, spec)
+        seed = int(cfg.get(K_SEED, 0))
+        epoch = int(cfg.get("server-round", 1)) - 1  # DGC's warm-up follows the server round
+        t0 = time.perf_counter()
+        blob = comp.compress(update, seed, epoch=epoch)
+        encode_s = time.perf_counter() - t0
+        _save_compressor(ctxt.state, spec, comp)
+    except mucsc.MucscError as exc:
+        return Message(Error(ERROR_CODE, f"mucsc_mod: {exc}"), reply_to=msg)
+    out.content[out_key] = compressed_record(blob)
+    out.content[R_INFO] = ConfigRecord({"encode-s": encode_s})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+@dataclasses.dataclass(frozen=True)
+class MessageTraffic:
+    """One Message of a training round: who, which way, its payload and serialised bytes."""
+
+    round: int
+    node_id: int
+    direction: str      # "down" (server -> node) or "up"
+    payload_bytes: int  # sum of len(Array.data): the mucsc message, or the numpy arrays when uncompressed
+    message_bytes: int  # the Message and all its objects, deflated (what Flower transfers)
+    compressed: bool
+
+
+class Traffic:
+    """Bytes of every training Message, per node and round, measured from the real Messages."""
+
+    FIELDS = ("round", "node_id", "direction", "payload_bytes", "message_bytes", "compressed")
+
+    def __init__(self) -> None:
+        self.messages: list[MessageTraffic] = []
+
+    def add(self, rnd: int, msg: Message, direction: str, node_id: int) -> MessageTraffic:
+        payload, serialised = message_sizes(msg)
+        compressed = msg.has_content() and any(is_compressed(r) for r in msg.content.array_records.values())
+        entry = MessageTraffic(rnd, int(node_id), direction, payload, serialised, bool(compressed))
+        self.messages.append(entry)
+        return entry
+
+    def round(self, rnd: int) -> list[MessageTraffic]:
+        return [m for m in self.messages if m.round == rnd]
+
+    def rounds(self) -> list[dict[str, int]]:
+        """Per round: bytes_up / bytes_down (payloads), their serialised totals, down recipients."""
+        out = []
+        for rnd in sorted({m.round for m in self.messages}):
+            ms = self.round(rnd)
+            up = [m for m in ms if m.direction == "up"]
+            down = [m for m in ms if m.direction == "down"]
+            out.append({"round": rnd, "bytes_up": sum(m.payload_bytes for m in up),
+                        "bytes_down": sum(m.payload_bytes for m in down),
+                        "message_bytes_up": sum(m.message_bytes for m in up),
+                        "message_bytes_down": sum(m.message_bytes for m in down),
+                        "down_recipients": len(down), "down_compressed": sum(m.compressed for m in down)})
+        return out
+
+    def write_csv(self, path: str | Path) -> None:
+        """One row per Message."""
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, self.FIELDS)
+            w.writeheader()
+            for m in self.messages:
+                w.writerow(dataclasses.asdict(m))
+
+
+class MucscStrategy(Strategy):
+    """Wrap a Flower strategy so that training replies travel as mucsc messages (uplink) and,
+    optionally, the global model as a compressed update (downlink).
+
+    ``codec`` / ``params`` / ``error_feedback`` / ``compress`` / ``shared``: the clients' encoder (a
+    train message's ConfigRecord may already name its own ``mucsc.*`` keys, which are kept: per-client
+    codecs).  Each uplink message's seed is ``derived_seed(seed, round, node_id)`` unless the message's
+    config sets ``mucsc.seed``.  ``downlink``: a codec name for the server's update, with
+    ``downlink_params`` and ``downlink_seed(round) -> int``; the aggregate the wrapped strategy returns is
+    then replaced by ``previous - decode(encode(previous - aggregate))``, exactly what the clients
+    rebuild, and nodes holding the previous version get the compressed update (others the full model).
+    """
+
+    def __init__(self, strategy: Strategy, codec: str = "mucsc", *, error_feedback: bool | None = None,
+                 compress: str | int = "auto", shared: bool = True, seed: int = 0, downlink: str | None = None,
+                 downlink_params: Mapping[str, Any] | None = None, downlink_error_feedback: bool | None = None,
+                 downlink_seed: Callable[[int], int] | None = None, **params: Any) -> None:
+        if not isinstance(strategy, Strategy):
+            raise mucsc.ParameterError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
+        self.strategy = strategy
+        self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
+        self.spec.compressor()  # validates codec, parameters and memory options now
+        self.seed = int(seed)
+        self.arrayrecord_key = getattr(strategy, "arrayrecord_key", "arrays")
+        self.configrecord_key = getattr(strategy, "configrecord_key", "config")
+        self.traffic = Traffic()
+        # per round: clients' encode seconds (from their replies), server decode and downlink encode seconds
+        self.timing: dict[int, dict[str, Any]] = {}
+        self._down = None if downlink is None else mucsc.Compressor(
+            downlink, error_feedback=downlink_error_feedback, compress=compress, **dict(downlink_params or {}))
+        self.downlink = downlink
+        self._downlink_seed = downlink_seed or (lambda rnd: derived_seed(self.seed, rnd, 1 << 62))
+        self._version = -1
+        self._current: dict[str, np.ndarray] | None = None  # the global model of this version
+        self._current_record: ArrayRecord | None = None     # the ArrayRecord we handed out for it
+        self._down_blob: bytes | None = None                 # update from version - 1 to version
+        self._sent: dict[int, int] = {}                      # node -> version sent this round
+        self._holds: dict[int, int] = {}                     # node -> version it confirmed holding
+
+    def summary(self) -> None:
+        self.strategy.summary()
+
+    # -- training --------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if arrays is not self._current_record:  # a model we did not produce (the initial one)
+            self._version += 1
+            self._current = record_to_numpy(arrays)
+            self._current_record = arrays
+            self._down_blob = None
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._sent = {}
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            records = dict(msg.content.items())  # the wrapped strategy may share one RecordDict
+            cfg = ConfigRecord(dict(records.get(self.configrecord_key, ConfigRecord())))
+            for k, v in self.spec.to_config().items():
+                cfg.setdefault(k, v)
+            cfg.setdefault(K_SEED, derived_seed(self.seed, server_round, node))
+            if self._down is not None:
+                cfg[K_VERSION] = self._version
+                holds = self._holds.get(node)
+                if self._down_blob is not None and holds == self._version - 1:
+                    records[self.arrayrecord_key] = compressed_record(self._down_blob)
+                    cfg[K_BASE] = holds
+                else:
+                    cfg[K_BASE] = -1
+            records[self.configrecord_key] = cfg
+            msg.content = RecordDict(records)
+            self._sent[node] = self._version
+            self.traffic.add(server_round, msg, "down", node)
+        return messages
+
+    def decode_reply(self, msg: Message) -> Message:
+        """Replace a reply's ``mucsc/1`` ArrayRecord by the client's model ``global - update``
+        (and remove the mod's info record)."""
+        if not msg.has_content():
+            return msg
+        if R_INFO in msg.content.config_records:
+            del msg.content[R_INFO]
+        for key, rec in list(msg.content.array_records.items()):
+            if is_compressed(rec):
+                if self._current is None:
+                    raise FlowerIntegrationError("a compressed reply before any model was sent")
+                msg.content[key] = numpy_to_record(apply_delta(self._current, decode_record(rec)))
+        return msg
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[Any, Any]:
+        replies = list(replies)
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            self.traffic.add(server_round, msg, "up", node)
+            if msg.has_error():
+                self._holds.pop(node, None)  # e.g. lost its state: send the full model next time
+            elif node in self._sent:
+                self._holds[node] = self._sent[node]
+        timing = self.timing.setdefault(server_round, {"encode_s": [], "decode_s": 0.0, "down_encode_s": 0.0})
+        timing["encode_s"] = [float(m.content[R_INFO]["encode-s"]) for m in replies
+                              if m.has_content() and R_INFO in m.content.config_records]
+        t0 = time.perf_counter()
+        decoded = [self.decode_reply(m) for m in replies]
+        timing["decode_s"] = time.perf_counter() - t0
+        arrays, metrics = self.strategy.aggregate_train(server_round, decoded)
+        if arrays is None:
+            return arrays, metrics
+        if self._down is None:
+            self._current_record = None  # next configure_train takes it as a new version
+            return arrays, metrics
+        new = record_to_numpy(arrays)
+        t0 = time.perf_counter()
+        blob = self._down.compress(delta(self._current, new), self._downlink_seed(server_round),
+                                   epoch=server_round - 1)
+        applied = apply_delta(self._current, decode_record(compressed_record(blob)))
+        timing["down_encode_s"] = time.perf_counter() - t0
+        self._version += 1
+        self._current, self._down_blob = applied, blob
+        self._current_record = numpy_to_record(applied)
+        return self._current_record, metrics
+
+    # -- evaluation: delegated ---------------------------------------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+__all__ = [
+    "ARRAY_KEY", "STYPE", "CodecSpec", "FlowerIntegrationError", "MessageTraffic", "MucscStrategy", "Traffic",
+    "compressed_record", "decode_record", "derived_seed", "is_compressed", "message_sizes", "mucsc_mod",
+]
