@@ -34,6 +34,7 @@ from mucsc.flower import (  # noqa: E402
     compressed_record,
     decode_record,
     is_compressed,
+    make_mucsc_mod,
     mucsc_mod,
 )
 
@@ -65,8 +66,8 @@ def _model(seed=0):
             "steps": np.array([3], dtype=np.int64)}
 
 
-def _client_app(lr=0.1, n=10):
-    app = ClientApp(mods=[mucsc_mod])
+def _client_app(lr=0.1, n=10, mod=mucsc_mod):
+    app = ClientApp(mods=[mod])
 
     @app.train()
     def train(msg, context):
@@ -279,3 +280,33 @@ def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path):
         assert abs(float(rb["accuracy"]) - float(rf["accuracy"])) < 0.1
         assert int(rf["down_recipients"]) == 3          # only the participants receive anything
     assert int(f[0]["bytes_down"]) > 3 * int(f[1]["down_msg_bytes"])  # round 1: 3 full models
+
+
+def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected():
+    if not hasattr(mucsc, "sign"):
+        pytest.skip("this mucsc has no message authentication")
+    nodes = [51, 52, 53]
+    keys = {str(n): mucsc.generate_key() for n in nodes}
+    model = _model(4)
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in model.items()})
+    strategy = MucscStrategy(FedAvg(fraction_evaluate=0.0, min_available_nodes=3), codec="mucsc", z=8,
+                             keys={k: v for k, v in keys.items() if k != "53"})  # 53's key is unknown
+    contexts = {n: _context(n) for n in nodes}
+    apps = {n: _client_app(mod=make_mucsc_mod(key=keys[str(n)], key_id=str(n))) for n in nodes}
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    replies = [_wire(apps[m.metadata.dst_node_id](_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs]
+    kept = {r.metadata.src_node_id: _wire(r) for r in replies}
+    arrays2, _ = strategy.aggregate_train(1, replies)
+    assert arrays2 is not None
+    assert [(r, n) for r, n, _ in strategy.rejected] == [(1, 53)]
+    # round 2: node 52 replays its round-1 reply (a valid tag, but over round 1's context)
+    msgs = list(strategy.configure_train(2, arrays2, ConfigRecord(), FakeGrid(nodes)))
+    replies = [_wire(apps[m.metadata.dst_node_id](_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs]
+    replies = [kept[52] if r.metadata.src_node_id == 52 else r for r in replies]
+    strategy.aggregate_train(2, replies)
+    assert sorted((r, n) for r, n, _ in strategy.rejected if r == 2) == [(2, 52), (2, 53)]
+    # an unsigned client is refused too when the server asks for signatures
+    plain = _client_app()
+    msgs = list(strategy.configure_train(3, arrays2, ConfigRecord(), FakeGrid(nodes)))
+    strategy.aggregate_train(3, [_wire(plain(_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs])
+    assert sorted(n for r, n, _ in strategy.rejected if r == 3) == nodes

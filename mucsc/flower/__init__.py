@@ -12,6 +12,11 @@
   compressed update to nodes holding the previous version (the full model otherwise).  It counts the
   bytes of the real Messages (:class:`Traffic`).
 
+Authentication (optional): a client signs its messages (``make_mucsc_mod(key=, key_id=)``, or the node
+config keys ``mucsc-key-file`` / ``mucsc-key-id``) with a context naming the run, round and node, and
+``MucscStrategy(keys=...)`` (a key map or lookup, as :func:`mucsc.decode` takes) refuses every reply
+whose tag does not verify, so a message cannot be forged, altered or replayed into another round.
+
 Flower's built-in aggregation calls ``Array.numpy()``, which refuses any stype but numpy's, so replies
 from :func:`mucsc_mod` must go through :class:`MucscStrategy`.  Only the public ``mucsc`` API is used.
 """
@@ -45,7 +50,7 @@ ERROR_CODE = 6              # flwr ErrorCode.MOD_FAILED_PRECONDITION
 # ConfigRecord keys the server sends (train messages)
 K_CODEC, K_PARAMS, K_EF, K_COMPRESS, K_SHARED, K_SEED = (
     "mucsc.codec", "mucsc.params", "mucsc.error-feedback", "mucsc.compress", "mucsc.shared", "mucsc.seed")
-K_VERSION, K_BASE = "mucsc.version", "mucsc.base"  # downlink: version of the model sent, and its base
+K_VERSION, K_BASE, K_ROUND = "mucsc.version", "mucsc.base", "mucsc.round"  # downlink: version of the model sent, and its base
 R_INFO = "mucsc.info"       # ConfigRecord a mod adds to its reply (encode seconds); the strategy removes it
 # context.state keys on the client
 S_MODEL, S_META, S_MEMORY = "mucsc.model", "mucsc.meta", "mucsc.memory"
@@ -104,10 +109,11 @@ def apply_delta(base: Mapping[str, np.ndarray], decoded: Mapping[str, np.ndarray
     return out
 
 
-def decode_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The arrays of a compressed ArrayRecord's message, as a dict (a single array is keyed "")."""
+def decode_record(record: ArrayRecord, keys: Any = None, context: str | None = None) -> dict[str, np.ndarray]:
+    """The arrays of a compressed ArrayRecord's message, as a dict (a single array is keyed "").
+    With ``keys`` the message must carry a valid tag over ``context`` (:class:`mucsc.AuthError`)."""
     blob = record[ARRAY_KEY].data
-    out = mucsc.decode(blob)
+    out = mucsc.decode(blob) if keys is None else mucsc.decode(blob, keys=keys, context=context)
     return out if isinstance(out, dict) else {"": out}
 
 
@@ -175,6 +181,11 @@ class CodecSpec:
         return json.dumps(self.to_config(), sort_keys=True)
 
 
+def uplink_context(run_id: int, server_round: int, node_id: int) -> str:
+    """What an uplink tag covers besides the bytes: the run, round and sending node (no replays)."""
+    return f"mucsc/flower/up/run={int(run_id)}/round={int(server_round)}/node={int(node_id)}"
+
+
 def derived_seed(*keys: int) -> int:
     """A non-negative 63-bit seed from integer keys (SeedSequence), e.g. (seed, round, node)."""
     ss = np.random.SeedSequence([int(k) % (1 << 64) for k in keys])
@@ -231,13 +242,42 @@ def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord) -> tuple[str
     return key, glob
 
 
+def make_mucsc_mod(key: Any = None, key_id: str | None = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
+    """A :func:`mucsc_mod` that signs its messages with ``key`` under ``key_id`` (see
+    :func:`mucsc.sign`).  Without a key, the node config's ``mucsc-key-file`` (read with
+    :func:`mucsc.load_key`) and ``mucsc-key-id`` (default: the partition id or node id) are used when set."""
+    if (key is None) != (key_id is None):
+        raise mucsc.ParameterError("give both key and key_id, or neither")
+
+    def mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+        return _mod(msg, ctxt, call_next, key, key_id)
+
+    mod.__name__ = mod.__qualname__ = "mucsc_mod"
+    return mod
+
+
+def _node_key(ctxt: Context, key: Any, key_id: str | None) -> tuple[Any, str | None]:
+    if key is not None:
+        return key, key_id
+    path = ctxt.node_config.get("mucsc-key-file")
+    if not path:
+        return None, None
+    default_id = ctxt.node_config.get("partition-id", ctxt.node_id)
+    return mucsc.load_key(str(path)), str(ctxt.node_config.get("mucsc-key-id", default_id))
+
+
 def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Client mod: compress the reply's model to a mucsc message of ``global - trained``.
 
     Acts on train messages whose ConfigRecord holds ``mucsc.codec`` (sent by :class:`MucscStrategy`);
     anything else passes through unchanged.  Errors (a downlink update for a version this node does
     not hold, a reply whose keys differ from the model's) become an error reply naming the problem.
+    Signs its messages when the node config names a key (``mucsc-key-file``); see :func:`make_mucsc_mod`.
     """
+    return _mod(msg, ctxt, call_next, None, None)
+
+
+def _mod(msg: Message, ctxt: Context, call_next: ClientAppCallable, key: Any, key_id: str | None) -> Message:
     if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or not msg.has_content():
         return call_next(msg, ctxt)
     found = _config_of(msg)
@@ -259,9 +299,12 @@ def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
         update = delta(glob, record_to_numpy(rec))
         comp = _load_compressor(ctxt.state, spec)
         seed = int(cfg.get(K_SEED, 0))
-        epoch = int(cfg.get("server-round", 1)) - 1  # DGC's warm-up follows the server round
+        epoch = int(cfg.get(K_ROUND, cfg.get("server-round", 1))) - 1  # DGC's warm-up follows the round
         t0 = time.perf_counter()
         blob = comp.compress(update, seed, epoch=epoch)
+        key, key_id = _node_key(ctxt, key, key_id)
+        if key is not None:
+            blob = mucsc.sign(blob, key, key_id, uplink_context(msg.metadata.run_id, epoch + 1, ctxt.node_id))
         encode_s = time.perf_counter() - t0
         _save_compressor(ctxt.state, spec, comp)
     except mucsc.MucscError as exc:
@@ -337,18 +380,23 @@ class MucscStrategy(Strategy):
     ``downlink_params`` and ``downlink_seed(round) -> int``; the aggregate the wrapped strategy returns is
     then replaced by ``previous - decode(encode(previous - aggregate))``, exactly what the clients
     rebuild, and nodes holding the previous version get the compressed update (others the full model).
+    ``keys`` (a mapping key id -> key, or a callable): every uplink message must carry a tag that
+    verifies over its run, round and node (:func:`uplink_context`); replies that fail are left out of
+    the aggregate and listed in ``rejected`` (round, node, reason).  The downlink is not signed.
     """
 
     def __init__(self, strategy: Strategy, codec: str = "mucsc", *, error_feedback: bool | None = None,
                  compress: str | int = "auto", shared: bool = True, seed: int = 0, downlink: str | None = None,
                  downlink_params: Mapping[str, Any] | None = None, downlink_error_feedback: bool | None = None,
-                 downlink_seed: Callable[[int], int] | None = None, **params: Any) -> None:
+                 downlink_seed: Callable[[int], int] | None = None, keys: Any = None, **params: Any) -> None:
         if not isinstance(strategy, Strategy):
             raise mucsc.ParameterError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         self.strategy = strategy
         self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
         self.spec.compressor()  # validates codec, parameters and memory options now
         self.seed = int(seed)
+        self.keys = keys
+        self.rejected: list[tuple[int, int, str]] = []
         self.arrayrecord_key = getattr(strategy, "arrayrecord_key", "arrays")
         self.configrecord_key = getattr(strategy, "configrecord_key", "config")
         self.traffic = Traffic()
@@ -385,6 +433,7 @@ class MucscStrategy(Strategy):
             for k, v in self.spec.to_config().items():
                 cfg.setdefault(k, v)
             cfg.setdefault(K_SEED, derived_seed(self.seed, server_round, node))
+            cfg[K_ROUND] = server_round
             if self._down is not None:
                 cfg[K_VERSION] = self._version
                 holds = self._holds.get(node)
@@ -399,7 +448,7 @@ class MucscStrategy(Strategy):
             self.traffic.add(server_round, msg, "down", node)
         return messages
 
-    def decode_reply(self, msg: Message) -> Message:
+    def decode_reply(self, msg: Message, server_round: int | None = None) -> Message:
         """Replace a reply's ``mucsc/1`` ArrayRecord by the client's model ``global - update``
         (and remove the mod's info record)."""
         if not msg.has_content():
@@ -410,7 +459,12 @@ class MucscStrategy(Strategy):
             if is_compressed(rec):
                 if self._current is None:
                     raise FlowerIntegrationError("a compressed reply before any model was sent")
-                msg.content[key] = numpy_to_record(apply_delta(self._current, decode_record(rec)))
+                ctx = None if server_round is None else uplink_context(msg.metadata.run_id, server_round,
+                                                                         msg.metadata.src_node_id)
+                if self.keys is not None and ctx is None:
+                    raise mucsc.ParameterError("verifying a signed reply needs its server round")
+                decoded = decode_record(rec, self.keys, ctx)
+                msg.content[key] = numpy_to_record(apply_delta(self._current, decoded))
         return msg
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[Any, Any]:
@@ -426,7 +480,14 @@ class MucscStrategy(Strategy):
         timing["encode_s"] = [float(m.content[R_INFO]["encode-s"]) for m in replies
                               if m.has_content() and R_INFO in m.content.config_records]
         t0 = time.perf_counter()
-        decoded = [self.decode_reply(m) for m in replies]
+        decoded = []
+        for m in replies:
+            try:
+                decoded.append(self.decode_reply(m, server_round))
+            except mucsc.AuthError as exc:  # forged, altered, replayed or unsigned: not aggregated
+                node = m.metadata.src_node_id
+                self.rejected.append((server_round, node, str(exc)))
+                self._holds.pop(node, None)
         timing["decode_s"] = time.perf_counter() - t0
         arrays, metrics = self.strategy.aggregate_train(server_round, decoded)
         if arrays is None:
@@ -456,5 +517,6 @@ class MucscStrategy(Strategy):
 
 __all__ = [
     "ARRAY_KEY", "STYPE", "CodecSpec", "FlowerIntegrationError", "MessageTraffic", "MucscStrategy", "Traffic",
-    "compressed_record", "decode_record", "derived_seed", "is_compressed", "message_sizes", "mucsc_mod",
+    "compressed_record", "decode_record", "derived_seed", "is_compressed", "make_mucsc_mod", "message_sizes",
+    "mucsc_mod", "uplink_context",
 ]

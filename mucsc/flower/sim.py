@@ -133,29 +133,68 @@ def client_app(cfg: Any, setup: Any) -> ClientApp:
         import torch
 
         from mucsc.fedsim import simulation as fs
-        from mucsc.fedsim.models import build_model
 
         t0 = time.perf_counter()
         torch.set_num_threads(cfg.threads)
         c = int(context.node_config["partition-id"])
         conf = msg.content["config"]
-        data = setup.data
-        model = build_model(setup.model_name, data.input_shape, data.num_classes, cfg.seed)
-        named = list(model.named_parameters())
-        arrays = msg.content["arrays"]
-        with torch.no_grad():
-            for name, p in named:
-                p.copy_(torch.from_numpy(arrays[name].numpy()))
+        model, named = _model(setup, cfg, msg.content["arrays"])
         part = np.asarray(setup.parts[c])
-        x, y = torch.from_numpy(data.x_train[part]), torch.from_numpy(data.y_train[part])  # copies: Ray's are read-only
-        batches = fs.client_batches(cfg.seed, int(conf["round"]), int(conf["slot"]), len(setup.parts[c]),
+        x = torch.from_numpy(setup.data.x_train[part])  # copies: Ray hands the actor read-only arrays
+        y = torch.from_numpy(setup.data.y_train[part])
+        batches = fs.client_batches(cfg.seed, int(conf["round"]), int(conf["slot"]), len(part),
                                     cfg.local_iters, cfg.batch_size)
-        fs.local_train(model, [p for _, p in named], x, y, batches, [float(v) for v in conf["lrs"]])
+        sgd(model, [p for _, p in named], x, y, batches, [float(v) for v in conf["lrs"]])
         trained = ArrayRecord({name: _array(p.detach().numpy()) for name, p in named})
-        metrics = MetricRecord({"num-examples": len(setup.parts[c]), "train-s": time.perf_counter() - t0})
+        metrics = MetricRecord({"num-examples": len(part), "train-s": time.perf_counter() - t0})
         return Message(RecordDict({"arrays": trained, "metrics": metrics}), reply_to=msg)
 
     return app
+
+
+def _model(setup: Any, cfg: Any, arrays: ArrayRecord) -> tuple[Any, list[tuple[str, Any]]]:
+    """The simulator's model with the given global arrays loaded."""
+    import torch
+
+    from mucsc.fedsim.models import build_model
+
+    data = setup.data
+    model = build_model(setup.model_name, data.input_shape, data.num_classes, cfg.seed)
+    named = list(model.named_parameters())
+    with torch.no_grad():
+        for name, p in named:
+            p.copy_(torch.from_numpy(arrays[name].numpy()))
+    return model, named
+
+
+def sgd(model: Any, params: list[Any], x: Any, y: Any, batches: np.ndarray, lrs: list[float]) -> None:
+    """E plain SGD steps w <- w - eta_t grad F_i(w, B_t) (eq. 3), the built-in engine's arithmetic."""
+    import torch
+    import torch.nn.functional as F
+
+    for idx, lr in zip(batches, lrs):
+        bi = torch.from_numpy(np.asarray(idx))
+        loss = F.cross_entropy(model(x[bi]), y[bi])
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(g, alpha=lr)
+
+
+def accuracy_and_loss(model: Any, x: Any, y: Any) -> tuple[float, float]:
+    """Test accuracy and mean cross-entropy (batches of 1024), as the built-in engine reports them."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(y), 1024):
+            out = model(x[i:i + 1024])
+            loss_sum += float(F.cross_entropy(out, y[i:i + 1024], reduction="sum"))
+            correct += int((out.argmax(1) == y[i:i + 1024]).sum())
+    model.train()
+    return correct / len(y), loss_sum / len(y)
 
 
 def _array(a: np.ndarray) -> Any:
@@ -228,10 +267,7 @@ def run(cfg: Any, codec: str, setup: Any, on_round: Callable[[Any], None] | None
                 rec = _round_record(server_round, strategy, inner, partition_of, net_cfg, E, cfg)
                 last = server_round == rounds
                 if server_round % every == 0 or last:
-                    with torch.no_grad():
-                        for n, p in model.named_parameters():
-                            p.copy_(torch.from_numpy(arrays[n].numpy()))
-                    rec.accuracy, rec.loss = fs._evaluate(model, data, x_te, y_te)
+                    rec.accuracy, rec.loss = accuracy_and_loss(_model(setup, cfg, arrays)[0], x_te, y_te)
                     if not np.isfinite(rec.loss):
                         rec.loss = float("nan")
                 records.append(rec)
