@@ -9,8 +9,9 @@ all-gather the message lengths and then the messages (padded to the longest), an
 all messages in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
 in the same order, so the replicas stay bitwise identical.  Before ``start_iter`` the hook is a plain
 averaging allreduce: DDP rebuilds its buckets after the first iteration, and per-bucket error feedback
-needs stable buckets.  Biased codecs (top-k, signSGD, B-MUCSC, ...) get per-bucket error feedback
-(the residual of what the other ranks did not receive is added to the next gradient of that bucket).
+needs stable buckets.  Each bucket has its own :class:`mucsc.Compressor`: biased codecs (top-k,
+signSGD, B-MUCSC, ...) get per-bucket error feedback (what the other ranks did not receive is added
+to that bucket's next gradient), and ``dgc`` its momentum correction and masking (``momentum=``).
 
 When it pays: a ring allreduce sends about 2 (P - 1) / P bucket sizes from each of P ranks; the
 all-gather sends P - 1 message sizes.  With compression ratio R the hook moves fewer bytes when
@@ -64,8 +65,9 @@ class MucscHookState:
 
     def __init__(self, process_group: Any = None, codec: str = "mucsc", seed: int = 0, start_iter: int = 2,
                  *, error_feedback: bool | None = None, compress: str | int = "auto", **params: Any) -> None:
-        c = mucsc.get_codec(codec, **params)  # validates name and parameters now
-        self.error_feedback = (not (c.unbiased or c.lossless)) if error_feedback is None else bool(error_feedback)
+        # validates the codec, its parameters and its memory's options (e.g. DGC's momentum) now
+        probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, **params)
+        self.error_feedback = probe.error_feedback
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise mucsc.ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
@@ -79,8 +81,13 @@ class MucscHookState:
         self.codec, self.params, self.seed, self.start_iter = codec, dict(params), seed, start_iter
         self.compress = compress
         self.iter = 0
-        self.residuals: dict[int, np.ndarray] = {}
+        self.compressors: dict[int, mucsc.Compressor] = {}  # per bucket index: codec + error-feedback memory
         self.stats = HookStats()
+
+    @property
+    def residuals(self) -> dict[int, np.ndarray]:
+        """What error feedback still owes the other ranks, per bucket index (empty without it)."""
+        return {i: c.residual[""] for i, c in self.compressors.items() if "" in c.residual}
 
     def message_seed(self, bucket_index: int, rank: int) -> int:
         """The encoder seed of one message: distinct per iteration, bucket and rank, reproducible."""
@@ -88,20 +95,17 @@ class MucscHookState:
         return int(ss.generate_state(2, np.uint64)[0] >> np.uint64(1))
 
     def encode_bucket(self, flat: np.ndarray, bucket_index: int, rank: int) -> bytes:
-        """This rank's message for one bucket (float32/64 vector), updating the bucket's residual."""
-        if self.error_feedback:
-            r = self.residuals.get(bucket_index)
-            if r is not None and r.shape != flat.shape:
-                raise mucsc.InputError(f"bucket {bucket_index} changed size ({r.shape[0]} -> {flat.shape[0]}); "
-                                       "was start_iter reached before DDP rebuilt its buckets?")
-            x = flat if r is None else flat + r
-        else:
-            x = flat
-        blob = mucsc.encode(x, self.codec, seed=self.message_seed(bucket_index, rank), compress=self.compress,
-                            **self.params)
-        if self.error_feedback:
-            self.residuals[bucket_index] = x - mucsc.decode(blob).astype(x.dtype, copy=False)
-        return blob
+        """This rank's message for one bucket (float32/64 vector), through the bucket's own
+        :class:`mucsc.Compressor` (its error-feedback memory; DGC's momentum follows ``iter``)."""
+        comp = self.compressors.get(bucket_index)
+        if comp is None:
+            comp = self.compressors[bucket_index] = mucsc.Compressor(
+                self.codec, error_feedback=self.error_feedback, compress=self.compress, **self.params)
+        r = comp.residual.get("")
+        if r is not None and r.shape != flat.shape:
+            raise mucsc.InputError(f"bucket {bucket_index} changed size ({r.shape[0]} -> {flat.shape[0]}); "
+                                   "was start_iter reached before DDP rebuilt its buckets?")
+        return comp.compress(flat, self.message_seed(bucket_index, rank), epoch=self.iter)
 
 
 def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:

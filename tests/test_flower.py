@@ -310,3 +310,35 @@ def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected():
     msgs = list(strategy.configure_train(3, arrays2, ConfigRecord(), FakeGrid(nodes)))
     strategy.aggregate_train(3, [_wire(plain(_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs])
     assert sorted(n for r, n, _ in strategy.rejected if r == 3) == nodes
+
+
+def test_example_app_round_trip_without_ray():
+    """examples/flower's ClientApp (with mucsc_mod) and ServerApp strategy, one round called directly."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "flower"
+    sys.path.insert(0, str(example))
+    try:
+        from mucsc_flower_app import task
+        from mucsc_flower_app.client_app import app as client
+    finally:
+        sys.path.remove(str(example))
+    nodes = [61, 62]
+    contexts = {n: Context(run_id=7, node_id=n, node_config={"partition-id": i, "num-partitions": 2},
+                           state=RecordDict(), run_config={}) for i, n in enumerate(nodes)}
+    strategy = MucscStrategy(FedAvg(fraction_evaluate=0.0), codec="mucsc", z=16, downlink="mucsc",
+                             downlink_params={"z": 64})
+    arrays = ArrayRecord(task.model().state_dict())
+    for rnd in (1, 2):
+        msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"lr": 0.1}), FakeGrid(nodes)))
+        replies = [_wire(client(_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs]
+        assert all(is_compressed(r.content["arrays"]) for r in replies)
+        arrays, metrics = strategy.aggregate_train(rnd, replies)
+        assert metrics["train_loss"] > 0
+    net = task.model()
+    net.load_state_dict(arrays.to_torch_state_dict())   # the aggregate is an ordinary model again
+    down = [m for m in strategy.traffic.messages if m.direction == "down"]
+    assert [m.compressed for m in down] == [False, False, True, True]

@@ -119,7 +119,7 @@ class FedsimStrategy(FedAvg):
         return super().aggregate_train(server_round, replies)
 
 
-def client_app(cfg: Any, setup: Any) -> ClientApp:
+def client_app(cfg: Any, setup: Any, device: str = "cpu") -> ClientApp:
     """N supernodes' ClientApp: answers its partition id; trains like the built-in engine's client."""
     app = ClientApp(mods=[mucsc_mod])
 
@@ -139,13 +139,16 @@ def client_app(cfg: Any, setup: Any) -> ClientApp:
         c = int(context.node_config["partition-id"])
         conf = msg.content["config"]
         model, named = _model(setup, cfg, msg.content["arrays"])
+        dev = torch.device(device)
+        model.to(dev)
+        named = list(model.named_parameters())
         part = np.asarray(setup.parts[c])
-        x = torch.from_numpy(setup.data.x_train[part])  # copies: Ray hands the actor read-only arrays
-        y = torch.from_numpy(setup.data.y_train[part])
+        x = torch.from_numpy(setup.data.x_train[part]).to(dev)  # copies: Ray hands actors read-only arrays
+        y = torch.from_numpy(setup.data.y_train[part]).to(dev)
         batches = fs.client_batches(cfg.seed, int(conf["round"]), int(conf["slot"]), len(part),
                                     cfg.local_iters, cfg.batch_size)
         sgd(model, [p for _, p in named], x, y, batches, [float(v) for v in conf["lrs"]])
-        trained = ArrayRecord({name: _array(p.detach().numpy()) for name, p in named})
+        trained = ArrayRecord({name: _array(p.detach().cpu().numpy()) for name, p in named})
         metrics = MetricRecord({"num-examples": len(part), "train-s": time.perf_counter() - t0})
         return Message(RecordDict({"arrays": trained, "metrics": metrics}), reply_to=msg)
 
@@ -173,7 +176,7 @@ def sgd(model: Any, params: list[Any], x: Any, y: Any, batches: np.ndarray, lrs:
     import torch.nn.functional as F
 
     for idx, lr in zip(batches, lrs):
-        bi = torch.from_numpy(np.asarray(idx))
+        bi = torch.from_numpy(np.asarray(idx)).to(x.device)
         loss = F.cross_entropy(model(x[bi]), y[bi])
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
@@ -219,9 +222,39 @@ def _node_map(grid: Grid, clients: int, timeout: float = 600.0) -> dict[int, int
     return out
 
 
-def run(cfg: Any, codec: str, setup: Any, on_round: Callable[[Any], None] | None = None) -> Any:
+def sweep(cfg: Any, setup: Any, codecs: Any, device: str = "cpu", *,
+          on_start: Callable[[int, str], None] | None = None,
+          on_round: Callable[[int, Any], None] | None = None,
+          on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
+    """The built-in engine's ``sweep`` callbacks and errors (``RunFailed``) for runs on Flower, one
+    run after the other (each run is a Flower simulation of its own)."""
+    from mucsc.fedsim.simulation import RunFailed
+
+    results = []
+    for i, name in enumerate(codecs):
+        if on_start is not None:
+            on_start(i, name)
+        done: list[Any] = []
+
+        def each(rec: Any, i: int = i) -> None:
+            done.append(rec)
+            if on_round is not None:
+                on_round(i, rec)
+        try:
+            res = run(cfg, name, setup, each, device=device)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise RunFailed(name, len(done), exc) from exc
+        if on_done is not None:
+            on_done(i, res)
+        results.append(res)
+    return results
+
+
+def run(cfg: Any, codec: str, setup: Any, on_round: Callable[[Any], None] | None = None,
+        device: str = "cpu") -> Any:
     """One FedAvg run of preset ``codec`` on Flower's simulation engine; the built-in engine's
-    signature and result (:class:`mucsc.fedsim.simulation.RunResult`)."""
+    result (:class:`mucsc.fedsim.simulation.RunResult`).  ``device="cuda"``: clients train on the GPU,
+    sharing it (fractional ``num_gpus`` per ClientApp)."""
     import torch
 
     from mucsc.fedsim import network
@@ -283,14 +316,16 @@ def run(cfg: Any, codec: str, setup: Any, on_round: Callable[[Any], None] | None
         except BaseException as exc:  # reported by run() below, not lost in Flower's server thread
             state["error"] = exc
 
-    backend: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {}}
+    cpus = max(1, min(cfg.clients, os.cpu_count() or 1))
+    gpus = 1.0 / cpus if device == "cuda" else 0.0  # every concurrent ClientApp gets a share of one GPU
+    backend: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}, "init_args": {}}
     if not os.environ.get("RAY_ADDRESS"):
-        backend["init_args"]["num_cpus"] = max(1, min(cfg.clients, os.cpu_count() or 1))
+        backend["init_args"]["num_cpus"] = cpus
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
     flwr_log.setLevel(logging.WARNING)
     try:
-        run_simulation(server, client_app(cfg, setup), num_supernodes=cfg.clients, backend_config=backend)
+        run_simulation(server, client_app(cfg, setup, device), num_supernodes=cfg.clients, backend_config=backend)
     finally:
         flwr_log.setLevel(level)
         _shutdown_local_ray()
