@@ -222,18 +222,18 @@ def _node_map(grid: Grid, clients: int, timeout: float = 600.0) -> dict[int, int
     return out
 
 
-def sweep(cfg: Any, setup: Any, codecs: Any, device: str = "cpu", *,
-          on_start: Callable[[int, str], None] | None = None,
-          on_round: Callable[[int, Any], None] | None = None,
-          on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
-    """The built-in engine's ``sweep`` callbacks and errors (``RunFailed``) for runs on Flower, one
-    run after the other (each run is a Flower simulation of its own)."""
+def sweep_runs(specs: Any, device: str = "cpu", *,
+               on_start: Callable[[int, str], None] | None = None,
+               on_round: Callable[[int, Any], None] | None = None,
+               on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
+    """The built-in engine's ``sweep_runs`` (same run specs, callbacks and ``RunFailed``) on Flower,
+    one run after the other: each run is a Flower simulation of its own."""
     from mucsc.fedsim.simulation import RunFailed
 
     results = []
-    for i, name in enumerate(codecs):
+    for i, spec in enumerate(specs):
         if on_start is not None:
-            on_start(i, name)
+            on_start(i, spec.codec)
         done: list[Any] = []
 
         def each(rec: Any, i: int = i) -> None:
@@ -241,9 +241,9 @@ def sweep(cfg: Any, setup: Any, codecs: Any, device: str = "cpu", *,
             if on_round is not None:
                 on_round(i, rec)
         try:
-            res = run(cfg, name, setup, each, device=device)
+            res = run(spec.cfg, spec.codec, spec.setup, each, device=device)
         except (Exception, KeyboardInterrupt) as exc:
-            raise RunFailed(name, len(done), exc) from exc
+            raise RunFailed(spec.codec, len(done), exc) from exc
         if on_done is not None:
             on_done(i, res)
         results.append(res)
