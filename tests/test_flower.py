@@ -126,23 +126,24 @@ def test_mod_replaces_reply_with_one_mucsc_array_and_strategy_matches_fedavg():
         upd = decode_record(r.content["arrays"])
         expected_models.append({k: (model[k] - upd[k]) if model[k].dtype.kind == "f" else upd[k] for k in model})
     weights = np.array([float(r.content["metrics"]["num-examples"]) for r in replies])
-    sizes = [len(r.content["arrays"]["mucsc"].data) for r in replies]
+    sizes = {r.metadata.src_node_id: len(r.content["arrays"]["mucsc"].data) for r in replies}
     agg, metrics = strategy.aggregate_train(1, replies)
     got = {k: a.numpy() for k, a in agg.items()}
     for k in model:
         want = sum(w * m[k].astype(np.float64) for w, m in zip(weights, expected_models)) / weights.sum()
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
     assert got["steps"][0] == 4  # non-float arrays travel losslessly (FedAvg itself averages them as floats)
-    # plain FedAvg on the same decoded replies gives the same arrays
-    agg2, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, replies)   # replies now hold decoded models
+    # plain FedAvg on the same decoded replies (the wrapper sorts them by node) gives the same arrays
+    by_node = sorted(replies, key=lambda r: r.metadata.src_node_id)      # replies now hold decoded models
+    agg2, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, by_node)
     for k in model:
         np.testing.assert_array_equal(agg2[k].numpy(), got[k])
     # bytes from the real messages
     rows = strategy.traffic.rounds()
     assert rows[0]["round"] == 1 and rows[0]["down_recipients"] == 3
     up = [m for m in strategy.traffic.messages if m.direction == "up"]
-    assert [m.payload_bytes for m in up] == sizes and all(m.compressed for m in up)
-    assert rows[0]["bytes_up"] == sum(sizes)
+    assert {m.node_id: m.payload_bytes for m in up} == sizes and all(m.compressed for m in up)
+    assert rows[0]["bytes_up"] == sum(sizes.values())
     assert all(m.message_bytes > m.payload_bytes > 0 for m in strategy.traffic.messages)
 
 

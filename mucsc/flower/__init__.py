@@ -468,7 +468,9 @@ class MucscStrategy(Strategy):
         return msg
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[Any, Any]:
-        replies = list(replies)
+        # Replies come in the order the nodes finished; sorting makes the float sums of the wrapped
+        # strategy, and so the model, independent of timing.
+        replies = sorted(replies, key=lambda m: m.metadata.src_node_id)
         for msg in replies:
             node = msg.metadata.src_node_id
             self.traffic.add(server_round, msg, "up", node)

@@ -114,7 +114,8 @@ class FedsimStrategy(FedAvg):
         return messages
 
     def aggregate_train(self, server_round: int, replies: Any) -> tuple[Any, Any]:
-        replies = list(replies)
+        slot = {self.node_of[c]: i for i, c in enumerate(self.selected[server_round])}
+        replies = sorted(replies, key=lambda m: slot.get(m.metadata.src_node_id, len(slot)))  # slot order
         self.train_s[server_round] = [float(r.content["metrics"]["train-s"]) for r in replies if not r.has_error()]
         return super().aggregate_train(server_round, replies)
 
