@@ -66,9 +66,10 @@ def test_state_validates():
     assert MucscHookState(None, codec="topk").error_feedback
     assert not MucscHookState(None, codec="mucsc").error_feedback
     assert MucscHookState(None, codec="mucsc", start_iter=0).start_iter == 0
-    assert MucscHookState(None, codec="dgc", keep=0.1, momentum=0.5).error_feedback  # DGC's own memory
-    with pytest.raises(mucsc.ParameterError):
-        MucscHookState(None, codec="dgc", momentum=1.5)
+    if hasattr(mucsc, "Compressor"):  # issue 8's compressors: DGC's own momentum memory
+        assert MucscHookState(None, codec="dgc", keep=0.1, momentum=0.5).error_feedback
+        with pytest.raises(mucsc.ParameterError):
+            MucscHookState(None, codec="dgc", momentum=1.5)
     with pytest.raises(mucsc.ParameterError):
         MucscHookState(None, compress="fast")
 

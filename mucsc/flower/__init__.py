@@ -42,6 +42,7 @@ except ImportError as exc:  # an optional extra: say how to get it
     raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
 
 import mucsc
+from mucsc._compressor_compat import new_compressor
 
 STYPE = "mucsc/1"           # Array.stype of a compressed ArrayRecord's single Array
 ARRAY_KEY = "mucsc"         # the key of that Array inside its ArrayRecord
@@ -155,8 +156,8 @@ class CodecSpec:
     compress: str | int = "auto"
     shared: bool = True
 
-    def compressor(self) -> mucsc.Compressor:
-        return mucsc.Compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
+    def compressor(self) -> Any:
+        return new_compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
                                 compress=self.compress, **dict(self.params))
 
     def to_config(self) -> dict[str, Any]:
@@ -194,7 +195,7 @@ def derived_seed(*keys: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- client
 
-def _save_compressor(state: RecordDict, spec: CodecSpec, comp: mucsc.Compressor) -> None:
+def _save_compressor(state: RecordDict, spec: CodecSpec, comp: Any) -> None:
     sd = comp.state_dict()
     arrays = {f"{field}/{name}": np.ascontiguousarray(a)
               for field, table in sd["memory"].items() for name, a in table.items()}
@@ -206,7 +207,7 @@ def _save_compressor(state: RecordDict, spec: CodecSpec, comp: mucsc.Compressor)
     state[S_META] = meta
 
 
-def _load_compressor(state: RecordDict, spec: CodecSpec) -> mucsc.Compressor:
+def _load_compressor(state: RecordDict, spec: CodecSpec) -> Any:
     comp = spec.compressor()
     meta = state.config_records.get(S_META)
     if meta is None or meta.get("spec") != spec.key() or S_MEMORY not in state.array_records:
@@ -402,7 +403,7 @@ class MucscStrategy(Strategy):
         self.traffic = Traffic()
         # per round: clients' encode seconds (from their replies), server decode and downlink encode seconds
         self.timing: dict[int, dict[str, Any]] = {}
-        self._down = None if downlink is None else mucsc.Compressor(
+        self._down = None if downlink is None else new_compressor(
             downlink, error_feedback=downlink_error_feedback, compress=compress, **dict(downlink_params or {}))
         self.downlink = downlink
         self._downlink_seed = downlink_seed or (lambda rnd: derived_seed(self.seed, rnd, 1 << 62))
