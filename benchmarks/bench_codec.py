@@ -4,8 +4,12 @@
     python benchmarks/bench_codec.py            # d = 1e6 and 1e7, Z = 4, 16, 256
     python benchmarks/bench_codec.py --quick    # d = 1e6 only
     MUCSC_PURE_NUMPY=1 python benchmarks/bench_codec.py   # the numpy fallback instead of the C kernels
+    python benchmarks/bench_codec.py --threads 1,2 --d 3e7 --z 16 --repeat 5   # thread scaling
 
 Throughput is MB/s of float32 input (4 bytes per element), best of --repeat runs, one thread.
+With --threads: encode and decode of one d-element vector with each thread count, the thread
+counts interleaved within every repetition (so load changes hit all of them alike), best of
+--repeat, speed-up against the first count, and whether every count wrote the same bytes.
 Peak memory is tracemalloc's peak during one encode (numpy reports its buffers to it), as a
 multiple of the input's size.  J/J(uniform) compares the J of the default solver's encoding with uniform levels' (exact J, full data).
 """
@@ -56,11 +60,76 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
+def cpu_ticks():
+    """(busy, total) clock ticks of the whole machine from /proc/stat (None where it does not exist)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(t) for t in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+def others_share(t0, c0):
+    """Share of the machine's CPU time used by other processes since (ticks t0, own CPU seconds c0)."""
+    t1 = cpu_ticks()
+    if t0 is None or t1 is None or t1[1] == t0[1]:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    own = (time.process_time() - c0) * hz
+    return max(0.0, (t1[0] - t0[0] - own) / (t1[1] - t0[1]))
+
+
+def scaling(threads, d, z, repeat):
+    """Interleaved best-of-``repeat`` encode/decode times for each thread count."""
+    x = np.random.default_rng(0).normal(size=d).astype(np.float32)
+    mb = x.nbytes / 1e6
+    blobs = {t: mucsc.encode(x, z=z, threads=t) for t in threads}  # also warms every pool up
+    same = len(set(blobs.values())) == 1
+    blob = blobs[threads[0]]
+    ref = mucsc.decode(blob)
+    same_out = all(np.array_equal(mucsc.decode(blob, threads=t), ref) for t in threads)
+    enc = {t: float("inf") for t in threads}
+    dec = {t: float("inf") for t in threads}
+    ticks, cpu0 = cpu_ticks(), time.process_time()
+    for _ in range(repeat):
+        for t in threads:
+            t0 = time.perf_counter()
+            mucsc.encode(x, z=z, threads=t)
+            enc[t] = min(enc[t], time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            mucsc.decode(blob, threads=t)
+            dec[t] = min(dec[t], time.perf_counter() - t0)
+    print(f"# {cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}, kernels backend {kernels.BACKEND}; "
+          f"d = {d:.0e} float32 N(0,1), Z = {z}, best of {repeat} interleaved")
+    share = others_share(ticks, cpu0)
+    print(f"# identical message bytes for all thread counts: {same}; identical decoded values: {same_out}")
+    if share is not None:
+        print(f"# other processes used {100 * share:.0f}% of the machine's CPU time during the timed runs "
+              f"(load average {os.getloadavg()[0]:.2f}; a one-thread run leaves the other cores to them); "
+              "when they compete for the cores the speed-ups are not reliable")
+    print("| threads | encode ms | encode MB/s | encode speed-up | decode ms | decode MB/s | decode speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    t1 = threads[0]
+    for t in threads:
+        print(f"| {t} | {enc[t] * 1e3:.1f} | {mb / enc[t]:.0f} | {enc[t1] / enc[t]:.2f}x | {dec[t] * 1e3:.1f} | "
+              f"{mb / dec[t]:.0f} | {dec[t1] / dec[t]:.2f}x |")
+    if not (same and same_out):
+        raise SystemExit("bytes differ between thread counts")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", help="comma-separated thread counts: run the scaling table instead")
+    ap.add_argument("--d", type=float, default=3e7, help="vector length of the scaling table")
+    ap.add_argument("--z", type=int, default=16, help="Z of the scaling table")
     args = ap.parse_args()
+    if args.threads:
+        scaling([int(t) for t in args.threads.split(",")], int(args.d), args.z, args.repeat)
+        return
     sizes = [10**6] if args.quick else [10**6, 10**7]
     print(f"# {cpu_model()}, {os.cpu_count()} cores, one thread; numpy {np.__version__}, mucsc {mucsc.__version__}, "
           f"kernels backend {kernels.BACKEND}")

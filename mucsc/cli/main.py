@@ -79,6 +79,11 @@ def limit_options(f: Callable) -> Callable:
                         "this; 'none': no limit.")(f)
 
 
+# bytes never depend on the thread count, so the command line uses every core by default
+THREADS_OPTION = click.option("-T", "--threads", type=click.IntRange(min=0), default=0, show_default=True,
+                              help="Threads to use (0: all cores); the output is the same for any value.")
+
+
 class UsageFailure(Failure):
     """A one-line usage error about a file name (exit status 2)."""
 
@@ -120,7 +125,7 @@ def main() -> None:
 
 _RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
              "compress", "help", "version", "format", "max-elements", "max-expansion", "key-file", "key-id",
-             "keys", "context"}
+             "keys", "context", "threads"}
 CODEC_PARAMS = codec_params(_RESERVED)
 
 
@@ -141,13 +146,14 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @click.option("--compress", "compress_mode", default="auto", show_default=True, metavar="auto|off|LEVEL",
               help="auto: zstd-compress sections when smaller; off: fixed-width (the paper's byte "
               "counts); 1..22: that zstd level.")
+@THREADS_OPTION
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @signing_options
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None,
-             compress_mode: str, force: bool, key_file: str | None, key_id: str | None, context: str | None,
-             quiet: bool, as_json: bool, **codec_values: Any) -> None:
+             compress_mode: str, threads: int, force: bool, key_file: str | None, key_id: str | None,
+             context: str | None, quiet: bool, as_json: bool, **codec_values: Any) -> None:
     """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
 
     Without --base the input is a model: by default every float tensor gets its own codebook with Z
@@ -198,7 +204,8 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         meta = {META_KEY: os.path.basename(base)} if base is not None else None
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=mode.shared, compress=level,
-                                                  meta=meta, policy=mode.policy, **signing, **params)
+                                                  meta=meta, policy=mode.policy, threads=threads, **signing,
+                                                  **params)
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)
@@ -253,11 +260,12 @@ def _compress_json(input, out, base, codec, params, mode, seed, level, stats, in
 @click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only).")
 @limit_options
 @verifying_options
+@THREADS_OPTION
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
                max_elements: int | None, max_expansion: float | None, key_file: str | None,
-               keys_dir: str | None, key_id: str | None, context: str | None, force: bool,
+               keys_dir: str | None, key_id: str | None, context: str | None, threads: int, force: bool,
                quiet: bool) -> None:
     """Decode a .mucsc message into a tensor file (dtypes and shapes restored).
 
@@ -286,7 +294,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
             tensorfiles.require_torch()  # a clear "needs torch" before any decoding
         # the same immutable bytes inspect() verified: no second tag check needed
         decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
-                               max_expansion=max_expansion)
+                               max_expansion=max_expansion, threads=threads)
     del blob
     tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
     # every record's recorded shape (a view, no copy; a safety net for 0-d tensors)
@@ -368,11 +376,12 @@ def info(input: str, key_file: str | None, keys_dir: str | None, key_id: str | N
 @click.argument("inputs", metavar="IN.mucsc...", nargs=-1, required=True)
 @limit_options
 @verifying_options
+@THREADS_OPTION
 @click.option("-q", "--quiet", is_flag=True, help="Print only failures.")
 @click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
 def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: float | None,
              key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None,
-             quiet: bool, as_json: bool) -> None:
+             threads: int, quiet: bool, as_json: bool) -> None:
     """Check messages like gzip -t: the checksum holds and every tensor decodes (exit 0), else exit 1.
 
     With --key-file or --keys every message must also carry a valid authentication tag.
@@ -384,7 +393,8 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
             _check_input(path)
             blob = _read_bytes(path)
             with about(_label(path)):
-                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, **verifying)
+                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, threads=threads,
+                             **verifying)
             results.append({"file": path, "ok": True, "error": None})
             if not (quiet or as_json):
                 how = f" (authenticated: key id {_key_id(blob)!r})" if verifying else ""

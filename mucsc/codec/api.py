@@ -14,6 +14,7 @@ import numpy as np
 
 from mucsc.codec import auth
 from mucsc.codec import format as fmt
+from mucsc.codec import parallel
 from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec import torch_backend
@@ -100,7 +101,7 @@ def tensor_dict(t: TensorStats) -> dict[str, Any]:
 def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
            compress: str | int = "auto", meta: Mapping[str, str] | None = None,
            policy: Policy | None = None, key: Any = None, key_id: str | None = None,
-           context: bytes | str | None = None, **params: Any) -> bytes:
+           context: bytes | str | None = None, threads: int = 1, **params: Any) -> bytes:
     """Encode an array, a torch tensor or a mapping of them into one mucsc message.
 
     ``codec`` and its ``params`` (e.g. ``z=16``) apply to every float tensor; non-float tensors are
@@ -109,24 +110,26 @@ def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = Tru
     compressible sections zstd-compressed when smaller ("off": fixed-width, the paper's byte counts;
     an int: that zstd level).  ``policy`` (a :class:`mucsc.Policy`) replaces ``shared`` by the
     checkpoint-grade grouping: a codebook per tensor, lossless carriers where coding is not smaller,
-    optionally a per-tensor error target.  The same input, parameters and seed give the same bytes.
+    optionally a per-tensor error target.  The same input, parameters and seed give the same bytes,
+    for any ``threads`` (threads used within and across groups; 0: all cores).
 
     ``key`` (32 secret bytes for BLAKE2b, or an Ed25519 private key) with ``key_id`` appends an
     authentication tag that also covers ``context`` (not stored; e.g. ``b"run-4/round-9/up"``): the
     receiver must give the same context.  See docs/security.md.
     """
     return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   want_stats=False)[0]
+                   threads, want_stats=False)[0]
 
 
 def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
                       compress: str | int = "auto", meta: Mapping[str, str] | None = None,
                       policy: Policy | None = None, key: Any = None, key_id: str | None = None,
-                      context: bytes | str | None = None, **params: Any) -> tuple[bytes, EncodeStats]:
+                      context: bytes | str | None = None, threads: int = 1,
+                      **params: Any) -> tuple[bytes, EncodeStats]:
     """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio, and each tensor's
     measured error: every lossy group is decoded once more to measure it)."""
     return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   want_stats=True)
+                   threads, want_stats=True)
 
 
 def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
@@ -140,7 +143,14 @@ def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
     return auth.Signer(key, key_id, context)
 
 
-def _encode(data, codec_name, seed, shared, compress, meta, params, policy, signer, want_stats):
+def _encode(data, codec_name, seed, shared, compress, meta, params, policy, signer, threads, want_stats):
+    with parallel.using(threads) as nthreads:
+        return _encode_threads(data, codec_name, seed, shared, compress, meta, params, policy, signer, nthreads,
+                               want_stats)
+
+
+def _encode_threads(data, codec_name, seed, shared, compress, meta, params, policy, signer, threads,
+                    want_stats):
     level = _zstd_level(compress)
     codec = get_codec(codec_name, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -157,28 +167,37 @@ def _encode(data, codec_name, seed, shared, compress, meta, params, policy, sign
     if codec.needs_plan and any(c is codec for c, _ in plan):
         trailer = signer.trailer_bytes if signer is not None else 0
         plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer, ready)
-    groups, sections, gstats, errors = [], [], [], {}
-    for gi, (gcodec, members) in enumerate(plan):
+
+    def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
+        gcodec, members = plan[gi]
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
         x = _for_codec(gcodec, x)
         enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
-        if want_stats:
-            errors.update(_member_errors(gcodec, enc, x, members, tensors))
-        del x
-        groups.append(fmt.Group(gcodec.name, enc.params, tuple(members), gdtype))
-        sections.extend((gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections)
+        errs = _member_errors(gcodec, enc, x, members, tensors) if want_stats else {}
+        secs = [(gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections]
+        gstat = None
         if want_stats:
             stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}
             if gcodec.lossless:
                 stats.setdefault("J", 0.0)
-            gstats.append(GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
-                                     sum(tensors[i].size for i in members), stats))
+            gstat = GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
+                               sum(tensors[i].size for i in members), stats)
+        del x
+        return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, gstat, errs
+
+    # small groups side by side, large ones one after another with every thread (parallel.run_groups)
+    done = parallel.run_groups(encode_group, [sum(tensors[i].size for i in m) for _, m in plan])
+    groups = [d[0] for d in done]
+    sections = [s for d in done for s in d[1]]
+    gstats = [d[2] for d in done if d[2] is not None]
+    errors = {k: v for d in done for k, v in d[3].items()}
+    del done
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
     _check_header_limits(header)
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
     blob = fmt.write_message(header, sections, zstd_level=level, auth=signer,
-                             minor=max(minor, _minor_needed(header)))
+                             minor=max(minor, _minor_needed(header)), threads=threads)
     if not want_stats:
         return blob, None
     gbytes = _group_bytes(blob)
@@ -343,7 +362,7 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
         return torch_backend.group_vector(parts, gdtype), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
     for t, p in zip(members, parts):
-        if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
+        if p.size and not all(np.isfinite(parallel.bounds(p))):
             raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
     x = parts[0] if len(parts) == 1 else _adjacent_view(parts)
     if x is None:
@@ -386,7 +405,8 @@ def _check_header_limits(header: fmt.Header) -> None:
 def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, device: Any = None,
            max_elements: int | None = DEFAULT_MAX_ELEMENTS,
            max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
-           context: bytes | str | None = None, require_auth: bool | None = None) -> Any:
+           context: bytes | str | None = None, require_auth: bool | None = None,
+           threads: int = 1) -> Any:
     """Decode a message: an array for a message made from one array, else a dict of arrays.
 
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
@@ -401,6 +421,7 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     otherwise).  ``require_auth`` defaults to ``keys is not None``; False accepts unauthenticated
     messages while still verifying authenticated ones.  Without keys an authenticated message
     decodes unverified (:func:`inspect` reports it so).
+    ``threads``: threads used within and across groups (0: all cores); the result never depends on it.
     """
     if device is not None and not as_torch:
         raise ParameterError("device= needs as_torch=True")
@@ -410,7 +431,8 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
             device = torch_backend.device(device)
     auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash
     try:
-        return _decode(blob, as_torch, max_elements, max_expansion, device)
+        with parallel.using(threads):
+            return _decode(blob, as_torch, max_elements, max_expansion, device)
     except MemoryError:
         raise LimitError("out of memory while decoding: the message decodes to more than this machine "
                          "can hold") from None
@@ -439,8 +461,11 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
     header = msg.header
     check_limits(header, msg.size, max_elements, max_expansion)
     out: dict[str, Any] = {}
+    sizes = [sum(header.records[i].size for i in g.records) for g in header.groups]
+    flats = parallel.run_groups(lambda gi: _decode_group(msg, gi, header.groups[gi], device), sizes)
     for gi, group in enumerate(header.groups):
-        flat = _decode_group(msg, gi, group, device)
+        flat = flats[gi]
+        flats[gi] = None
         offset = 0
         for ri in group.records:
             rec = header.records[ri]
@@ -578,10 +603,10 @@ def inspect(blob: bytes | bytearray | memoryview, *, keys: Keys | None = None,
 
 def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS,
            max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
-           context: bytes | str | None = None, require_auth: bool | None = None) -> None:
+           context: bytes | str | None = None, require_auth: bool | None = None, threads: int = 1) -> None:
     """Check the tag (with ``keys``), the checksum and that every record decodes; raises
-    :class:`AuthError` or a FormatError subclass if not.  The limits are :func:`decode`'s."""
+    :class:`AuthError` or a FormatError subclass if not.  The limits and ``threads`` are :func:`decode`'s."""
     decode(blob, max_elements=max_elements, max_expansion=max_expansion, keys=keys, context=context,
-           require_auth=require_auth)
+           require_auth=require_auth, threads=threads)
 
 

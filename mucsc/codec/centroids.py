@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
 from mucsc.errors import InputError, ParameterError
 
 __all__ = ["SOLVERS", "solve", "variance_J", "variance_J_sorted", "segment_costs"]
@@ -360,13 +360,8 @@ def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
     Both backends collect them in index order, so the sorted results are identical.
     """
     if kernels.use_c() and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
-        cap = 4 * (x.size * (TAIL_RANK + 1) // SUBSAMPLE) + 4096  # expected count per side, with room
-        low, high = np.empty(cap, x.dtype), np.empty(cap, x.dtype)
-        nl, nh = kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
-        if nl > cap or nh > cap:  # many equal values beyond a threshold: exact sizes
-            low, high = np.empty(nl, x.dtype), np.empty(nh, x.dtype)
-            kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
-        return np.sort(low[:nl]), np.sort(high[:nh])
+        parts = parallel.run_spans(lambda s, e: _outside_c(x[s:e], t_lo, t_hi), x.size)  # index order
+        return tuple(np.sort(np.concatenate(side)) for side in zip(*parts))
     lows, highs = [], []
     step = 1 << 16
     m = np.empty(min(step, x.size), bool)
@@ -381,6 +376,17 @@ def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
             highs.append(xc[mm])
     cat = lambda a: np.sort(np.concatenate(a)) if a else np.zeros(0, x.dtype)  # noqa: E731
     return cat(lows), cat(highs)
+
+
+def _outside_c(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
+    """The C kernel's pass: x's elements below ``t_lo`` and above ``t_hi``, in index order."""
+    cap = 4 * (x.size * (TAIL_RANK + 1) // SUBSAMPLE) + 4096  # expected count per side, with room
+    low, high = np.empty(cap, x.dtype), np.empty(cap, x.dtype)
+    nl, nh = kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+    if nl > cap or nh > cap:  # many equal values beyond a threshold: exact sizes
+        low, high = np.empty(nl, x.dtype), np.empty(nh, x.dtype)
+        kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+    return low[:nl], high[:nh]
 
 
 class _Sorted:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import zstandard
 
+from mucsc.codec import parallel
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
 
 MAGIC = b"\x89MUC\r\n\x1a\n"  # like PNG: high bit, CR-LF, ^Z and LF catch text-mode mangling
@@ -245,8 +246,9 @@ def message_size(payload_sizes: Iterable[int]) -> int:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _compressor(zstd_level: int) -> zstandard.ZstdCompressor:
-    return zstandard.ZstdCompressor(level=zstd_level, write_content_size=True, write_checksum=False)
+def _compressor(zstd_level: int, threads: int = 1) -> zstandard.ZstdCompressor:
+    """zstd's multi-threaded mode: the same frame for any ``threads`` (``parallel.zstd_compressor``)."""
+    return parallel.zstd_compressor(zstd_level, threads)
 
 
 def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
@@ -262,7 +264,7 @@ def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
 
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
                   zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None,
-                  minor: int = 0) -> bytes:
+                  minor: int = 0, threads: int = 1) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
 
     ``minor``: the version to declare, the oldest that can represent the message (a message using
@@ -272,6 +274,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     None: never).  The HEAD section is written first.  ``minor``: the format minor version the
     sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
     message is 1.1 with an authentication trailer.  Writers emit the oldest version that fits.
+    ``threads``: zstd worker threads (the bytes do not depend on it, see ``parallel.zstd_compressor``).
     """
     if not 0 <= minor <= MINOR:
         raise ValueError(f"format minor version {minor} is not in 0..{MINOR}")
@@ -279,7 +282,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         raise ValueError("flags are set by the writer, not by its caller")
     if not 0 <= minor <= MINOR:
         raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
-    cctx = _compressor(zstd_level) if zstd_level is not None else None
+    cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     parts: list[bytes | memoryview] = []
     count = 0
     for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", header.to_json(), True), *sections]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
 from mucsc.errors import InputError, ParameterError
 
 __all__ = [
@@ -280,7 +280,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     work = _work_dtype(x, c)
     key = draw_key(rng)
     if kernels.use_c() and c.size <= 1 << 16:
-        J = kernels.c_module().sround(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J)
+        J = _sround_chunks(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J, work)
         return (ids, J) if return_J else ids
     grid = _BitGrid(c) if work == np.float32 and n >= BITGRID_MIN_N else _Grid(c, work, n)
     step = min(CHUNK, n)
@@ -345,6 +345,26 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if pend:
         J += _fixup(x, grid, ids, pend, return_J)
     return (ids, J) if return_J else ids
+
+
+def _sround_chunks(x, cw, key, ids, return_J, work) -> float:
+    """The C kernel over parallel.CHUNK-sized chunks on parallel.current() threads.
+
+    Chunk [s, e) uses the stream state key + (s / 2) * GAMMA (float32 work: two elements per word)
+    or key + s * GAMMA (float64), so element i still gets word i/2 (or i) of FORMAT.md 4.3's stream
+    and the ids do not depend on the chunking; J is summed over the chunks in chunk order.
+    """
+    per_word = 2 if work == np.float32 else 1
+    sround = kernels.c_module().sround
+
+    def one(s: int, e: int) -> float:
+        k = (key + (s // per_word) * kernels.GAMMA) & kernels.MASK64
+        return sround(x[s:e], cw, k, ids[s:e], return_J)
+
+    J = 0.0
+    for part in parallel.run_spans(one, x.size):
+        J += part
+    return J
 
 
 def _fixup(x, grid, ids, pend, return_J) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import parallel
 from mucsc.codec.api import decode, encode
 from mucsc.codec.base import codec_class, get_codec
 from mucsc.errors import InputError, ParameterError
@@ -56,13 +57,14 @@ class Compressor:
 
     ``error_feedback=None`` enables it for biased codecs (class ``unbiased`` and ``lossless`` both
     False).  ``seed`` seeds round r's encoding as ``SeedSequence([seed, r])`` unless ``compress`` is
-    given an explicit ``seed``.  ``shared``, ``compress`` and ``params`` are passed to
-    :func:`mucsc.encode`.
+    given an explicit ``seed``.  ``shared``, ``compress``, ``threads`` and ``params`` are passed to
+    :func:`mucsc.encode` (``threads`` also to the residual's :func:`mucsc.decode`).
     """
 
     def __init__(self, codec: str, *, error_feedback: bool | None = None, seed: int = 0,
-                 shared: bool = True, compress: str | int = "auto", **params: Any) -> None:
+                 shared: bool = True, compress: str | int = "auto", threads: int = 1, **params: Any) -> None:
         get_codec(codec, **params)  # validates the name and parameters now, not at the first round
+        self.threads = parallel.resolve(threads)
         cls = codec_class(codec)
         self.codec = codec
         self.params = dict(params)
@@ -79,13 +81,13 @@ class Compressor:
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
         if not self.error_feedback:
             blob = encode(update, self.codec, seed=s, shared=self.shared, compress=self.compress_mode,
-                          **self.params)
+                          threads=self.threads, **self.params)
         else:
             tensors, is_map = _split(update)
             corrected = {n: self._add_residual(n, a) for n, a in tensors.items()}
             blob = encode(corrected if is_map else corrected[""], self.codec, seed=s, shared=self.shared,
-                          compress=self.compress_mode, **self.params)
-            out = decode(blob)
+                          compress=self.compress_mode, threads=self.threads, **self.params)
+            out = decode(blob, threads=self.threads)
             received = out if is_map else {"": out}
             for name, a in corrected.items():
                 if _is_float(a):
@@ -115,12 +117,14 @@ class DGCCompressor:
     ``compress`` is given ``epoch``) is within the schedule); then u and v are zeroed where a value
     was sent (momentum-factor masking).  ``shared=True`` selects top-k over the whole update (the
     paper's flattened vector); ``shared=False`` per tensor, as the DGC paper does per layer.
+    ``threads`` is passed to :func:`mucsc.encode` and :func:`mucsc.decode` (bytes never depend on it).
     """
 
     def __init__(self, *, keep: float = 0.01, momentum: float = 0.9, clip_norm: float | None = None,
                  warmup: Sequence[float] = DGC_WARMUP, warmup_period: int = 1, positions: str = "auto",
-                 seed: int = 0, shared: bool = True, compress: str | int = "auto") -> None:
+                 seed: int = 0, shared: bool = True, compress: str | int = "auto", threads: int = 1) -> None:
         get_codec("dgc", keep=keep, positions=positions)
+        self.threads = parallel.resolve(threads)
         if not 0.0 <= momentum < 1.0:
             raise ParameterError(f"momentum must be in [0, 1), got {momentum}")
         if clip_norm is not None and not clip_norm > 0:
@@ -162,8 +166,9 @@ class DGCCompressor:
             acc[name] = v
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
         blob = encode(acc if is_map else acc[""], "dgc", seed=s, shared=self.shared,
-                      compress=self.compress_mode, keep=self.keep_at(stage), positions=self.positions)
-        out = decode(blob)
+                      compress=self.compress_mode, keep=self.keep_at(stage), positions=self.positions,
+                      threads=self.threads)
+        out = decode(blob, threads=self.threads)
         received = out if is_map else {"": out}
         for name in self.v:
             sent = received[name] != 0  # the top-k values (a sent exact 0 leaves v = 0 there anyway)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, quantize, rans, torch_backend
+from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, parallel, quantize, rans, torch_backend
 from mucsc.codec import format as fmt
 from mucsc.codec.base import (Codec, EncodedGroup, PlanContext, Section, array_from, param_int, param_str,
                               register, section)
@@ -147,7 +147,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
         ids = np.zeros(0, np.uint8)
         J = 0.0
     else:
-        bounds = (float(x.min()), float(x.max()))  # once, not once per stage
+        bounds = parallel.bounds(x)  # once, not once per stage
         c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds) if levels is None else levels
         wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
         # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
@@ -171,7 +171,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
         bits = packed_width(ids, k, p.id_packing)
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
                   "z": z}
-        packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else bitpack.pack(ids, bits)
+        packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else parallel.pack(ids, bits)
         sections = (cent, Section("IDS_", packed, compressible=True))
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
@@ -212,13 +212,13 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
     k = cent.size
     if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
         ids = rans.decode(payload, n, k)
-    else:
-        ids = bitpack.unpack(payload, width, n)  # checks the length before allocating
-        if k and width and int(ids.max(initial=0)) >= k:
-            raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+        return quantize.dequantize(ids, cent, dtype, check=False) if n else np.zeros(0, dtype)
     if n == 0:
         return np.zeros(0, dtype)
-    return quantize.dequantize(ids, cent, dtype, check=False)  # ids checked above
+    # fixed-width IDs (length checked): unpacked chunk by chunk on parallel.current() threads, each
+    # checked against k
+    return parallel.unpack_take(payload, width, n, cent.astype(dtype),
+                                lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
 
 
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

@@ -1,0 +1,298 @@
+"""Deterministic multi-threading of one message: chunks of a group, and groups side by side.
+
+The compiled kernels, numpy's element-wise loops and zstd release the GIL, so a few Python threads
+running them on slices of one vector use several cores.  Bytes never depend on the thread count:
+
+* chunk boundaries are fixed multiples of :data:`CHUNK` elements, whatever ``threads`` is, so a chunk
+  computes exactly what the single pass computes there (the rounding pass's uniforms come from the
+  counter stream of spec/FORMAT.md 4.3, element i's from counter i; ``CHUNK`` is a multiple of 8, so
+  every chunk of packed IDs is whole bytes for any width);
+* per-chunk results are combined in chunk order (J is summed in that order for every ``threads``);
+* zstd always runs in its multi-threaded mode (see :func:`zstd_compressor`).
+
+``threads`` is set for a call with :func:`using` (the API does this) and read by the codecs through
+:func:`current`, so codec signatures stay as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from mucsc.errors import ParameterError
+
+__all__ = ["CHUNK", "GROUP_PARALLEL_MAX", "resolve", "using", "current", "spans", "run", "run_spans",
+           "run_groups", "bounds", "pack", "unpack_take", "zstd_compressor"]
+
+T = TypeVar("T")
+
+# Elements per chunk: 4 MiB of float32, long enough that the per-call overhead (~20 us) is noise and
+# short enough that 2..16 threads share a 1e7-element vector evenly.  A multiple of 8 (packing) and
+# even (float32 elements 2j and 2j + 1 share one random word).
+CHUNK = 1 << 20
+# Groups smaller than this are encoded/decoded side by side, one thread each; larger ones one after
+# the other with every thread inside (they have enough chunks to share).
+GROUP_PARALLEL_MAX = 2 * CHUNK
+MAX_THREADS = 1024
+
+_threads: contextvars.ContextVar[int] = contextvars.ContextVar("mucsc_threads", default=1)
+# bounds() of the arrays seen during one API call (id -> (weak reference, bounds)): the API's finite
+# check and the codec's solver ask for the same vector's min and max
+_bounds_memo: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mucsc_bounds", default=None)
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def resolve(threads: Any) -> int:
+    """The thread count for a ``threads`` argument: a positive int as given, 0 or None: all cores."""
+    if threads is None or (isinstance(threads, (int, np.integer)) and not isinstance(threads, bool)
+                           and threads == 0):
+        return available_cores()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
+        raise ParameterError(f"threads must be a non-negative integer (0: all cores), got {threads!r}")
+    return int(min(threads, MAX_THREADS))
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def using(threads: Any) -> Iterator[int]:
+    """Run the body with ``threads`` threads (see :func:`resolve`); yields the resolved count."""
+    n = resolve(threads)
+    token = _threads.set(n)
+    memo = _bounds_memo.set({})
+    try:
+        yield n
+    finally:
+        _bounds_memo.reset(memo)
+        _threads.reset(token)
+
+
+def current() -> int:
+    """The thread count of the enclosing :func:`using` (1 outside any)."""
+    return _threads.get()
+
+
+def spans(n: int, chunk: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of the fixed chunks of ``range(n)`` (one empty span for n = 0)."""
+    chunk = chunk or CHUNK
+    return [(s, min(s + chunk, n)) for s in range(0, n, chunk)] or [(0, 0)]
+
+
+def _forget_pools() -> None:
+    """In a forked child the pools' threads do not exist: start new ones when needed."""
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="mucsc")
+        return pool
+
+
+def run(fn: Callable[[T], Any], items: Sequence[T], threads: int | None = None) -> list[Any]:
+    """``[fn(item) for item in items]`` on up to ``threads`` threads (default :func:`current`).
+
+    The caller's thread works too; items are taken in order by whichever thread is free.  Inside
+    the workers :func:`current` is 1, so nested calls run serially (no pool waits on itself).  If
+    several items fail, the exception of the first failing item is raised, as a loop would.
+    """
+    t = current() if threads is None else threads
+    t = min(t, len(items))
+    if t <= 1:
+        return [fn(it) for it in items]
+    results: list[Any] = [None] * len(items)
+    errors: dict[int, BaseException] = {}
+    counter = itertools.count()  # next() on it is atomic under the GIL
+    ctx = contextvars.copy_context()
+
+    def worker() -> None:
+        _threads.set(1)
+        for i in iter(counter.__next__, None):
+            if i >= len(items) or errors:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller below
+                errors[i] = exc
+                return
+
+    futures = [_pool(t - 1).submit(ctx.copy().run, worker) for _ in range(t - 1)]
+    token = _threads.set(1)
+    try:
+        worker()
+    finally:
+        _threads.reset(token)
+        for f in futures:  # a worker that never started (busy pool) has nothing left to do
+            if not f.cancel():
+                f.result()
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+def run_spans(fn: Callable[[int, int], Any], n: int, chunk: int | None = None) -> list[Any]:
+    """``fn(start, end)`` for every fixed chunk of ``range(n)``, results in chunk order."""
+    return run(lambda se: fn(*se), spans(n, chunk))
+
+
+def run_groups(fn: Callable[[int], T], sizes: Sequence[int]) -> list[T]:
+    """``fn(i)`` for every group i (``sizes[i]`` elements), results in group order.
+
+    With several threads, groups below :data:`GROUP_PARALLEL_MAX` elements run side by side (one
+    thread each), larger ones one after the other with all threads inside.  Errors are raised as a
+    loop over the groups would raise them: the first failing group's.
+    """
+    t = current()
+    small = [i for i, s in enumerate(sizes) if s < GROUP_PARALLEL_MAX]
+    if t <= 1 or len(small) <= 1:
+        return [fn(i) for i in range(len(sizes))]
+    out: list[Any] = [None] * len(sizes)
+    errors: dict[int, BaseException] = {}
+
+    def one(i: int) -> None:
+        try:
+            out[i] = fn(i)
+        except Exception as exc:  # noqa: BLE001 -- re-raised below, in group order
+            errors[i] = exc
+
+    run(one, small, t)
+    for i in range(len(sizes)):
+        if errors and min(errors) < i:
+            break
+        if sizes[i] >= GROUP_PARALLEL_MAX:
+            one(i)
+    if errors:
+        raise errors[min(errors)]
+    return out
+
+
+def bounds(x: np.ndarray) -> tuple[float, float]:
+    """(min x, max x) of a non-empty 1-D array, over the fixed chunks in parallel (NaN propagates).
+
+    Inside :func:`using`, a second call for the same array object returns the first call's result
+    (the array is not modified during one API call; a weak reference tells a new array at a reused
+    address apart)."""
+    memo = _bounds_memo.get()
+    if memo is not None:
+        hit = memo.get(id(x))
+        if hit is not None and hit[0]() is x:
+            return hit[1]
+    if x.size <= CHUNK or current() <= 1:
+        out = float(x.min()), float(x.max())
+    else:
+        parts = run_spans(lambda s, e: (x[s:e].min(), x[s:e].max()), x.size)
+        out = float(np.min([p[0] for p in parts])), float(np.max([p[1] for p in parts]))
+    if memo is not None:
+        try:
+            memo[id(x)] = (weakref.ref(x), out)
+        except TypeError:  # an array subclass without weak references: no memo
+            pass
+    return out
+
+
+def pack(ids: np.ndarray, width: int) -> bytes:
+    """``bitpack.pack(ids, width)`` over the fixed chunks in parallel (the same bytes: every chunk
+    but the last holds a multiple of 8 values, i.e. whole bytes for any width)."""
+    from mucsc.codec import bitpack
+
+    if ids.size <= CHUNK or current() <= 1 or width == 0:
+        return bitpack.pack(ids, width)
+    return b"".join(run_spans(lambda s, e: bitpack.pack(ids[s:e], width), ids.size))
+
+
+def unpack_take(buf: bytes | memoryview, width: int, n: int, table: np.ndarray,
+                check: Callable[[int], Exception]) -> np.ndarray:
+    """``table[bitpack.unpack(buf, width, n)]`` chunk by chunk in parallel, without the full ID array.
+
+    Every ID is checked against ``len(table)`` (``check(bad_id)`` builds the exception raised for
+    the first chunk holding one, with that chunk's largest ID); the length and the padding bits are
+    checked as ``bitpack.unpack`` checks them.  Widths 1, 2, 4 and 8 look whole bytes up in a
+    256-entry table of the 8 / width values each byte holds (one gather per byte, no unpacking).
+    """
+    from mucsc.codec import bitpack
+
+    if width == 0 or table.size == 0 or len(buf) != bitpack.packed_size(n, width):
+        ids = bitpack.unpack(buf, width, n)  # a bad length is reported here
+        if width and int(ids.max(initial=0)) >= table.size:
+            raise check(int(ids.max()))
+        return table[ids] if table.size else np.empty(0, table.dtype)
+    packed = np.frombuffer(buf, np.uint8)
+    out = np.empty(n, table.dtype)
+    lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
+
+    def ids_of(s: int, e: int) -> np.ndarray:
+        ids = bitpack.unpack(packed[s * width // 8: bitpack.packed_size(e, width)], width, e - s)
+        if int(ids.max(initial=0)) >= table.size:
+            raise check(int(ids.max()))
+        return ids
+
+    def one(s: int, e: int) -> None:
+        if lookup is None:
+            np.take(table, ids_of(s, e), out=out[s:e])
+            return
+        per = lookup.per
+        whole = (e - s) // per  # bytes holding per IDs each; s is a multiple of 8, so of per
+        pb = packed[s // per: s // per + whole]
+        if lookup.bad is not None and lookup.bad[pb].any():
+            ids_of(s, e)  # raises with the chunk's largest ID
+        np.take(lookup.rows, pb, out=out[s: s + whole * per].view(lookup.rows.dtype))
+        if s + whole * per < e:  # the last byte holds fewer IDs, then zero padding bits
+            out[s + whole * per: e] = table[ids_of(s + whole * per, e)]
+
+    run_spans(one, n)
+    return out
+
+
+class _ByteTable:
+    """``rows[b]``: the per = 8 / width table values byte b holds (LSB first), as one item of
+    per * itemsize bytes; ``bad[b]``: b holds an ID >= len(table) (None when none can)."""
+
+    def __init__(self, table: np.ndarray, width: int):
+        self.per = per = 8 // width
+        ids = (np.arange(256)[:, None] >> (np.arange(per) * width)) & ((1 << width) - 1)
+        valid = ids < table.size
+        self.bad = None if valid.all() else ~valid.all(axis=1)
+        rows = np.ascontiguousarray(table[np.minimum(ids, table.size - 1)])
+        size = per * table.itemsize
+        kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.dtype((np.void, size)))
+        self.rows = rows.view(kind).reshape(256)
+
+
+def zstd_compressor(level: int, threads: int):
+    """A zstd compressor whose output depends on the data and ``level`` only, never on ``threads``.
+
+    zstd's single-threaded mode (nbWorkers = 0) and its multi-threaded mode (nbWorkers >= 1) write
+    different frames, but the multi-threaded mode cuts the input into jobs of a size set by the level
+    (4 MiB at level 3) and writes the same single frame for any nbWorkers >= 1 (facebook/zstd#2238;
+    #2327, fixed in zstd 1.4.7, made the one-shot path obey this too).  So the reference writer always
+    uses the multi-threaded mode with at least one worker.  Inputs of at most one job come out
+    byte-identical to the single-threaded mode (every spec vector is far smaller).
+    """
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False,
+                                    threads=max(1, int(threads)))
