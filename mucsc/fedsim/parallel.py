@@ -1,11 +1,11 @@
 """Worker processes that train a round's clients (and evaluate) concurrently: ``--workers N``.
 
-Each worker holds one :class:`~mucsc.fedsim.simulation.LocalTrainer` (model + data on its device,
-torch pinned to ``cfg.threads`` threads) built once; a task ships the global weights and a
-:class:`~mucsc.fedsim.simulation.ClientTask` and returns the update as host arrays.  The codec,
-the server and every piece of per-client state stay in the main process, so the results are those
-of the in-process path for any number of workers.  The training and test arrays travel once,
-through shared memory, not once per worker.
+Each worker holds one :class:`~mucsc.fedsim.simulation.LocalTrainer` per setup of the sweep (one
+per seed: model + data on its device, torch pinned to ``cfg.threads`` threads), built on first use;
+a task ships the global weights and a chunk of :class:`~mucsc.fedsim.simulation.ClientTask` s and
+returns the updates as host arrays.  The codec, the server and every piece of per-client state stay
+in the main process, so the results are those of the in-process path for any number of workers.
+The training and test arrays travel once, through shared memory, not once per worker.
 
 Processes come from a fork server that has imported torch but run nothing (forking a process
 whose torch thread pools or CUDA context are live is unsafe); where there is none, spawn.
