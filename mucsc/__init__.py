@@ -52,3 +52,16 @@ __all__ = [
     "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "generate_key",
     "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",
 ]
+
+# Codec objects and what outer layers ask them (issue 8): the registry's classes, error-feedback
+# memories and the stateful Compressor, limits, and the paper's formulas / exact sizes (mucsc.rates).
+from mucsc.codec import rates  # noqa: E402
+from mucsc.codec.base import Z_RANGE, EncodedGroup, PaperSetup, Section, ceil_log2, codec_class  # noqa: E402
+from mucsc.codec.memory import Memory, ResidualMemory  # noqa: E402
+from mucsc.codec.state import Compressor  # noqa: E402
+from mucsc.errors import SizeError  # noqa: E402
+
+__all__ += [
+    "Compressor", "EncodedGroup", "Memory", "PaperSetup", "ResidualMemory", "Section", "SizeError", "Z_RANGE",
+    "ceil_log2", "codec_class", "rates",
+]

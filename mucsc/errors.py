@@ -50,3 +50,8 @@ class AuthError(MucscError):
 
 class KeyFileError(MucscError, ValueError):
     """A key file cannot be used: unreadable, not a key, or a secret that other users can read."""
+
+
+class SizeError(MucscError, ValueError):
+    """A codec cannot state its section sizes in advance (they depend on the data): pass the
+    data-dependent part, or ask for an estimate."""

@@ -84,7 +84,7 @@ def test_byte_totals_are_message_lengths(monkeypatch):
         assert rec.bytes_up == sum(msgs[:-1])
         nxt = simulation.select_clients(cfg, r + 1, np.full(cfg.clients, 1 / cfg.clients))
         assert rec.down_recipients == len(np.unique(nxt)) and rec.bytes_down == msgs[-1] * rec.down_recipients
-    row = report.summarize(res, cfg, [4] * cfg.clients)
+    row = report.summarize(res, cfg)
     total = sum(rec.bytes_up + rec.bytes_down for rec in res.records)
     assert math.isclose(row["traffic_MB"] * report.MB, total)
 
@@ -130,13 +130,16 @@ def test_network_slowest_transfer():
 
 def test_paper_formulas_match_its_numbers():
     d = 1_369_738  # ALL-CNN-C, the d that reproduces the paper's 2090.05 MB NC traffic
-    assert build_model("allcnn", (3, 32, 32), 10).__class__  # the model exists
     assert 2 * 4 * d * 200 / report.MB == pytest.approx(2090.05, abs=0.01)
-    # Table II: MUCSC 14.54x (reproduced with Z_U = 16 everywhere; the 4/8/16 mix gives 14.88x)
-    assert report.paper_rate_mucsc(d, [16], 16, 0.1) == pytest.approx(14.54, abs=0.01)
-    assert report.paper_rate_mucsc(d, [4, 8, 16], 16, 0.1) == pytest.approx(14.88, abs=0.01)
+    # Table II: MUCSC 14.54x (reproduced with Z_U = 16 everywhere; the 4/8/16 mix gives 14.88x), from
+    # the codec objects the simulator's report reads
+    up = [mucsc.get_codec("mucsc", z=z) for z in (4, 8, 16)]
+    assert mucsc.rates.paper_rate(d, up[2:], up[2], 0.1) == pytest.approx(14.54, abs=0.01)
+    assert mucsc.rates.paper_rate(d, up, up[2], 0.1) == pytest.approx(14.88, abs=0.01)
     # Table II: B-MUCSC 196.57x with d0 = 0.01 d, Z = 256
-    assert report.paper_rate_bmucsc(d, round(0.01 * d), 256, 256, 0.1) == pytest.approx(196.57, abs=0.05)
+    b = mucsc.get_codec("bmucsc", z=256, keep=0.01)
+    assert mucsc.rates.paper_rate(d, [b], b, 0.1) == pytest.approx(196.57, abs=0.05)
+    assert mucsc.rates.paper_rate(d, [b], mucsc.get_codec("none"), 0.1) is None  # NC has no formula
 
 
 def test_learning_rate_schedule():

@@ -1,5 +1,6 @@
-"""Stateful wrappers: error feedback (residual + sent == input) and DGC's momentum correction,
-factor masking, clipping and warm-up, checked against a direct numpy implementation."""
+"""Stateful compression: error feedback (residual + sent == input), DGC's momentum correction,
+factor masking, clipping and warm-up as its memory (checked against a direct numpy implementation),
+and the state_dict round trip that persists a sender's memory between rounds."""
 
 import math
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec.state import DGC_WARMUP, Compressor, DGCCompressor
+from mucsc import Compressor
+from mucsc.codec.codecs.dgc import DGC_WARMUP
 from mucsc.errors import InputError, ParameterError, UnknownCodecError
 
 
@@ -100,8 +102,9 @@ def _dgc_reference(grads, keep_per_round, momentum, clip_norm):
 @pytest.mark.parametrize("clip_norm", [None, 5.0])
 def test_dgc_matches_reference(clip_norm):
     grads = [_g(4000, s, np.float64) for s in range(8)]
-    c = DGCCompressor(keep=0.01, momentum=0.9, clip_norm=clip_norm)
-    keeps = [c.keep_at(r) for r in range(8)]
+    c = Compressor("dgc", keep=0.01, momentum=0.9, clip_norm=clip_norm)
+    assert c.error_feedback
+    keeps = [c.memory.keep_at(r) for r in range(8)]
     assert keeps == [0.25, 0.0625, 0.015625, 0.01, 0.01, 0.01, 0.01, 0.01]
     ref = _dgc_reference(grads, keeps, 0.9, clip_norm)
     for g, expect in zip(grads, ref):
@@ -111,13 +114,13 @@ def test_dgc_matches_reference(clip_norm):
 
 
 def test_dgc_masking_and_warmup_by_epoch():
-    c = DGCCompressor(keep=0.001, warmup_period=2, shared=False)
-    assert [c.keep_at(s) for s in range(6)] == list(DGC_WARMUP) + [0.001]
+    c = Compressor("dgc", keep=0.001, warmup_period=2, shared=False)
+    assert [c.memory.keep_at(s) for s in range(6)] == list(DGC_WARMUP) + [0.001]
     sd = {"a": _g(1000, 1), "b": _g(3000, 2)}
     out = mucsc.decode(c.compress(sd, epoch=0))
     for name in sd:  # per tensor (shared=False): 25% of each
         assert np.count_nonzero(out[name]) == math.ceil(0.25 * sd[name].size)
-        assert np.all(c.u[name][out[name] != 0] == 0) and np.all(c.v[name][out[name] != 0] == 0)
+        assert np.all(c.memory.u[name][out[name] != 0] == 0) and np.all(c.memory.v[name][out[name] != 0] == 0)
     out = mucsc.decode(c.compress(sd, epoch=9))
     assert np.count_nonzero(out["b"]) == 3
 
@@ -125,4 +128,27 @@ def test_dgc_masking_and_warmup_by_epoch():
 def test_dgc_validates():
     for bad in ({"momentum": 1.0}, {"clip_norm": 0}, {"warmup": (0.0,)}, {"warmup_period": 0}, {"keep": 0}):
         with pytest.raises(ParameterError):
-            DGCCompressor(**bad)
+            Compressor("dgc", **bad)
+    with pytest.raises(ParameterError, match="momentum"):  # a memory option of another codec
+        Compressor("topk", momentum=0.9)
+    with pytest.raises(ParameterError, match="'keep'"):  # a codec object carries its own parameters
+        Compressor(mucsc.get_codec("topk"), keep=0.1)
+
+
+@pytest.mark.parametrize("codec,params", [("topk", {"keep": 0.05}), ("dgc", {"keep": 0.02, "momentum": 0.5})])
+def test_state_dict_resumes_the_same_messages(codec, params):
+    """A sender restored from state_dict continues exactly as the one that kept running."""
+    grads = [{"w": _g(600, s).reshape(20, 30), "b": _g(30, 100 + s)} for s in range(5)]
+    a = Compressor(codec, seed=2, **params)
+    for g in grads[:2]:
+        a.compress(g)
+    saved = a.state_dict()
+    assert saved["rounds"] == 2 and saved["memory"]  # arrays, plain data
+    b = Compressor(codec, seed=2, **params)
+    b.load_state_dict(saved)
+    for g in grads[2:]:
+        assert a.compress(g) == b.compress(g)
+    with pytest.raises(ParameterError):
+        b.load_state_dict({"rounds": -1, "memory": {}})
+    with pytest.raises(ParameterError):
+        b.load_state_dict({"rounds": 1, "memory": {"nonsense": {}}})

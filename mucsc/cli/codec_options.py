@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from mucsc.codec.base import available_codecs, codec_class
+from mucsc import available_codecs, codec_class
 
 _METAVARS = {"int": "INT", "float": "FLOAT", "str": "TEXT"}
 

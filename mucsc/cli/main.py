@@ -29,7 +29,6 @@ from mucsc.cli.lazy import LazyGroup
 from mucsc.cli.update import (
     META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
 )
-from mucsc.codec.base import get_codec
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 LAZY = {
@@ -165,10 +164,13 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     params = chosen_params(codec, codec_values, CODEC_PARAMS)
     if "max_error" in params:
         params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
-    codec_obj = get_codec(codec, **params)  # bad values: a usage error before any file is read
-    mode, params = defaults.choose(codec_obj, params, shared=shared, update=base is not None)
-    codec_obj = get_codec(codec, **params)
+    # bad values: a usage error before any file is read
+    mode, params = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared,
+                                   update=base is not None)
     level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
+    # the codec encoded with, resolved for the container (mucsc's id_packing="auto"): the report
+    # shows what is written
+    codec_obj = mucsc.get_codec(codec, **params).for_container(compressing=level != "off")
     out = output or ("-" if input == "-" else input + ".mucsc")
     if out == "-" and as_json:
         raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
@@ -203,9 +205,8 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         del loaded
         meta = {META_KEY: os.path.basename(base)} if base is not None else None
         with about(_label(input)):
-            blob, stats = mucsc.encode_with_stats(data, codec, seed=seed, shared=mode.shared, compress=level,
-                                                  meta=meta, policy=mode.policy, threads=threads, **signing,
-                                                  **params)
+            blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
+                                                  meta=meta, policy=mode.policy, threads=threads, **signing)
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)

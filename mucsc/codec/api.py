@@ -98,13 +98,14 @@ def tensor_dict(t: TensorStats) -> dict[str, Any]:
             "bits_per_element": t.bits_per_element, "rel_error": t.rel_error, "abs_error": t.abs_error}
 
 
-def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
+def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
            compress: str | int = "auto", meta: Mapping[str, str] | None = None,
            policy: Policy | None = None, key: Any = None, key_id: str | None = None,
            context: bytes | str | None = None, threads: int = 1, **params: Any) -> bytes:
     """Encode an array, a torch tensor or a mapping of them into one mucsc message.
 
-    ``codec`` and its ``params`` (e.g. ``z=16``) apply to every float tensor; non-float tensors are
+    ``codec`` is a name with its ``params`` (e.g. ``"mucsc", z=16``) or a :class:`Codec` object
+    (``get_codec("mucsc", z=16)``: the same bytes); it applies to every float tensor; non-float tensors are
     carried losslessly.  ``shared=True`` encodes all float tensors as one vector with one codebook
     (the paper's flattened update); False gives each tensor its own.  ``compress="auto"`` stores
     compressible sections zstd-compressed when smaller ("off": fixed-width, the paper's byte counts;
@@ -121,7 +122,7 @@ def encode(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = Tru
                    threads, want_stats=False)[0]
 
 
-def encode_with_stats(data: Any, codec: str = "mucsc", *, seed: int = 0, shared: bool = True,
+def encode_with_stats(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
                       compress: str | int = "auto", meta: Mapping[str, str] | None = None,
                       policy: Policy | None = None, key: Any = None, key_id: str | None = None,
                       context: bytes | str | None = None, threads: int = 1,
@@ -143,16 +144,28 @@ def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
     return auth.Signer(key, key_id, context)
 
 
-def _encode(data, codec_name, seed, shared, compress, meta, params, policy, signer, threads, want_stats):
+def as_codec(codec: str | Codec, **params: Any) -> Codec:
+    """A :class:`Codec` from a name and parameters, or the given Codec object itself (no parameters)."""
+    if isinstance(codec, Codec):
+        if params:
+            raise ParameterError(f"parameters {', '.join(map(repr, sorted(params)))} given next to a codec "
+                                 f"object; set them in get_codec({codec.name!r}, ...) instead")
+        return codec
+    if not isinstance(codec, str):
+        raise ParameterError(f"codec must be a name or a mucsc.Codec, got {type(codec).__name__}")
+    return get_codec(codec, **params)
+
+
+def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats):
     with parallel.using(threads) as nthreads:
-        return _encode_threads(data, codec_name, seed, shared, compress, meta, params, policy, signer, nthreads,
+        return _encode_threads(data, codec, seed, shared, compress, meta, params, policy, signer, nthreads,
                                want_stats)
 
 
-def _encode_threads(data, codec_name, seed, shared, compress, meta, params, policy, signer, threads,
+def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, signer, threads,
                     want_stats):
     level = _zstd_level(compress)
-    codec = get_codec(codec_name, **params).for_container(compressing=level is not None)
+    codec = as_codec(codec, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
     container, tensors = to_tensors(data)

@@ -17,7 +17,29 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.errors import FormatError, ParameterError, UnknownCodecError
+from mucsc.codec.bitpack import ceil_log2  # noqa: F401  (re-exported: one helper for every codec)
+from mucsc.codec.memory import Memory, ResidualMemory
+from mucsc.errors import FormatError, ParameterError, SizeError, UnknownCodecError
+
+# Limits shared by every codec with a number of centroids Z: cluster IDs are at most 16 bits
+# (spec/FORMAT.md, limits), and Z = 1 would carry no information.
+Z_RANGE = (2, 1 << 16)
+H = 4  # bytes of one float in the paper's byte counts (float32), section IV-D
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperSetup:
+    """How the paper's experiments (section VI-A) use a codec in federated learning.
+
+    ``up`` / ``down``: parameters for the uplink and the downlink; ``downlink``: whether the server
+    compresses the model update it broadcasts (False: it sends float32, codec ``none``);
+    ``z_param``: the parameter that a simulation's per-client Z_U and its Z_D set (MUCSC's mixed Z).
+    """
+
+    up: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    down: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    downlink: bool = True
+    z_param: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +83,12 @@ class Codec(ABC):
     # encode_array also takes a torch tensor (any device) and encodes it there with the same bytes;
     # such a codec may define ``decode_torch(n, params, sections, dtype, device)`` too
     accepts_torch: ClassVar[bool] = False
+    # Ranges of the numeric parameters, {field: (lo, hi)} inclusive (Params' validation uses them).
+    limits: ClassVar[Mapping[str, tuple[float, float]]] = {}
+    # Options of :meth:`memory` (error-feedback state), accepted next to the codec's parameters by
+    # :class:`mucsc.Compressor` and the simulator.
+    memory_options: ClassVar[tuple[str, ...]] = ()
+    paper_setup: ClassVar[PaperSetup] = PaperSetup()
 
     def __init__(self, **params: Any) -> None:
         self.params = make_params(self.Params, params, self.name)
@@ -102,6 +130,49 @@ class Codec(ABC):
         group is encoded with ``self``."""
         return None
 
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.params == self.params
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.params))
+
+    def replace(self, **changes: Any) -> "Codec":
+        """The same codec with some parameters changed (validated like the constructor's)."""
+        return type(self)(**{**dataclasses.asdict(self.params), **changes})
+
+    @property
+    def biased(self) -> bool:
+        """True for a lossy codec whose decode is not an unbiased estimate of its input: such a
+        codec needs error feedback (:meth:`memory`) to converge in federated training."""
+        return not (self.unbiased or self.lossless)
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        """Raw (uncompressed) payload bytes of each section when this codec encodes ``n`` elements.
+
+        Codecs whose sizes depend on the data take what they need as arguments (``positions_bytes``:
+        the position code's size; ``centroids``: the number of centroids sent), or, with
+        ``estimate=True``, use the expected size for continuous random data.  Raises
+        :class:`~mucsc.errors.SizeError` when the size cannot be stated.
+        """
+        raise SizeError(f"codec {self.name!r} does not state its section sizes")
+
+    def paper_bytes(self, d: int, h: int = H) -> float | None:
+        """Bytes of one transfer of ``d`` values as the paper's formulas count them (payload only,
+        ``h`` bytes per float), or None where the paper gives no formula for this codec."""
+        return None
+
+    def memory(self, **options: Any) -> Memory:
+        """A fresh error-feedback state for a sender using this codec (GRACE's Memory), used when
+        error feedback is on (by default exactly for :attr:`biased` codecs).
+
+        The default is a residual (EF-SGD: encode x + e, then e = x + e - decode); a codec with its
+        own correction (DGC's momentum) returns that.  ``options`` are the codec's ``memory_options``.
+        """
+        check_memory_options(self, options)
+        return ResidualMemory()
+
     @abstractmethod
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         """Encode a 1-D, C-contiguous, finite float32 or float64 vector (possibly empty)."""
@@ -124,6 +195,24 @@ class PlanContext:
     rngs: Callable[[int], np.random.Generator]  # a fresh copy of group i's generator (i indexes xs)
     # exact bytes of the HEAD section (header, stored payload, padding) when group i has params[i]
     head_bytes: Callable[[Sequence[Mapping[str, Any]]], int]
+
+
+def check_memory_options(codec: Codec, options: Mapping[str, Any]) -> None:
+    """ParameterError for options the codec's :meth:`Codec.memory` does not take."""
+    unknown = sorted(set(options) - set(codec.memory_options))
+    if unknown:
+        raise ParameterError(f"codec {codec.name!r} has no error-feedback option "
+                             f"{', '.join(map(repr, unknown))}; its options are: "
+                             f"{', '.join(codec.memory_options) or '(none)'}")
+
+
+def check_range(codec: str, field: str, value: float, limits: Mapping[str, tuple[float, float]],
+                open_low: bool = False) -> None:
+    """ParameterError unless ``value`` lies in ``limits[field]`` (lower end open if ``open_low``)."""
+    lo, hi = limits[field]
+    if not ((lo < value if open_low else lo <= value) and value <= hi):
+        low = "(" if open_low else "["
+        raise ParameterError(f"{codec}.{field} must be in {low}{lo}, {hi}], got {value}")
 
 
 _REGISTRY: dict[str, type[Codec]] = {}

@@ -14,6 +14,12 @@ from mucsc.errors import FormatError
 MAX_WIDTH = 16
 
 
+def ceil_log2(x: int) -> int:
+    """ceil(log2 x) for an integer x >= 1 (0 for x = 1), exactly (no float rounding): the bits that
+    address x distinct values."""
+    return max(0, int(x - 1).bit_length())
+
+
 def packed_size(n: int, width: int) -> int:
     """Bytes needed for ``n`` values of ``width`` bits."""
     return (n * width + 7) // 8

@@ -23,10 +23,14 @@ import math
 
 import numpy as np
 
-from mucsc.errors import FormatError, ParameterError
+from mucsc.codec.bitpack import ceil_log2
+from mucsc.errors import FormatError, ParameterError, SizeError
 
 METHODS = ("fixed", "int32", "rice", "ef", "bitmap")
 COMPACT = ("bitmap", "rice", "ef")  # what "auto" chooses from; the first wins a tie
+# A codec's ``positions`` parameter: "auto" (smallest compact code), "paper" (the code its paper
+# counts, the codec's ``paper_positions``) or one method by name.
+POSITION_MODES = ("auto", "paper") + METHODS
 _MAX_D = 1 << 48  # positions are int64; keeps every shift and cumulative sum below 2**62
 
 
@@ -133,6 +137,19 @@ def nbytes(method: str, d: int, k: int, arg: int = 0, positions: np.ndarray | No
         g = _gaps(np.asarray(positions, np.int64))
         return (int(np.sum(g >> arg)) + k * (1 + arg) + 7) // 8
     raise ParameterError(f"unknown position method {method!r}")
+
+
+def position_bytes(method: str, d: int, k: int, *, estimate: bool = False) -> int:
+    """Bytes of k positions in [0, d) coded with ``method`` (or "auto").  The data-independent methods
+    are exact; Rice and "auto" depend on the positions: SizeError, or with ``estimate`` the expected
+    size of k uniformly random positions."""
+    if method not in ("auto", "rice"):
+        return nbytes(method, d, k)
+    if not estimate:
+        raise SizeError(f"positions={method!r} has a data-dependent size: pass positions_bytes")
+    if method == "rice":
+        return expected_rice_bytes(d, k)
+    return min(expected_rice_bytes(d, k), nbytes("ef", d, k), nbytes("bitmap", d, k))
 
 
 def compact_sizes(positions: np.ndarray, d: int) -> dict[str, int]:
@@ -321,7 +338,7 @@ def _expect_len(buf: np.ndarray, n: int, what: str) -> None:
 
 def _fixed_width(d: int) -> int:
     """ceil(log2 d) bits (0 when d == 1): the paper's parameter-ID width."""
-    return max(0, int(d - 1).bit_length())
+    return ceil_log2(d)
 
 
 def _gaps(p: np.ndarray) -> np.ndarray:

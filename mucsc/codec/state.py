@@ -1,29 +1,27 @@
-"""Stateful compression kept by a client or server between rounds, on top of the stateless codecs.
+"""Stateful compression kept by a sender between rounds: a codec plus its error-feedback memory.
 
-- :class:`Compressor`: any codec, optionally with error feedback (residual accumulation, as EF-SGD,
-  EF-SignSGD and STC's A += dW; A -= T(A)): the vector encoded is input + residual, and the new
-  residual is that minus what the receiver decodes, per tensor name.  On by default for biased codecs.
-- :class:`DGCCompressor`: Deep Gradient Compression's client side (Lin et al., ICLR 2018): local
-  gradient clipping, momentum correction (u = m u + g; v += u), top-k of v, momentum-factor masking
-  (u and v zeroed where sent) and the exponential sparsity warm-up.
+:class:`Compressor` encodes one update per round with a codec and drives the codec's
+:class:`~mucsc.codec.memory.Memory` (GRACE's Compressor/Memory split): the vector encoded is
+``memory.compensate(input)``, and the memory then learns from what the receiver decodes.  Biased
+codecs get a residual (EF-SGD, EF-SignSGD, STC's A += dW; A -= T(A)) by default; DGC's memory is
+its momentum correction, masking, clipping and warm-up (:mod:`mucsc.codec.codecs.dgc`).
 
-Both go through the public API only (:func:`mucsc.encode` / :func:`mucsc.decode`), so what the state
-subtracts is exactly what the receiver reconstructs from the bytes.
+Everything goes through the public API (:func:`mucsc.encode` / :func:`mucsc.decode`), so what the
+memory subtracts is exactly what the receiver reconstructs from the bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from mucsc.codec import parallel
 from mucsc.codec.api import decode, encode
-from mucsc.codec.base import codec_class, get_codec
-from mucsc.errors import InputError, ParameterError
-
-DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004, 0.001)  # sparsity 75%, 93.75%, 98.4%, 99.6%, 99.9%
+from mucsc.codec.base import Codec, codec_class
+from mucsc.codec.memory import Memory
+from mucsc.errors import ParameterError
 
 
 def _to_numpy(t: Any) -> np.ndarray:
@@ -53,126 +51,79 @@ def _round_seed(seed: int, rounds: int) -> int:
 
 
 class Compressor:
-    """Encode one update per round with ``codec``, keeping an error-feedback residual if enabled.
+    """Encode one update per round with ``codec`` (a name or a :class:`~mucsc.Codec`), keeping the
+    codec's error-feedback memory if enabled.
 
-    ``error_feedback=None`` enables it for biased codecs (class ``unbiased`` and ``lossless`` both
-    False).  ``seed`` seeds round r's encoding as ``SeedSequence([seed, r])`` unless ``compress`` is
-    given an explicit ``seed``.  ``shared``, ``compress``, ``threads`` and ``params`` are passed to
-    :func:`mucsc.encode` (``threads`` also to the residual's :func:`mucsc.decode`).
+    ``error_feedback=None`` enables it for biased codecs (``codec.biased``); ``memory`` gives a
+    memory explicitly.  ``params`` are the codec's parameters (when ``codec`` is a name) and the
+    options of its memory (``codec.memory_options``, e.g. DGC's ``momentum``).  ``seed`` seeds round
+    r's encoding as ``SeedSequence([seed, r])`` unless ``compress`` is given an explicit ``seed``.
+    ``shared``, ``compress`` and ``threads`` are passed to :func:`mucsc.encode` (``threads`` also to
+    the memory's :func:`mucsc.decode`; bytes never depend on it).
     """
 
-    def __init__(self, codec: str, *, error_feedback: bool | None = None, seed: int = 0,
-                 shared: bool = True, compress: str | int = "auto", threads: int = 1, **params: Any) -> None:
-        get_codec(codec, **params)  # validates the name and parameters now, not at the first round
+    def __init__(self, codec: str | Codec, *, error_feedback: bool | None = None, memory: Memory | None = None,
+                 seed: int = 0, shared: bool = True, compress: str | int = "auto", threads: int = 1,
+                 **params: Any) -> None:
         self.threads = parallel.resolve(threads)
-        cls = codec_class(codec)
-        self.codec = codec
-        self.params = dict(params)
-        self.error_feedback = (not (cls.unbiased or cls.lossless)) if error_feedback is None \
-            else bool(error_feedback)
+        if isinstance(codec, Codec):
+            options = params
+        else:
+            cls = codec_class(codec)
+            options = {k: v for k, v in params.items() if k in cls.memory_options}
+            # validates the parameters now, not at the first round
+            codec = cls(**{k: v for k, v in params.items() if k not in options})
+        self.codec: Codec = codec
+        own = codec.memory(**options)  # validates the memory options even when feedback is off
+        self.error_feedback = codec.biased if error_feedback is None else bool(error_feedback)
+        if memory is not None:
+            self.error_feedback = True
+        self.memory: Memory = memory if memory is not None else own if self.error_feedback else Memory()
         self.seed = int(seed)
         self.shared = shared
         self.compress_mode = compress
         self.rounds = 0
-        self.residual: dict[str, np.ndarray] = {}
 
-    def compress(self, update: Any, seed: int | None = None) -> bytes:
-        """The message for this round's ``update`` (an array or a mapping of arrays/tensors)."""
+    @property
+    def residual(self) -> dict[str, np.ndarray]:
+        """What error feedback still owes the receiver, per tensor name (empty without feedback)."""
+        return self.memory.residual
+
+    def compress(self, update: Any, seed: int | None = None, *, epoch: int | None = None) -> bytes:
+        """The message for this round's ``update`` (an array or a mapping of arrays/tensors).
+
+        ``epoch`` is the step a memory's schedule follows (DGC's warm-up); default: the round count.
+        """
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
-        if not self.error_feedback:
-            blob = encode(update, self.codec, seed=s, shared=self.shared, compress=self.compress_mode,
-                          threads=self.threads, **self.params)
+        codec = self.memory.codec_for(self.codec, self.rounds if epoch is None else int(epoch))
+        if not self.memory.stateful:
+            blob = encode(update, codec, seed=s, shared=self.shared, compress=self.compress_mode,
+                          threads=self.threads)
         else:
             tensors, is_map = _split(update)
-            corrected = {n: self._add_residual(n, a) for n, a in tensors.items()}
-            blob = encode(corrected if is_map else corrected[""], self.codec, seed=s, shared=self.shared,
-                          compress=self.compress_mode, threads=self.threads, **self.params)
+            sent = {n: self.memory.compensate(n, a) if _is_float(a) else a for n, a in tensors.items()}
+            blob = encode(sent if is_map else sent[""], codec, seed=s, shared=self.shared,
+                          compress=self.compress_mode, threads=self.threads)
             out = decode(blob, threads=self.threads)
             received = out if is_map else {"": out}
-            for name, a in corrected.items():
+            for name, a in sent.items():
                 if _is_float(a):
-                    self.residual[name] = a - received[name].astype(a.dtype, copy=False)
+                    self.memory.update(name, a, received[name])
         self.rounds += 1
         return blob
-
-    def _add_residual(self, name: str, a: np.ndarray) -> np.ndarray:
-        r = self.residual.get(name)
-        if not _is_float(a) or r is None:
-            return a
-        if r.shape != a.shape:
-            raise InputError(f"tensor {name!r} changed shape between rounds: {r.shape} -> {a.shape}")
-        return (a + r).astype(a.dtype, copy=False)
 
     def reset(self) -> None:
-        """Forget the residual (e.g. when the model is re-initialised)."""
-        self.residual.clear()
+        """Forget the error-feedback state (e.g. when the model is re-initialised)."""
+        self.memory.reset()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state to persist between rounds: the round count and the memory's arrays."""
+        return {"rounds": self.rounds, "memory": self.memory.state_dict()}
 
-class DGCCompressor:
-    """DGC's client-side state (Lin et al., ICLR 2018) around the stateless ``dgc`` codec.
-
-    Per round, per float tensor: g is clipped to ``clip_norm`` (l2, if given), u = momentum u + g,
-    v += u; the message is the top-k of v (``keep`` of the elements, or the warm-up's larger fraction
-    ``warmup[stage]`` while ``stage = round // warmup_period`` (or ``epoch // warmup_period`` when
-    ``compress`` is given ``epoch``) is within the schedule); then u and v are zeroed where a value
-    was sent (momentum-factor masking).  ``shared=True`` selects top-k over the whole update (the
-    paper's flattened vector); ``shared=False`` per tensor, as the DGC paper does per layer.
-    ``threads`` is passed to :func:`mucsc.encode` and :func:`mucsc.decode` (bytes never depend on it).
-    """
-
-    def __init__(self, *, keep: float = 0.01, momentum: float = 0.9, clip_norm: float | None = None,
-                 warmup: Sequence[float] = DGC_WARMUP, warmup_period: int = 1, positions: str = "auto",
-                 seed: int = 0, shared: bool = True, compress: str | int = "auto", threads: int = 1) -> None:
-        get_codec("dgc", keep=keep, positions=positions)
-        self.threads = parallel.resolve(threads)
-        if not 0.0 <= momentum < 1.0:
-            raise ParameterError(f"momentum must be in [0, 1), got {momentum}")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ParameterError(f"clip_norm must be positive or None, got {clip_norm}")
-        if warmup_period < 1 or any(not 0.0 < w <= 1.0 for w in warmup):
-            raise ParameterError("warmup fractions must be in (0, 1] and warmup_period >= 1")
-        self.keep, self.momentum, self.clip_norm = keep, momentum, clip_norm
-        self.warmup, self.warmup_period = tuple(warmup), int(warmup_period)
-        self.positions, self.seed, self.shared = positions, int(seed), shared
-        self.compress_mode = compress
-        self.rounds = 0
-        self.u: dict[str, np.ndarray] = {}
-        self.v: dict[str, np.ndarray] = {}
-
-    def keep_at(self, stage: int) -> float:
-        """The fraction sent at warm-up stage ``stage``: max(warmup[stage], keep), then ``keep``."""
-        return max(self.warmup[stage], self.keep) if stage < len(self.warmup) else self.keep
-
-    def compress(self, grad: Any, seed: int | None = None, *, epoch: int | None = None) -> bytes:
-        """The message for this round's gradient (or local update) ``grad``."""
-        tensors, is_map = _split(grad)
-        stage = (self.rounds if epoch is None else int(epoch)) // self.warmup_period
-        acc = {}
-        for name, g in tensors.items():
-            if not _is_float(g):
-                acc[name] = g
-                continue
-            g = g.astype(g.dtype, copy=True)
-            if self.clip_norm is not None:  # local gradient clipping
-                norm = float(np.linalg.norm(g.astype(np.float64).ravel()))
-                if norm > self.clip_norm:
-                    g *= self.clip_norm / norm
-            u = self.u.get(name)
-            if u is not None and u.shape != g.shape:
-                raise InputError(f"tensor {name!r} changed shape between rounds: {u.shape} -> {g.shape}")
-            u = g if u is None else self.momentum * u + g  # momentum correction
-            v = u.copy() if name not in self.v else self.v[name] + u
-            self.u[name], self.v[name] = u, v
-            acc[name] = v
-        s = _round_seed(self.seed, self.rounds) if seed is None else seed
-        blob = encode(acc if is_map else acc[""], "dgc", seed=s, shared=self.shared,
-                      compress=self.compress_mode, keep=self.keep_at(stage), positions=self.positions,
-                      threads=self.threads)
-        out = decode(blob, threads=self.threads)
-        received = out if is_map else {"": out}
-        for name in self.v:
-            sent = received[name] != 0  # the top-k values (a sent exact 0 leaves v = 0 there anyway)
-            self.v[name][sent] = 0  # momentum-factor masking
-            self.u[name][sent] = 0
-        self.rounds += 1
-        return blob
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (the codec and options are the constructor's)."""
+        rounds = state.get("rounds") if isinstance(state, Mapping) else None
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+            raise ParameterError(f"Compressor state needs a non-negative 'rounds', got {rounds!r}")
+        self.memory.load_state_dict(state.get("memory", {}))
+        self.rounds = int(rounds)

@@ -328,8 +328,7 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
     tables, all_rows = [], []
     for k, (c, st, s) in enumerate(zip(cfgs, setups, seeds)):
         results = [done[i] for i in sorted(done) if specs[i].key == k]
-        z_groups = [c.z_up[g] for g in st.groups]
-        rows = [report.summarize(res, c, z_groups) for res in results]
+        rows = [report.summarize(res, c) for res in results]
         report.add_relative(rows)
         table = report.format_table(rows, c) if rows else "(no run completed)"
         tables.append((f"seed {s}\n" if many else "") + table)

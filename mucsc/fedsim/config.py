@@ -119,8 +119,9 @@ class SimConfig:
         _check(self.eval_every is None or self.eval_every >= 1, "eval period must be >= 1")
         _check(len(self.codecs) >= 1, "give at least one codec")
         _check(len(set(self.codecs)) == len(self.codecs), "a codec is listed twice")
-        _check(len(self.z_up) >= 1 and all(2 <= z <= 65536 for z in self.z_up) and 2 <= self.z_down <= 65536,
-               "Z must be in 2..65536")
+        lo, hi = mucsc.Z_RANGE
+        _check(len(self.z_up) >= 1 and all(lo <= z <= hi for z in self.z_up) and lo <= self.z_down <= hi,
+               f"Z must be in {lo}..{hi}")
         _check(self.error_feedback in ("auto", "on", "off"), "error feedback must be auto, on or off")
         _check(self.compress in ("auto", "off"), "compress must be 'auto' or 'off'")
         _check(self.downlink in ("all", "participants"), "downlink must be 'all' or 'participants'")
@@ -176,11 +177,14 @@ class SimConfig:
     def links(self, name: str, clients: int, rng_groups: list[int]) -> tuple[list[LinkCodec], LinkCodec]:
         """Uplink codec per client and the server's downlink codec for the experiment ``name``.
 
-        ``rng_groups[i]`` is client i's group (index into ``z_up``) for MUCSC's per-client Z_U.
+        The codec class's ``paper_setup`` gives the paper's settings (section VI-A): parameters per
+        direction, whether the downlink is compressed, and the parameter that takes the per-client
+        Z_U (``rng_groups[i]`` is client i's index into ``z_up``) and the server's Z_D.
         """
         ef = {"auto": None, "on": True, "off": False}[self.error_feedback]
-        up_base, down_base = _PRESETS.get(name, ({}, {}))
-        down_name = name if _DOWN_SAME.get(name, True) else "none"
+        setup = mucsc.codec_class(name).paper_setup
+        up_base, down_base = dict(setup.up), dict(setup.down)
+        down_name = name if setup.downlink else "none"
         if self.down_codec is not None:
             down_name = self.down_codec
 
@@ -197,23 +201,14 @@ class SimConfig:
         ups = []
         for i in range(clients):
             base = dict(up_base)
-            if name == "mucsc":
-                base["z"] = self.z_up[rng_groups[i]]
+            if setup.z_param is not None:
+                base[setup.z_param] = self.z_up[rng_groups[i]]
             ups.append(link(name, base, "up"))
-        down_base_eff = dict(down_base) if down_name == name else {}
-        if down_name == "mucsc" and "z" not in down_base_eff:
-            down_base_eff["z"] = self.z_down
+        down_base_eff = down_base if down_name == name else {}
+        z_down = mucsc.codec_class(down_name).paper_setup.z_param
+        if z_down is not None and z_down not in down_base_eff:
+            down_base_eff[z_down] = self.z_down
         return ups, link(down_name, down_base_eff, "down")
-
-
-# Paper settings per codec (uplink params, downlink params); codecs not listed use their defaults.
-_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "bmucsc": ({"z": 256, "keep": 0.01}, {"z": 256, "keep": 0.01}),
-    "stc": ({"keep": 0.03}, {"keep": 0.03}),
-    "dgc": ({"keep": 0.01}, {}),
-}
-# Section VI-A: QSGD and DGC compress only the uplink; SSGD, STC, MUCSC, B-MUCSC both directions.
-_DOWN_SAME: dict[str, bool] = {"qsgd": False, "dgc": False, "terngrad": False, "topk": False}
 
 
 def _check(ok: bool, msg: str) -> None:

@@ -15,10 +15,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import mucsc
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.simulation import RoundRecord, RunResult
 
-H = 4  # bytes per float32 value: the paper's h
+H = mucsc.rates.H  # bytes per float32 value: the paper's h
 MB = 2 ** 20  # the paper's traffic figures are in MiB (2090.05 MB = 2 * 4 * 1,369,738 B * 200 rounds)
 
 # rounds.csv holds what the seed determines (byte-identical across runs with the same seed);
@@ -92,48 +93,18 @@ def _json_round(rec: RoundRecord) -> dict[str, Any]:
 
 # ---- the paper's formulas ---------------------------------------------------------------------------
 
-def _bits(z: int) -> int:
-    return math.ceil(math.log2(z))
-
-
-def paper_rate_mucsc(d: int, z_up: list[int], z_down: int, k_over_n: float, h: int = H) -> float:
-    """eq. CompressionRateofMUCSC; with mixed Z_U the uplink term is averaged over clients."""
-    up = sum(_bits(z) / 8 * d + h * z for z in z_up) / len(z_up)
-    return 2 * h * d / (up * k_over_n + h * z_down + _bits(z_down) / 8 * d)
-
-
-def paper_rate_bmucsc(d: int, d0: int, z_up: int, z_down: int, k_over_n: float, h: int = H) -> float:
-    """eq. CompressRateB: fixed-width cluster IDs and ceil(log2 d)-bit positions for d0 kept values."""
-    w_u = ((_bits(z_up) + _bits(d)) / 8 * d0 + h * z_up + h) * k_over_n
-    w_d = (_bits(z_down) + _bits(d)) / 8 * d0 + h * (z_down + 1)
-    return 2 * h * d / (w_u + w_d)
-
-
-def paper_formula(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> float | None:
-    """The paper's rate for this run's settings, or None where the paper gives no formula."""
-    kn = cfg.per_round / cfg.clients
-    up, down = result.uplinks, result.downlink
-    if result.codec == "mucsc" and all(u.startswith("mucsc(") for u in up) and down.startswith("mucsc("):
-        return paper_rate_mucsc(result.d, z_groups, _param(down, "z", cfg.z_down), kn)
-    if result.codec == "bmucsc" and down.startswith("bmucsc(") and len(up) == 1:
-        keep = _param(up[0], "keep", 0.01)
-        return paper_rate_bmucsc(result.d, max(1, round(keep * result.d)), _param(up[0], "z", 256),
-                                 _param(down, "z", 256), kn)
-    return None
-
-
-def _param(label: str, key: str, default: Any) -> Any:
-    inside = label[label.find("(") + 1:-1] if "(" in label else ""
-    for item in inside.split(","):
-        k, _, v = item.partition("=")
-        if k == key:
-            return float(v) if "." in v else int(v)
-    return default
+def paper_formula(result: RunResult, cfg: SimConfig) -> float | None:
+    """The paper's rate for this run's codecs (each codec states its formula, ``Codec.paper_bytes``;
+    uplink bytes averaged over every client's codec), or None where the paper gives no formula."""
+    if result.down_link is None or not result.up_links:
+        return None
+    ups = [link.codec_object() for link in result.up_links]
+    return mucsc.rates.paper_rate(result.d, ups, result.down_link.codec_object(), cfg.per_round / cfg.clients, H)
 
 
 # ---- summary -------------------------------------------------------------------------------------------
 
-def summarize(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> dict[str, Any]:
+def summarize(result: RunResult, cfg: SimConfig) -> dict[str, Any]:
     """One row of the summary table (until the target was reached, else over every round run)."""
     recs = result.records
     n = len(recs)
@@ -149,7 +120,7 @@ def summarize(result: RunResult, cfg: SimConfig, z_groups: list[int]) -> dict[st
     kn = cfg.per_round / cfg.clients
     measured = 2 * H * result.d / (mean_up * kn + mean_down) if n else math.nan
     f32 = H * result.d * (n_up + sum(r.down_recipients for r in recs))  # the same messages as float32
-    formula = paper_formula(result, cfg, z_groups)
+    formula = paper_formula(result, cfg)
     return {
         "codec": result.codec, "uplink": ";".join(result.uplinks), "downlink": result.downlink,
         "rounds": n, "reached": result.reached_round is not None,

@@ -32,7 +32,7 @@ from mucsc.fedsim import network, partition
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, num_params
-from mucsc.fedsim.transport import Authenticator, Sender, check_codec, receive, seal
+from mucsc.fedsim.transport import Authenticator, LinkCodec, Sender, check_codec, receive, seal
 
 # Independent random streams, so that e.g. a codec's randomness never shifts the batches.
 _S_PARTITION, _S_GROUPS, _S_SELECT, _S_BATCH, _S_NET, _S_UP, _S_DOWN = range(7)
@@ -147,6 +147,8 @@ class RunResult:
     records: list[RoundRecord]
     reached_round: int | None     # first evaluated round with accuracy >= target
     weights: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # final shared model
+    up_links: list[LinkCodec] = dataclasses.field(default_factory=list)  # every client's uplink codec
+    down_link: LinkCodec | None = None
 
 
 # ---- one client's local work -------------------------------------------------------------------------
@@ -392,7 +394,8 @@ class _Run:
     def result(self) -> RunResult:
         labels = sorted({u.label() for u in self.ups})
         final = {n: g.detach().cpu().numpy().copy() for n, g in zip(self.names, self.global_w)}
-        return RunResult(self.codec, labels, self.down.label(), self.setup.d, self.records, self.reached, final)
+        return RunResult(self.codec, labels, self.down.label(), self.setup.d, self.records, self.reached, final,
+                         list(self.ups), self.down)
 
 
 class RunFailed(Exception):

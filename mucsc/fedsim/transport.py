@@ -1,10 +1,9 @@
 """Where model updates become bytes and back: the only module of the simulator that calls the codec.
 
 Every update crosses the public API as one message whose length is what the simulator counts.
-Encoding goes through the codec package's stateful wrappers (:mod:`mucsc.codec.state`):
-``Compressor`` keeps the error-feedback residual of biased codecs (``residual += update; send
-C(residual); residual -= sent``), ``DGCCompressor`` adds DGC's momentum correction, masking, clipping
-and sparsity warm-up.  Decoding is ``mucsc.decode``.  With ``mucsc sim --auth`` every message also carries an
+Encoding goes through :class:`mucsc.Compressor`, which keeps the codec's error-feedback memory
+(a residual for biased codecs; DGC's momentum correction, masking, clipping and warm-up are DGC's
+memory).  Decoding is ``mucsc.decode``.  With ``mucsc sim --auth`` every message also carries an
 authentication tag (:class:`Authenticator`) that the receiver checks before decoding.
 """
 
@@ -19,16 +18,15 @@ from typing import Any
 import numpy as np
 
 import mucsc
-from mucsc.codec.base import codec_class
-from mucsc.codec.state import DGC_WARMUP, Compressor, DGCCompressor
-
-# DGC's stateful options (not codec parameters): momentum, clip_norm, warmup_period (in rounds).
-DGC_STATE_KEYS = ("momentum", "clip_norm", "warmup_period")
 
 
 @dataclasses.dataclass(frozen=True)
 class LinkCodec:
-    """A codec and its parameters for one direction of one endpoint."""
+    """A codec and its parameters for one direction of one endpoint.
+
+    ``params`` hold the codec's parameters and the options of its error-feedback memory (the codec
+    class's ``memory_options``, e.g. DGC's momentum), told apart by the codec class.
+    """
 
     codec: str
     params: tuple[tuple[str, Any], ...] = ()
@@ -37,69 +35,56 @@ class LinkCodec:
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        """Codec parameters (DGC's state options removed)."""
-        return {k: v for k, v in self.params if not (self.codec == "dgc" and k in DGC_STATE_KEYS)}
+        """Codec parameters (the memory's options removed)."""
+        options = mucsc.codec_class(self.codec).memory_options
+        return {k: v for k, v in self.params if k not in options}
 
     @property
-    def dgc_state(self) -> dict[str, Any]:
-        return {k: v for k, v in self.params if self.codec == "dgc" and k in DGC_STATE_KEYS}
+    def memory_options(self) -> dict[str, Any]:
+        options = mucsc.codec_class(self.codec).memory_options
+        return {k: v for k, v in self.params if k in options}
+
+    def codec_object(self) -> mucsc.Codec:
+        """The codec (UnknownCodecError / ParameterError on a bad name or parameter)."""
+        return mucsc.get_codec(self.codec, **self.kwargs)
 
     def uses_error_feedback(self) -> bool:
         if self.error_feedback is not None:
             return self.error_feedback
-        return is_biased(self.codec)
+        return self.codec_object().biased
 
     def label(self) -> str:
         args = ",".join(f"{k}={v}" for k, v in self.params)
         return f"{self.codec}({args})" if args else self.codec
 
 
-def is_biased(codec: str) -> bool:
-    """True when decode(encode(x)) is not an unbiased estimate of x (and the codec is lossy)."""
-    cls = codec_class(codec)
-    return not (cls.unbiased or cls.lossless)
-
-
 def check_codec(link: LinkCodec) -> None:
-    """Fail early (UnknownCodecError / ParameterError) on a bad codec name or parameter."""
-    mucsc.get_codec(link.codec, **link.kwargs)
-    Sender(link)  # the stateful wrapper validates its own options
+    """Fail early (UnknownCodecError / ParameterError) on a bad codec name, parameter or option."""
+    Sender(link)
 
 
 class Sender:
-    """One endpoint's encoder for one direction, with its state (error feedback, DGC momentum)."""
+    """One endpoint's encoder for one direction, with its error-feedback state."""
 
     def __init__(self, link: LinkCodec) -> None:
         self.link = link
         self.error_feedback = link.uses_error_feedback()
-        self._dgc = self._compressor = None
-        if link.codec == "dgc" and self.error_feedback:
-            st = link.dgc_state
-            self._dgc = DGCCompressor(momentum=st.get("momentum", 0.9), clip_norm=st.get("clip_norm"),
-                                      warmup=DGC_WARMUP, warmup_period=int(st.get("warmup_period", 1)),
-                                      compress=link.compress, **link.kwargs)
-        else:
-            self._compressor = Compressor(link.codec, error_feedback=self.error_feedback,
-                                          compress=link.compress, **link.kwargs)
+        self._compressor = mucsc.Compressor(link.codec_object(), error_feedback=self.error_feedback,
+                                            compress=link.compress, **link.memory_options)
 
     def send(self, update: Mapping[str, np.ndarray], seed: int, rnd: int = 0) -> tuple[bytes, float]:
         """Encode ``update`` (name -> float32 array) in global round ``rnd`` -> (bytes, encode seconds).
 
         Error feedback decodes the message to learn what was sent; that decode is part of the
-        sender's encode cost.  DGC's warm-up stage follows the global round.
+        sender's encode cost.  A memory's schedule (DGC's warm-up) follows the global round.
         """
         t0 = time.perf_counter()
-        if self._dgc is not None:
-            blob = self._dgc.compress(update, seed, epoch=rnd)
-        else:
-            blob = self._compressor.compress(update, seed)
+        blob = self._compressor.compress(update, seed, epoch=rnd)
         return blob, time.perf_counter() - t0
 
     @property
     def residual(self) -> dict[str, np.ndarray] | None:
         """What error feedback still owes the receiver (DGC: its accumulated v), or None."""
-        if self._dgc is not None:
-            return self._dgc.v
         return self._compressor.residual if self.error_feedback else None
 
 

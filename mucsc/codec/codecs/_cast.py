@@ -24,6 +24,10 @@ class CastCodec(Codec):
     def cast(self, x: np.ndarray) -> np.ndarray:
         return x.astype(self.wire)
 
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        return {"VALS": np.dtype(self.wire).itemsize * n}
+
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         v = self.cast(x)
         return EncodedGroup({}, (Section("VALS", v.tobytes()),),

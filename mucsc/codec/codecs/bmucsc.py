@@ -20,15 +20,25 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import centroids, sparse, torch_backend
-from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
-                              section)
-from mucsc.codec.codecs.mucsc import (CENTROID_DTYPES, ID_PACKINGS, MucscParams, decode_clusters,
-                                     encode_clusters, resolve_id_packing)
-from mucsc.codec.codecs.topk import header_keep
+from mucsc.codec.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from, ceil_log2,
+                              param_int, param_str, register, section)
+from mucsc.codec.codecs.mucsc import (MucscParams, cluster_section_sizes, decode_clusters, encode_clusters,
+                                     resolve_id_packing)
+from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
 from mucsc.errors import FormatError, ParameterError
 
-MAX_Z = 1 << 16  # FORMAT.md limits: ids at most 16 bits
-POSITION_MODES = ("auto", "paper") + sparse.METHODS
+MAX_Z = Z_RANGE[1]
+
+
+def paper_bmucsc_bytes(d: int, d0: float, z: int, h: int = H) -> float:
+    """Bytes of one B-MUCSC transfer as the paper counts them (eq. CompressRateB's per-direction
+    term): (ceil(log2 Z) + ceil(log2 d)) / 8 d0 + h Z + h (fixed-width IDs and positions, the mean)."""
+    return (ceil_log2(z) + ceil_log2(d)) / 8 * d0 + h * z + h
+
+
+def cluster_params(p: Any) -> MucscParams:
+    """The mucsc codec's parameters for the clustering of the kept elements."""
+    return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing)
 
 
 @register
@@ -36,6 +46,10 @@ class BMUCSC(Codec):
     name = "bmucsc"
     accepts_torch = True
     summary = "B-MUCSC: MUCSC on the top keep*d magnitudes, the rest sent as their mean (paper IV-E)"
+    paper_positions = "fixed"  # eq. CompressRateB: ceil(log2 d) bits per position
+    limits = {**KEEP_LIMITS, "z": Z_RANGE}
+    # section VI-A: both directions, d0 = 0.01 d, Z = 256
+    paper_setup = PaperSetup(up={"z": 256, "keep": 0.01}, down={"z": 256, "keep": 0.01})
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -47,23 +61,27 @@ class BMUCSC(Codec):
         id_packing: str = "auto"  # as the mucsc codec's
 
         def __post_init__(self) -> None:
-            if self.id_packing not in ID_PACKINGS:
-                raise ParameterError(f"bmucsc.id_packing must be one of {ID_PACKINGS}")
-            if self.centroid_dtype not in CENTROID_DTYPES:
-                raise ParameterError(f"bmucsc.centroid_dtype must be one of {tuple(CENTROID_DTYPES)}")
-            if not 0.0 < self.keep <= 1.0:
-                raise ParameterError(f"bmucsc.keep must be in (0, 1], got {self.keep}")
-            if not 2 <= self.z <= MAX_Z:
-                raise ParameterError(f"bmucsc.z must be in [2, {MAX_Z}], got {self.z}")
-            if self.solver not in centroids.SOLVERS:
-                raise ParameterError(f"bmucsc.solver must be one of {tuple(centroids.SOLVERS)}, got {self.solver!r}")
-            if self.positions not in POSITION_MODES:
-                raise ParameterError(f"bmucsc.positions must be one of {POSITION_MODES}, got {self.positions!r}")
+            check_keep("bmucsc", self.keep)
+            check_positions("bmucsc", self.positions)
+            try:  # the clustering parameters are the mucsc codec's, validated there
+                cluster_params(self)
+            except ParameterError as exc:
+                raise ParameterError(f"bmucsc.{exc}") from None
 
     @property
     def _cluster_params(self) -> MucscParams:
-        p = self.params
-        return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing)
+        return cluster_params(self.params)
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        """``centroids`` sent default to min(z, kept elements), exact for continuous data."""
+        k = sparse.keep_count(self.params.keep, n)
+        kc = min(self.params.z, k) if centroids is None else centroids
+        return {**cluster_section_sizes(k, kc, self._cluster_params, estimate),
+                "INDX": positions_size(self, n, k, positions_bytes, estimate), "SCAL": 4}
+
+    def paper_bytes(self, d: int, h: int = H) -> float:
+        return paper_bmucsc_bytes(d, sparse.keep_count(self.params.keep, d), self.params.z, h)
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
@@ -101,7 +119,7 @@ class BMUCSC(Codec):
         """Everything after the selection: the kept values' clusters, positions and the rest's mean."""
         mean = np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
         cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng)  # as the mucsc codec
-        method = "fixed" if self.params.positions == "paper" else self.params.positions
+        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
         coded = sparse.encode(pos, n, method)
         params = {"keep": self.params.keep, "k": k, **cparams, **sparse.header_params(coded)}
         secs = (*csecs,

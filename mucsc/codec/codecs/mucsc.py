@@ -16,11 +16,11 @@ import numpy as np
 
 from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, parallel, quantize, rans, torch_backend
 from mucsc.codec import format as fmt
-from mucsc.codec.base import (Codec, EncodedGroup, PlanContext, Section, array_from, param_int, param_str,
-                              register, section)
-from mucsc.errors import FormatError, ParameterError
+from mucsc.codec.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
+                              ceil_log2, param_int, param_str, register, section)
+from mucsc.errors import FormatError, ParameterError, SizeError
 
-MIN_Z, MAX_Z = 2, 65536
+MIN_Z, MAX_Z = Z_RANGE
 CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
 
 
@@ -36,7 +36,7 @@ ALIGN_MARGIN_BITS = 0.25  # aligned only if the sampled entropy is this far belo
 
 def id_width(k: int) -> int:
     """Bits per cluster ID for ``k`` centroids: ceil(log2 k), 0 for a single centroid."""
-    return max(0, math.ceil(math.log2(k))) if k > 1 else 0
+    return ceil_log2(k) if k > 1 else 0
 
 
 def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
@@ -123,6 +123,24 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
         return codec
     packing = "aligned" if compressing else "tight"
     return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
+
+
+def cluster_section_sizes(n: int, k: int, p: MucscParams, estimate: bool) -> dict[str, int]:
+    """Raw bytes of CENT and IDS_ for ``n`` elements and ``k`` centroids sent, tight IDs.  An
+    "aligned" packing widens 3- and 5..7-bit IDs when the data's entropy allows: data-dependent."""
+    if p.id_coding == "rans" and not estimate:
+        raise SizeError("id_coding='rans' (an entropy code of the IDs) has a data-dependent size")
+    width = id_width(k)
+    if p.id_packing == "aligned" and width in ALIGNED_WIDTH and not estimate:
+        raise SizeError(f"id_packing='aligned' with {width}-bit IDs has a data-dependent size")
+    return {"CENT": np.dtype(CENTROID_DTYPES[p.centroid_dtype]).itemsize * k,
+            "IDS_": bitpack.packed_size(n, width)}
+
+
+def paper_mucsc_bytes(d: int, z: int, h: int = H) -> float:
+    """Bytes of one MUCSC transfer as the paper counts them: ceil(log2 Z)/8 d + h Z
+    (eq. CompressionRateofMUCSC's per-direction term)."""
+    return ceil_log2(z) / 8 * d + h * z
 
 
 def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
@@ -442,6 +460,22 @@ class Mucsc(Codec):
     accepts_torch = True
     summary = "soft clustering to z centroids, unbiased; ceil(log2 z) bits per element"
     Params = MucscParams
+    limits = {"z": Z_RANGE}
+    # section VI-A: both directions; the clients' Z_U (mixed by thirds) and the server's Z_D
+    paper_setup = PaperSetup(z_param="z")
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        """``centroids`` sent default to min(z, n), exact for continuous data (ties merge levels)."""
+        if self.params.target != "z" and centroids is None:
+            raise SizeError(f"mucsc with {self.params.target}= chooses Z from the data: pass centroids")
+        k = min(self.params.fixed_z, n) if centroids is None else centroids
+        return cluster_section_sizes(n, k, self.params, estimate)
+
+    def paper_bytes(self, d: int, h: int = H) -> float | None:
+        """eq. CompressionRateofMUCSC's per-direction bytes for a fixed Z (None when bits=, size= or
+        max_error= choose Z from the data)."""
+        return paper_mucsc_bytes(d, self.params.fixed_z, h) if self.params.target == "z" else None
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)

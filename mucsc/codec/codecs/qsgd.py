@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import bitpack, sparse
-from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_int, param_str, register,
-                              section)
-from mucsc.errors import FormatError, ParameterError
+from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
+                              param_str, register, section)
+from mucsc.errors import FormatError, ParameterError, SizeError
 
 MAX_S = (1 << 15) - 1  # fixed width 1 + ceil(log2(s + 1)) <= 16 bits (bitpack's limit)
 MAX_BUCKET = 1 << 30
@@ -41,6 +41,8 @@ class QSGD(Codec):
     name = "qsgd"
     unbiased = True
     summary = "QSGD: s-level unbiased stochastic quantisation per bucket (Alistarh et al. 2017)"
+    limits = {"s": (1, MAX_S), "bucket": (1, MAX_BUCKET)}
+    paper_setup = PaperSetup(downlink=False)  # section VI-A: QSGD compresses the uplink only
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -49,12 +51,16 @@ class QSGD(Codec):
         coding: str = "fixed"
 
         def __post_init__(self) -> None:
-            if not 1 <= self.s <= MAX_S:
-                raise ParameterError(f"qsgd.s must be in [1, {MAX_S}], got {self.s}")
-            if not 1 <= self.bucket <= MAX_BUCKET:
-                raise ParameterError(f"qsgd.bucket must be in [1, 2**30], got {self.bucket}")
+            check_range("qsgd", "s", self.s, QSGD.limits)
+            check_range("qsgd", "bucket", self.bucket, QSGD.limits)
             if self.coding not in ("fixed", "elias"):
                 raise ParameterError(f"qsgd.coding must be 'fixed' or 'elias', got {self.coding!r}")
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        if self.params.coding != "fixed":
+            raise SizeError("qsgd with coding='elias' has a data-dependent size")
+        return {"NORM": 4 * (-(-n // self.params.bucket)), "VALS": bitpack.packed_size(n, level_width(self.params.s))}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         s, bucket = self.params.s, self.params.bucket

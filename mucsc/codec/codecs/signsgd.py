@@ -32,6 +32,10 @@ class SignSGD(Codec):
             if self.scale not in ("l1", "none"):
                 raise ParameterError(f"signsgd.scale must be 'l1' or 'none', got {self.scale!r}")
 
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        return {"SIGN": (n + 7) // 8, **({"SCAL": 4} if self.params.scale == "l1" else {})}
+
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         neg = np.signbit(x) & (x != 0)  # -0.0 is sent as +
         secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes())]

@@ -16,17 +16,18 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import sparse
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_int, register, section
-from mucsc.codec.codecs.topk import check_keep, header_keep
-from mucsc.errors import FormatError, ParameterError
-
-POSITION_MODES = ("golomb", "auto") + sparse.METHODS
+from mucsc.codec.base import Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
+from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
+from mucsc.errors import FormatError
 
 
 @register
 class STC(Codec):
     name = "stc"
     summary = "STC: top-k ternary mu*sign with Golomb-coded positions (Sattler et al. 2019)"
+    paper_positions = "golomb"  # positions="paper": the STC paper's Golomb code
+    limits = KEEP_LIMITS
+    paper_setup = PaperSetup(up={"keep": 0.03}, down={"keep": 0.03})  # section VI-A: both directions
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -35,8 +36,15 @@ class STC(Codec):
 
         def __post_init__(self) -> None:
             check_keep("stc", self.keep)
-            if self.positions not in POSITION_MODES:
-                raise ParameterError(f"stc.positions must be one of {POSITION_MODES}, got {self.positions!r}")
+            check_positions("stc", self.positions, ("golomb",) + sparse.POSITION_MODES)
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        k = sparse.keep_count(self.params.keep, n)
+        golomb = self.params.positions in ("golomb", "paper")
+        if positions_bytes is None and golomb:  # a Rice code of the positions: data-dependent
+            positions_bytes = sparse.position_bytes("rice", n, k, estimate=estimate)
+        return {"SCAL": 4, "SIGN": (k + 7) // 8, "INDX": positions_size(self, n, k, positions_bytes, estimate)}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         n = x.size
@@ -44,7 +52,7 @@ class STC(Codec):
         pos = sparse.top_k(x, k)
         kept = x[pos]
         mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if k else np.float32(0)
-        if self.params.positions == "golomb":
+        if self.params.positions in ("golomb", "paper"):
             b = sparse.stc_golomb_parameter(self.params.keep) if self.params.keep < 1 else 0
             coded = sparse.encode(pos, n, "rice", rice_parameter=min(b, sparse.max_rice_parameter(n)))
         else:

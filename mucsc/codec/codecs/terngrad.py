@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import bitpack
-from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_float, param_str, register,
-                              section)
+from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
+                              register, section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError
 
@@ -37,6 +37,8 @@ class TernGrad(Codec):
     name = "terngrad"
     unbiased = True  # for the clipped vector; exactly so with clip=0
     summary = "TernGrad: unbiased ternary with 2.5-sigma clipping (Wen et al. 2017)"
+    limits = {"clip": (0.0, 1e6)}  # 0: no clipping
+    paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as QSGD
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -48,6 +50,11 @@ class TernGrad(Codec):
                 raise ParameterError(f"terngrad.clip must be 0 (off) or positive, got {self.clip}")
             if self.packing not in ("2bit", "base3"):
                 raise ParameterError(f"terngrad.packing must be '2bit' or 'base3', got {self.packing!r}")
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        trits = bitpack.packed_size(n, 2) if self.params.packing == "2bit" else -(-n // 5)
+        return {"SCAL": 4, "VALS": trits}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         g = clip_sigma(x.astype(np.float64, copy=False), self.params.clip)

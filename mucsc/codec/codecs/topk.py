@@ -13,16 +13,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec import sparse
-from mucsc.codec.base import (Codec, EncodedGroup, Section, array_from, param_float, param_int, register,
-                              section)
+from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
+                              param_int, register, section)
 from mucsc.errors import FormatError, ParameterError
 
-POSITION_MODES = ("auto", "paper") + sparse.METHODS
+KEEP_LIMITS = {"keep": (0.0, 1.0)}  # a fraction of the elements, (0, 1]
 
 
 def check_keep(name: str, keep: float) -> None:
-    if not 0.0 < keep <= 1.0:
-        raise ParameterError(f"{name}.keep must be in (0, 1], got {keep}")
+    check_range(name, "keep", keep, KEEP_LIMITS, open_low=True)
 
 
 def header_keep(params: Mapping[str, Any]) -> float:
@@ -33,9 +32,18 @@ def header_keep(params: Mapping[str, Any]) -> float:
     return keep
 
 
-def check_positions(name: str, positions: str) -> None:
-    if positions not in POSITION_MODES:
-        raise ParameterError(f"{name}.positions must be one of {POSITION_MODES}, got {positions!r}")
+def check_positions(name: str, positions: str, modes: tuple[str, ...] = sparse.POSITION_MODES) -> None:
+    if positions not in modes:
+        raise ParameterError(f"{name}.positions must be one of {modes}, got {positions!r}")
+
+
+def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, estimate: bool) -> int:
+    """Bytes of the INDX section of a top-k style codec (``paper_positions`` resolves "paper")."""
+    if positions_bytes is not None:
+        return positions_bytes
+    method = codec.params.positions
+    return sparse.position_bytes(codec.paper_positions if method == "paper" else method, n, k,
+                                 estimate=estimate)
 
 
 @register
@@ -43,6 +51,8 @@ class TopK(Codec):
     name = "topk"
     summary = "top-k: the largest-magnitude fraction as float32 values + compact positions"
     paper_positions: ClassVar[str] = "fixed"  # what positions="paper" means for this codec
+    limits = KEEP_LIMITS
+    paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as DGC
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -52,6 +62,11 @@ class TopK(Codec):
         def __post_init__(self) -> None:
             check_keep("topk", self.keep)
             check_positions("topk", self.positions)
+
+    def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
+                      estimate: bool = False) -> dict[str, int]:
+        k = sparse.keep_count(self.params.keep, n)
+        return {"VALS": 4 * k, "INDX": positions_size(self, n, k, positions_bytes, estimate)}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         n = x.size
