@@ -1,5 +1,5 @@
-"""The invalid-message cases of spec/vector_cases_codecs.py: each is rejected with the error it names
-(until make_vectors.py writes them to spec/vectors/invalid/, this is where they are checked)."""
+"""The invalid-message cases of spec/vector_cases_codecs.py (make_vectors.py also writes them to
+spec/vectors/invalid/): each is a valid container whose codec payload is rejected with the error it names."""
 
 import importlib.util
 from pathlib import Path

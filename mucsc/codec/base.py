@@ -226,14 +226,20 @@ def register(cls: type[Codec]) -> type[Codec]:
     return cls
 
 
+ENTRY_POINT_GROUP = "mucsc.codecs"  # where other packages register codec classes (docs/plugins.md)
+_plugins_loaded = False
+_plugin_problems: dict[str, str] = {}  # entry-point name -> why it was not registered
+
+
 def codec_class(name: str) -> type[Codec]:
     """The codec class registered as ``name``; :class:`UnknownCodecError` lists the known ones."""
-    _load_builtin_codecs()
+    _load_codecs()
     try:
         return _REGISTRY[name]
     except KeyError:
+        why = f" (a plugin of that name failed to load: {_plugin_problems[name]})" if name in _plugin_problems else ""
         raise UnknownCodecError(
-            f"unknown codec {name!r}; known codecs: {', '.join(sorted(_REGISTRY))}"
+            f"unknown codec {name!r}{why}; known codecs: {', '.join(sorted(_REGISTRY))}"
         ) from None
 
 
@@ -243,13 +249,67 @@ def get_codec(name: str, **params: Any) -> Codec:
 
 
 def available_codecs() -> list[str]:
-    """Names of every registered codec, sorted."""
-    _load_builtin_codecs()
+    """Names of every registered codec (built-in and plugins), sorted."""
+    _load_codecs()
     return sorted(_REGISTRY)
 
 
-def _load_builtin_codecs() -> None:
+def _load_codecs() -> None:
+    """The built-in codecs (imported explicitly), then once the plugins' entry points."""
     import mucsc.codec.codecs  # noqa: F401  (registers the built-in codecs on import)
+
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        load_plugins()
+
+
+def load_plugins() -> list[str]:
+    """Register the codec classes of the ``mucsc.codecs`` entry points; returns the names added.
+
+    A plugin never replaces a registered codec, and one that fails to load, is not a
+    :class:`Codec` subclass or has a ``name`` other than its entry point's is skipped with a
+    RuntimeWarning (the library keeps working; asking for it names the problem)."""
+    from importlib.metadata import entry_points
+
+    added = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value)):
+        if ep.name in _REGISTRY:
+            if _REGISTRY[ep.name].__module__ != ep.value.partition(":")[0]:
+                _skip(ep, f"the name {ep.name!r} is taken by {_REGISTRY[ep.name].__module__}")
+            continue
+        try:
+            cls = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure of foreign code: skip it, say why
+            _skip(ep, f"{type(exc).__name__}: {exc}")
+            continue
+        problem = _plugin_problem(cls, ep.name)
+        if problem:
+            _skip(ep, problem)
+            continue
+        _REGISTRY[ep.name] = cls
+        added.append(ep.name)
+    return added
+
+
+def _plugin_problem(cls: Any, name: str) -> str | None:
+    if not (isinstance(cls, type) and issubclass(cls, Codec)):
+        return f"{cls!r} is not a mucsc.Codec subclass"
+    if getattr(cls, "name", None) != name:
+        return f"its class's name is {getattr(cls, 'name', None)!r}, not the entry point's {name!r}"
+    if not dataclasses.is_dataclass(getattr(cls, "Params", None)):
+        return "its Params is not a dataclass"
+    if getattr(cls, "__abstractmethods__", None):
+        return f"it does not implement {', '.join(sorted(cls.__abstractmethods__))}"
+    return None
+
+
+def _skip(ep: Any, why: str) -> None:
+    import warnings
+
+    _plugin_problems[ep.name] = why
+    warnings.warn(f"mucsc: codec plugin {ep.name!r} ({ep.value}) not registered: {why}", RuntimeWarning,
+                  stacklevel=3)
 
 
 def make_params(params_cls: type, given: Mapping[str, Any], codec_name: str) -> Any:

@@ -502,12 +502,6 @@ def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray
     return v
 
 
-def gamma_bits(values: np.ndarray) -> int:
-    """Total bits of the Elias-gamma codes of ``values`` (sum of 2 floor(log2 v) + 1)."""
-    v = np.asarray(values, np.int64)
-    return int(np.sum(2 * (_bit_length(v) - 1) + 1))
-
-
 def _bit_length(v: np.ndarray) -> np.ndarray:
     """bit_length of positive int64 values, exactly (no float rounding)."""
     out = np.zeros(v.shape, np.int64)

@@ -1,9 +1,19 @@
-"""Built-in codecs.  Every module in this package registers its codec(s) on import; they are found
-automatically, so adding a codec is adding a module."""
+"""Built-in codecs, imported explicitly (one module per codec; each registers its class on import).
 
-import importlib
-import pkgutil
+Adding a built-in codec is adding a module here and its import below (tests/test_codec_contract.py
+checks that every module is imported); a codec in another package registers itself through the
+entry-point group ``mucsc.codecs`` instead (docs/plugins.md)."""
 
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if not _mod.startswith("_"):
-        importlib.import_module(f"{__name__}.{_mod}")
+from mucsc.codec.codecs import (  # noqa: F401
+    bmucsc,
+    dgc,
+    fp16,
+    mucsc,
+    none,
+    qsgd,
+    raw,
+    signsgd,
+    stc,
+    terngrad,
+    topk,
+)
