@@ -23,6 +23,7 @@ from mucsc.codec.api import (
 )
 from mucsc.codec.auth import AuthSummary, authenticate, generate_key, load_key, load_keys, public_key, sign
 from mucsc.codec.base import Codec, available_codecs, get_codec
+from mucsc.codec.fingerprint import fingerprint
 from mucsc.codec.policy import Policy
 from mucsc.errors import (
     AuthError,
@@ -49,7 +50,7 @@ __all__ = [
     "KeyFileError", "LimitError", "MessageInfo", "MucscError", "ParameterError", "Policy", "TensorStats",
     "TruncatedError",
     "UnknownCodecError", "VersionError",
-    "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "generate_key",
+    "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "fingerprint", "generate_key",
     "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",
 ]
 

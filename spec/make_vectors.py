@@ -266,10 +266,22 @@ def example_md() -> bytes:
     return "\n".join(lines).encode()
 
 
+def fingerprint_files():
+    """The base fingerprint (FORMAT.md 2.4.1) of a small state_dict with a float, an int, a bool and a
+    scalar tensor, listed out of name order (the fingerprint sorts by name)."""
+    data = {"layer.weight": gauss(6, 18).reshape(2, 3), "b.bias": np.array([0.5, -0.0], np.float32),
+            "steps": np.array(3, np.int64), "mask": np.array([True, False, True]),
+            "h": gauss(3, 19, "float16")}
+    case = {"description": "mucsc.fingerprint of these tensors (spec/FORMAT.md 2.4.1)",
+            "input": tensors_json(data), "fingerprint": mucsc.fingerprint(data),
+            "fingerprint_of_bare_first_tensor": mucsc.fingerprint(data["layer.weight"])}
+    return {"fingerprint/base_fingerprint.json": (json.dumps(case, indent=1, sort_keys=True) + "\n").encode()}
+
+
 def all_files():
     from vector_cases_auth import auth_files
 
-    files = {**valid_files(), **invalid_files(), **auth_files()}
+    files = {**valid_files(), **invalid_files(), **auth_files(), **fingerprint_files()}
     files["../example.md"] = example_md()
     return files
 

@@ -132,3 +132,37 @@ def test_progress_line_with_a_terminal_reporting_zero_columns(monkeypatch):
     p.phase("loading model.safetensors", 5)
     assert "loading model.safetensors..." in p.render()
     p.done()
+
+
+def test_decompress_refuses_a_wrong_base_naming_both_fingerprints(ckpt, tmp_path):
+    new = {k: (v + np.float32(0.01) if v.dtype.kind == "f" else v) for k, v in model().items()}
+    tf.save(tmp_path / "new.safetensors", new)
+    run(["compress", tmp_path / "new.safetensors", "--base", ckpt, "-o", tmp_path / "u.mucsc", "-q"])
+    meta = mucsc.inspect((tmp_path / "u.mucsc").read_bytes()).meta
+    assert meta["mucsc.base_fingerprint"] == mucsc.fingerprint(model())
+    other = {k: (v * 2 if v.dtype.kind == "f" else v) for k, v in model().items()}  # same layout, other values
+    tf.save(tmp_path / "other.safetensors", other)
+    r = run(["decompress", tmp_path / "u.mucsc", "--base", tmp_path / "other.safetensors", "-o",
+             tmp_path / "r.safetensors"], code=1)
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and "not the base" in err
+    assert mucsc.fingerprint(other) in err and meta["mucsc.base_fingerprint"] in err
+    assert not (tmp_path / "r.safetensors").exists()
+    r = run(["decompress", tmp_path / "u.mucsc", "--base", tmp_path / "other.safetensors", "-o",
+             tmp_path / "r.safetensors", "--ignore-base-mismatch"])
+    assert "differs" in r.stderr and (tmp_path / "r.safetensors").exists()
+    # the right base, read from another file format, matches
+    tf.save(tmp_path / "old.npz", model())
+    run(["decompress", tmp_path / "u.mucsc", "--base", tmp_path / "old.npz", "-o", tmp_path / "ok.safetensors"])
+
+
+def test_fingerprint_is_order_and_format_independent():
+    sd = model()
+    assert mucsc.fingerprint(sd) == mucsc.fingerprint(dict(reversed(list(sd.items()))))
+    assert mucsc.fingerprint(sd).startswith("blake2b-256:") and len(mucsc.fingerprint(sd)) == 12 + 64
+    changed = dict(sd, steps=np.array([6], np.int64))
+    assert mucsc.fingerprint(changed) != mucsc.fingerprint(sd)
+    renamed = {("x" + k if k == "steps" else k): v for k, v in sd.items()}
+    assert mucsc.fingerprint(renamed) != mucsc.fingerprint(sd)
+    reshaped = dict(sd, **{"fc.weight": sd["fc.weight"].reshape(256, 128)})
+    assert mucsc.fingerprint(reshaped) != mucsc.fingerprint(sd)

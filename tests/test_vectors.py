@@ -50,3 +50,24 @@ def test_invalid_vector(name):
     error = getattr(mucsc.errors, INVALID[name]["error"])
     with pytest.raises(error):
         mucsc.decode(blob)
+
+
+def test_fingerprint_vector():
+    """FORMAT.md 2.4.1: the base fingerprint, recomputed here independently of mucsc.fingerprint."""
+    import hashlib
+    import struct
+
+    case = json.loads((VECTORS / "fingerprint" / "base_fingerprint.json").read_text())
+    tensors = {t["name"]: unhex(t) for t in case["input"]}
+    assert mucsc.fingerprint(tensors) == case["fingerprint"]
+    assert mucsc.fingerprint(dict(reversed(list(tensors.items())))) == case["fingerprint"]  # order-free
+    h = hashlib.blake2b(digest_size=32)
+    h.update(b"mucsc base fingerprint v1\x00")
+    for t in sorted(case["input"], key=lambda t: t["name"].encode()):
+        name, data = t["name"].encode(), bytes.fromhex(t["hex"])
+        h.update(struct.pack("<I", len(name)) + name + struct.pack("<B", len(t["dtype"])) + t["dtype"].encode()
+                 + struct.pack("<B", len(t["shape"])) + b"".join(struct.pack("<Q", d) for d in t["shape"])
+                 + struct.pack("<Q", len(data)) + data)
+    assert case["fingerprint"] == "blake2b-256:" + h.hexdigest()
+    first = case["input"][0]
+    assert mucsc.fingerprint(unhex(first)) == case["fingerprint_of_bare_first_tensor"]

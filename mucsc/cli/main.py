@@ -27,7 +27,7 @@ from mucsc.cli.codec_options import chosen_params, click_options, codec_params, 
 from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
 from mucsc.cli.lazy import LazyGroup
 from mucsc.cli.update import (
-    META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
+    BASE_KEY, META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
 )
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -196,6 +196,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
             old = _load(base, progress)
             notes += old.notes
             check_same_layout(layout(tensors), layout(old.tensors), input, base)
+            base_fp = mucsc.fingerprint(old.tensors)  # before subtracting: OLD is not modified, NEW is
             progress.phase("subtracting")
             tensors = subtract_base(tensors, old.tensors)
             del old
@@ -203,7 +204,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         norm2 = squared_norm(tensors)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
         del loaded
-        meta = {META_KEY: os.path.basename(base)} if base is not None else None
+        meta = {META_KEY: os.path.basename(base), BASE_KEY: base_fp} if base is not None else None
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
                                                   meta=meta, policy=mode.policy, threads=threads, **signing)
@@ -258,16 +259,19 @@ def _compress_json(input, out, base, codec, params, mode, seed, level, stats, in
               ".safetensors when that leaves no tensor suffix); stdout when IN is '-'.")
 @click.option("-F", "--format", "out_format", type=click.Choice(sorted(OUT_FORMATS)),
               help="Output format, overriding the suffix (default for stdout: safetensors).")
-@click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only).")
+@click.option("--base", metavar="OLD", help="Add the decoded update back onto OLD (float tensors only); OLD "
+              "must be the base the update was made from (its fingerprint is checked).")
+@click.option("--ignore-base-mismatch", is_flag=True, help="Add the update to a --base whose fingerprint "
+              "differs from the one the message records.")
 @limit_options
 @verifying_options
 @THREADS_OPTION
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
-               max_elements: int | None, max_expansion: float | None, key_file: str | None,
-               keys_dir: str | None, key_id: str | None, context: str | None, threads: int, force: bool,
-               quiet: bool) -> None:
+               ignore_base_mismatch: bool, max_elements: int | None, max_expansion: float | None,
+               key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None, threads: int,
+               force: bool, quiet: bool) -> None:
     """Decode a .mucsc message into a tensor file (dtypes and shapes restored).
 
     With --key-file or --keys the message must carry a valid authentication tag (checked before
@@ -307,6 +311,18 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         notes += old.notes
         rec_layout = {r.name or tensorfiles.BARE_NAME: (tuple(r.shape), r.dtype) for r in info.records}
         check_same_layout(rec_layout, layout(old.tensors), input, base)
+        # same layout, other values (another checkpoint of the same model): the fingerprint tells
+        expected = info.meta.get(BASE_KEY)
+        if expected is not None:
+            got = mucsc.fingerprint(old.tensors)
+            if got != expected:
+                made_from = f" ({info.meta[META_KEY]})" if META_KEY in info.meta else ""
+                if not ignore_base_mismatch:
+                    raise Failure(f"{base}: not the base {input} was made from: its fingerprint is {got}, "
+                                  f"the message records {expected}{made_from} (--ignore-base-mismatch adds "
+                                  "the update anyway)")
+                notes.append(f"{base}'s fingerprint {got} differs from the recorded {expected}{made_from}; "
+                             "added the update anyway (--ignore-base-mismatch)")
         tensors = add_base(tensors, old.tensors)
         del old
         if META_KEY not in info.meta:

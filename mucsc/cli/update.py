@@ -17,6 +17,7 @@ from mucsc.tensorfiles import TensorFileError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 META_KEY = "mucsc.update"  # message meta: the message holds NEW - OLD (value: OLD's file name)
+BASE_KEY = "mucsc.base_fingerprint"  # message meta: mucsc.fingerprint(OLD) (spec/FORMAT.md 2.4.1)
 
 
 def dtype_name(t: Any) -> str:

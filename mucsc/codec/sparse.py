@@ -433,14 +433,34 @@ def keep_count(keep: float, n: int) -> int:
 
 
 def top_k(x: np.ndarray, k: int) -> np.ndarray:
-    """Sorted positions of the k elements of largest |x| (np.argpartition, not a full sort)."""
+    """Sorted positions of the (at most) k elements of largest |x|, never a zero element.
+
+    Fewer than k come back when x has fewer than k non-zeros (the rest decode to 0 anyway, so sending
+    their positions would only cost bytes).  Updates are often mostly zeros (frozen layers, sparse
+    gradients); np.argpartition over many tied zeros is slow (265 ms against 6 ms on a 99.7%-zero
+    update), so when at most half the elements are non-zero the selection runs over the non-zeros.
+    """
     n = x.size
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    if k == 0:
+    if k == 0 or n == 0:
         return np.zeros(0, np.int64)
-    part = np.argpartition(np.abs(x), n - k)[n - k:]
-    return np.sort(part).astype(np.int64)
+    nnz = int(np.count_nonzero(x))
+    if nnz <= k or 2 * nnz <= n:
+        nz = np.flatnonzero(x)
+        if nnz <= k:
+            return nz.astype(np.int64, copy=False)
+        part = np.argpartition(np.abs(x[nz]), nnz - k)[nnz - k:]
+        return np.sort(nz[part]).astype(np.int64, copy=False)
+    # the k-th largest magnitude by an in-place partition of one |x| copy (argpartition would add an
+    # int64 index array of n), then the positions above it and, in order, enough of those equal to it
+    a = np.abs(x)
+    a.partition(n - k)
+    t = a[n - k]
+    del a
+    above = np.flatnonzero(np.abs(x) > t)
+    if above.size < k:
+        tied = np.flatnonzero(np.abs(x) == t)[: k - above.size]
+        above = np.sort(np.concatenate([above, tied]))
+    return above.astype(np.int64, copy=False)
 
 
 def header_params(c: Coded) -> dict:

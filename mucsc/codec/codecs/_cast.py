@@ -22,7 +22,7 @@ class CastCodec(Codec):
         pass
 
     def cast(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(self.wire)
+        return x.astype(self.wire, copy=False)  # no copy when x is already in the wire dtype
 
     def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
                       estimate: bool = False) -> dict[str, int]:
@@ -30,7 +30,7 @@ class CastCodec(Codec):
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         v = self.cast(x)
-        return EncodedGroup({}, (Section("VALS", v.tobytes()),),
+        return EncodedGroup({}, (Section("VALS", v),),  # the array itself: the container copies once
                             {"J": lambda: float(np.sum((v.astype(np.float64) - x) ** 2))})
 
     @classmethod

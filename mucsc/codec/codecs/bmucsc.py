@@ -92,6 +92,7 @@ class BMUCSC(Codec):
         n = x.size
         k = sparse.keep_count(self.params.keep, n)
         pos = sparse.top_k(x, k)  # np.argpartition on |x|: O(n), not a sort
+        k = pos.size  # fewer than asked when x has fewer non-zeros (the rest's mean is then 0)
         kept = x[pos]
         rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
         return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)

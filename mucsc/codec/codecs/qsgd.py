@@ -65,28 +65,36 @@ class QSGD(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         s, bucket = self.params.s, self.params.bucket
         n = x.size
-        x64 = x.astype(np.float64, copy=False)
-        sq = np.add.reduceat(x64 * x64, np.arange(0, n, bucket)) if n else np.zeros(0)
-        norms = round_up_f32(np.sqrt(sq))  # ||v|| per bucket, rounded up to float32
+        norms = round_up_f32(np.sqrt(_bucket_squares(x, bucket)))  # ||v|| per bucket, rounded up
         scale = norms.astype(np.float64)
-        per = _per_element(scale, bucket, n)
-        ratio = np.divide(np.abs(x64), per, out=np.zeros(n), where=per > 0)
-        r = s * ratio  # in [0, s]: |v_i| <= ||v|| <= float32 norm
-        lev = np.floor(r)
-        lev += rng.random(n) < (r - lev)  # (l + 1) with probability r - l: unbiased
-        lev = lev.astype(np.int64)
-        neg = np.signbit(x) & (lev > 0)
+        # one level and sign per element, a chunk of whole buckets at a time (float64 temporaries of
+        # one chunk, never of the whole vector); the uniforms are drawn in order, so the stream is the
+        # same as one draw of n
+        codes = np.empty(n, np.uint16)  # (level << 1) | sign: level <= s <= 2**15 - 1
+        for a, b in _chunks(n, bucket):
+            xa = x[a:b].astype(np.float64)
+            per = _per_element(scale, bucket, b - a, a)
+            r = s * np.divide(np.abs(xa), per, out=np.zeros(b - a), where=per > 0)  # in [0, s]
+            lev = np.floor(r)
+            lev += rng.random(b - a) < (r - lev)  # (l + 1) with probability r - l: unbiased
+            neg = np.signbit(xa) & (lev > 0)
+            codes[a:b] = (lev.astype(np.uint16) << 1) | neg
         params: dict[str, Any] = {"s": s, "bucket": bucket, "coding": self.params.coding}
         secs = [Section("NORM", norms.astype("<f4").tobytes())]
         if self.params.coding == "fixed":
-            vals = (lev << 1) | neg
-            secs.append(Section("VALS", bitpack.pack(vals, level_width(s)), compressible=True))
+            w = level_width(s)
+            # 8 values of w bits fill w whole bytes: chunks of a multiple of 8 values pack independently
+            packed = b"".join(bitpack.pack(codes[a:b], w) for a, b in _chunks(n, 8))
+            del codes
+            secs.append(Section("VALS", packed, compressible=True))
         else:
-            nz = np.flatnonzero(lev)
+            nz = np.flatnonzero(codes >> 1)
             params["nnz"] = int(nz.size)
+            sel = codes[nz]
+            del codes
             secs += [Section("INDX", sparse.gamma_encode(np.diff(nz, prepend=-1))),
-                     Section("VALS", sparse.gamma_encode(lev[nz])),
-                     Section("SIGN", np.packbits(neg[nz], bitorder="little").tobytes())]
+                     Section("VALS", sparse.gamma_encode((sel >> 1).astype(np.int64))),
+                     Section("SIGN", np.packbits((sel & 1).astype(bool), bitorder="little").tobytes())]
         stats = {"J": lambda: _variance(x, scale, s, bucket)}
         return EncodedGroup(params, tuple(secs), stats)
 
@@ -100,43 +108,84 @@ class QSGD(Codec):
         norms = array_from(section(sections, "NORM", 4 * nb), "<f4").astype(np.float64)
         if not np.all(np.isfinite(norms)) or np.any(norms < 0):
             raise FormatError("qsgd: bucket norms must be finite and non-negative")
+        step = norms / s
+        out = np.empty(n, dtype)
         if coding == "fixed":
             w = level_width(s)
-            vals = bitpack.unpack(section(sections, "VALS", bitpack.packed_size(n, w)), w, n).astype(np.int64)
-            lev, neg = vals >> 1, (vals & 1).astype(bool)
-            if lev.size and int(lev.max()) > s:
-                raise FormatError(f"qsgd: a level exceeds s = {s}")
-            if np.any(neg & (lev == 0)):
-                raise FormatError("qsgd: a zero level carries a sign bit")  # canonical encoding
-        else:
-            nnz = param_int(params, "nnz", 0, n)
-            gaps = sparse.gamma_decode(section(sections, "INDX"), nnz, n)
-            if float(gaps.sum(dtype=np.float64)) > n:
-                raise FormatError("qsgd: non-zero positions run past the end")
-            pos = np.cumsum(gaps) - 1
-            if nnz and int(pos[-1]) >= n:
-                raise FormatError("qsgd: non-zero positions run past the end")
-            levels = sparse.gamma_decode(section(sections, "VALS"), nnz, s)
-            sign_mv = section(sections, "SIGN", (nnz + 7) // 8)
-            sign_bytes = np.frombuffer(sign_mv, np.uint8)
-            sparse.check_padding(sign_bytes, nnz)
-            lev = np.zeros(n, np.int64)
-            neg = np.zeros(n, bool)
-            lev[pos] = levels
-            neg[pos] = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
-        out = _per_element(norms / s, bucket, n) * lev
-        np.negative(out, out=out, where=neg)
-        return out.astype(dtype)
+            buf = section(sections, "VALS", bitpack.packed_size(n, w))
+            for a, b in _chunks(n, 8):  # whole bytes per chunk (a and b multiples of 8 but the last)
+                vals = bitpack.unpack(buf[a * w // 8: bitpack.packed_size(b, w)], w, b - a)
+                _levels_into(out, a, b, vals >> 1, (vals & 1).astype(bool), step, bucket, s)
+            return out
+        nnz = param_int(params, "nnz", 0, n)
+        gaps = sparse.gamma_decode(section(sections, "INDX"), nnz, n)
+        if float(gaps.sum(dtype=np.float64)) > n:
+            raise FormatError("qsgd: non-zero positions run past the end")
+        pos = np.cumsum(gaps) - 1
+        if nnz and int(pos[-1]) >= n:
+            raise FormatError("qsgd: non-zero positions run past the end")
+        levels = sparse.gamma_decode(section(sections, "VALS"), nnz, s)
+        sign_bytes = np.frombuffer(section(sections, "SIGN", (nnz + 7) // 8), np.uint8)
+        sparse.check_padding(sign_bytes, nnz)
+        neg = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
+        out[:] = 0
+        vals = step[pos // bucket] * levels
+        np.negative(vals, out=vals, where=neg)
+        out[pos] = vals
+        return out
 
 
-def _per_element(per_bucket: np.ndarray, bucket: int, n: int) -> np.ndarray:
-    """Each element's bucket value (n values: never allocates n_buckets * bucket)."""
-    return per_bucket[np.arange(n) // bucket] if n else np.zeros(0)
+CHUNK = 1 << 18  # elements per chunk of the encoder's and decoder's float64 temporaries
+
+
+def _chunks(n: int, unit: int) -> list[tuple[int, int]]:
+    """[a, b) ranges covering 0..n, each a multiple of ``unit`` long (but the last), about CHUNK long."""
+    step = max(unit, CHUNK // unit * unit)
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def _bucket_squares(x: np.ndarray, bucket: int) -> np.ndarray:
+    """sum of x^2 per bucket in float64, a chunk at a time (each bucket summed exactly as one
+    ``np.add.reduceat`` over the whole vector would; buckets longer than a chunk accumulate)."""
+    n = x.size
+    sq = np.zeros(-(-n // bucket))
+    if bucket <= CHUNK:
+        for a, b in _chunks(n, bucket):
+            xa = x[a:b].astype(np.float64)
+            sq[a // bucket: -(-b // bucket)] = np.add.reduceat(xa * xa, np.arange(0, b - a, bucket))
+    else:
+        for a in range(0, n, CHUNK):
+            xa = x[a: a + CHUNK].astype(np.float64)
+            first = a // bucket
+            cuts = np.arange((first + 1) * bucket, a + xa.size, bucket) - a  # bucket starts inside
+            parts = np.add.reduceat(xa * xa, np.concatenate(([0], cuts)))
+            sq[first: first + parts.size] += parts
+    return sq
+
+
+def _levels_into(out: np.ndarray, a: int, b: int, lev: np.ndarray, neg: np.ndarray, step: np.ndarray,
+                 bucket: int, s: int) -> None:
+    """out[a:b] = -+ (norm / s) * level, checking the levels (canonical: no sign on a zero level)."""
+    if lev.size and int(lev.max()) > s:
+        raise FormatError(f"qsgd: a level exceeds s = {s}")
+    if np.any(neg & (lev == 0)):
+        raise FormatError("qsgd: a zero level carries a sign bit")  # canonical encoding
+    v = _per_element(step, bucket, b - a, a) * lev
+    np.negative(v, out=v, where=neg)
+    out[a:b] = v
+
+
+def _per_element(per_bucket: np.ndarray, bucket: int, n: int, start: int = 0) -> np.ndarray:
+    """The bucket values of elements start..start+n-1 (never allocates n_buckets * bucket)."""
+    return per_bucket[np.arange(start, start + n) // bucket] if n else np.zeros(0)
 
 
 def _variance(x: np.ndarray, scale: np.ndarray, s: int, bucket: int) -> float:
-    """Exact E||Q(v) - v||^2 = sum (norm/s)^2 (r - l)(l + 1 - r), r = s |v_i| / norm."""
-    step = _per_element(scale / s, bucket, x.size)
-    r = np.divide(np.abs(x), step, out=np.zeros(x.size), where=step > 0)
-    frac = r - np.floor(r)
-    return float(np.sum(step * step * frac * (1.0 - frac)))
+    """Exact E||Q(v) - v||^2 = sum (norm/s)^2 (r - l)(l + 1 - r), r = s |v_i| / norm (chunked)."""
+    total = 0.0
+    for a, b in _chunks(x.size, bucket):
+        step = _per_element(scale / s, bucket, b - a, a)
+        r = np.divide(np.abs(x[a:b]), step, out=np.zeros(b - a), where=step > 0)
+        frac = r - np.floor(r)
+        total += float(np.sum(step * step * frac * (1.0 - frac)))
+    return total

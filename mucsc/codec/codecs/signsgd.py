@@ -19,6 +19,9 @@ from mucsc.codec.sparse import check_padding
 from mucsc.errors import FormatError, ParameterError
 
 
+CHUNK = 1 << 20  # decoded elements per chunk (a multiple of 8: chunks start on whole bytes)
+
+
 @register
 class SignSGD(Codec):
     name = "signsgd"
@@ -38,7 +41,8 @@ class SignSGD(Codec):
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         neg = np.signbit(x) & (x != 0)  # -0.0 is sent as +
-        secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes())]
+        # compressible: updates with many zeros (sent as +) give long runs of 0 bits
+        secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes(), compressible=True)]
         if self.params.scale == "l1":
             mag = np.float32(np.abs(x).sum(dtype=np.float64) / x.size) if x.size else np.float32(0)
             secs.append(Section("SCAL", np.array([mag], "<f4").tobytes()))
@@ -59,8 +63,12 @@ class SignSGD(Codec):
                 raise FormatError("signsgd: the scale must be finite and non-negative")
         else:
             mag = 1.0
-        neg = np.unpackbits(bits, count=n, bitorder="little").astype(bool)
-        return np.where(neg, -mag, mag).astype(dtype)
+        out = np.full(n, mag, dtype)
+        for a in range(0, n, CHUNK):  # bytes of one chunk unpacked at a time: output-size memory only
+            b = min(a + CHUNK, n)
+            neg = np.unpackbits(bits[a // 8: -(-b // 8)], count=b - a, bitorder="little").view(bool)
+            np.negative(out[a:b], out=out[a:b], where=neg)
+        return out
 
 
 def majority_vote(updates: Iterable[np.ndarray]) -> np.ndarray:

@@ -50,6 +50,7 @@ class STC(Codec):
         n = x.size
         k = sparse.keep_count(self.params.keep, n)
         pos = sparse.top_k(x, k)
+        k = pos.size  # fewer than asked when x has fewer non-zeros
         kept = x[pos]
         mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if k else np.float32(0)
         if self.params.positions in ("golomb", "paper"):

@@ -24,12 +24,28 @@ _POW3 = np.array([1, 3, 9, 27, 81], np.int64)
 _BASE3_TABLE = (np.arange(243)[:, None] // _POW3[None, :]) % 3  # byte -> its 5 trits
 
 
+CHUNK = 5 << 16  # elements per chunk of the encoder's temporaries (a multiple of 5: whole base-3 bytes)
+
+
 def clip_sigma(x: np.ndarray, clip: float) -> np.ndarray:
     """x clipped to [-clip * std(x), clip * std(x)] (TernGrad's gradient clipping); clip 0: unchanged."""
+    c = clip_bound(x, clip)
+    return x if c is None else np.clip(x, -c, c)
+
+
+def clip_bound(x: np.ndarray, clip: float) -> float | None:
+    """clip * std(x) in float64 (None: no clipping).  np.std for inputs up to a chunk (the reference
+    value); larger ones in two chunked passes (mean, then squared deviations), never a full copy."""
     if clip == 0 or x.size == 0:
-        return x
-    c = clip * float(np.std(x, dtype=np.float64))
-    return np.clip(x, -c, c)
+        return None
+    if x.size <= CHUNK:
+        return clip * float(np.std(x, dtype=np.float64))
+    mean = sum(float(x[a: a + CHUNK].sum(dtype=np.float64)) for a in range(0, x.size, CHUNK)) / x.size
+    ss = 0.0
+    for a in range(0, x.size, CHUNK):
+        d = x[a: a + CHUNK].astype(np.float64) - mean
+        ss += float(np.dot(d, d))
+    return clip * float(np.sqrt(ss / x.size))
 
 
 @register
@@ -57,18 +73,34 @@ class TernGrad(Codec):
         return {"SCAL": 4, "VALS": trits}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        g = clip_sigma(x.astype(np.float64, copy=False), self.params.clip)
-        s = round_up_f32(np.abs(g).max()) if g.size else np.float32(0)
-        p = np.abs(g) / float(s) if s > 0 else np.zeros(g.size)
-        b = rng.random(g.size) < p
-        trits = np.where(b, np.where(np.signbit(g), 2, 1), 0).astype(np.uint8)  # 0: 0, 1: +s, 2: -s
-        data = pack_trits(trits) if self.params.packing == "base3" else bitpack.pack(trits, 2)
-        secs = (Section("SCAL", np.array([s], "<f4").tobytes()), Section("VALS", data, compressible=True))
+        n = x.size
+        c = clip_bound(x, self.params.clip)
+        # max |clip(x)| = min(max |x|, c): the scale without a clipped copy of x
+        top = max(abs(float(x.max())), abs(float(x.min()))) if n else 0.0
+        s = round_up_f32(top if c is None else min(top, c)) if n else np.float32(0)
         sf = float(s)
+        # one trit per element, a chunk at a time (float64 temporaries of one chunk); the uniforms are
+        # drawn in order, so the stream is the same as one draw of n
+        trits = np.empty(n, np.uint8)  # 0: 0, 1: +s, 2: -s
+        for a, g in _clipped_chunks(x, c):
+            p = np.abs(g) / sf if sf > 0 else np.zeros(g.size)
+            b = rng.random(g.size) < p
+            t = trits[a: a + g.size]
+            t[:] = 0
+            t[b] = np.where(np.signbit(g[b]), 2, 1)
+        if self.params.packing == "base3":
+            data = b"".join(pack_trits(trits[a: a + CHUNK]) for a in range(0, n, CHUNK))
+        else:
+            data = bitpack.pack(trits, 2)
+        del trits
+        secs = (Section("SCAL", np.array([s], "<f4").tobytes()), Section("VALS", data, compressible=True))
 
         def sq_error() -> float:  # E||Q(g) - x||^2 = sum s|g| - g^2 (variance) + (g - x)^2 (clipping)
-            ag = np.abs(g)
-            return float(np.sum(sf * ag - ag * ag) + np.sum((g - x) ** 2))
+            total = 0.0
+            for a, g in _clipped_chunks(x, c):
+                ag = np.abs(g)
+                total += float(np.sum(sf * ag - ag * ag) + np.sum((g - x[a: a + g.size]) ** 2))
+            return total
         return EncodedGroup({"packing": self.params.packing, "clip": self.params.clip}, secs, {"J": sq_error})
 
     @classmethod
@@ -86,8 +118,15 @@ class TernGrad(Codec):
             trits = bitpack.unpack(section(sections, "VALS", bitpack.packed_size(n, 2)), 2, n)
             if np.any(trits == 3):
                 raise FormatError("terngrad: trit code 3 is invalid")
-        lut = np.array([0.0, s, -s])
-        return lut[trits].astype(dtype)
+        lut = np.array([0.0, s, -s], dtype)
+        return lut[trits]
+
+
+def _clipped_chunks(x: np.ndarray, c: float | None):
+    """(start, x[start:start+CHUNK] in float64, clipped to [-c, c] when c is not None) over x."""
+    for a in range(0, x.size, CHUNK):
+        g = x[a: a + CHUNK].astype(np.float64)
+        yield a, (g if c is None else np.clip(g, -c, c, out=g))
 
 
 def pack_trits(t: np.ndarray) -> bytes:

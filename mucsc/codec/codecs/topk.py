@@ -72,6 +72,7 @@ class TopK(Codec):
         n = x.size
         k = sparse.keep_count(self.params.keep, n)
         pos = sparse.top_k(x, k)
+        k = pos.size  # fewer than asked when x has fewer non-zeros
         method = self.paper_positions if self.params.positions == "paper" else self.params.positions
         coded = sparse.encode(pos, n, method)
         vals = x[pos].astype("<f4")
