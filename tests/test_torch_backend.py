@@ -180,3 +180,27 @@ def test_cuda_tensor_encodes_to_the_same_bytes_and_decodes_on_the_gpu():
     assert mucsc.encode(x.cuda(), "mucsc", z=16, seed=4) == want
     back = mucsc.decode(want, as_torch=True, device="cuda")
     assert back.is_cuda and torch.equal(back.cpu(), mucsc.decode(want, as_torch=True))
+
+
+@pytest.mark.parametrize("codec,params", [("signsgd", {}), ("topk", {"keep": 0.05}), ("stc", {}),
+                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0}), ("bmucsc", {})])
+def test_compressor_state_stays_on_the_device_with_the_same_bytes(torch_backend_on, monkeypatch, codec, params):
+    g = torch.Generator().manual_seed(0)
+    updates = [{"w": torch.randn(120, 30, generator=g), "b": torch.randn(30, generator=g)} for _ in range(3)]
+    dev = mucsc.Compressor(codec, seed=3, **params)
+    got = [dev.compress(u) for u in updates]
+    state = dev.memory.tables
+    assert all(torch_backend_is_tensor(v) for t in state.values() for v in t.values())
+    saved = dev.state_dict()  # plain numpy, loadable anywhere
+    assert all(isinstance(v, np.ndarray) for t in saved["memory"].values() for v in t.values())
+    monkeypatch.setattr(kernels, "TORCH", False)
+    hostc = mucsc.Compressor(codec, seed=3, **params)
+    assert got == [hostc.compress(u) for u in updates]
+    monkeypatch.setattr(kernels, "TORCH", True)
+    restored = mucsc.Compressor(codec, seed=3, **params)
+    restored.load_state_dict(saved)
+    assert restored.compress(updates[0]) == dev.compress(updates[0])
+
+
+def torch_backend_is_tensor(v) -> bool:
+    return tb.is_torch(v)

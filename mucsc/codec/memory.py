@@ -67,7 +67,7 @@ class ArrayStateMemory(Memory):
         self.tables: dict[str, dict[str, np.ndarray]] = {f: {} for f in self.FIELDS}
 
     def state_dict(self) -> dict[str, Any]:
-        return {f: {k: v.copy() for k, v in t.items()} for f, t in self.tables.items()}
+        return {f: {k: host(v) for k, v in t.items()} for f, t in self.tables.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         what = type(self).__name__
@@ -90,10 +90,31 @@ class ArrayStateMemory(Memory):
             t.clear()
 
 
+def like(a: Any, ref: Any) -> Any:
+    """``a`` as ``ref``'s kind of array and dtype: a numpy array, or a torch tensor on ``ref``'s device
+    (state loaded from a state_dict is numpy; a sender encoding on a GPU keeps it there)."""
+    if hasattr(ref, "device") and hasattr(ref, "detach"):  # a torch tensor (torch already imported)
+        import torch
+
+        return torch.as_tensor(a, device=ref.device).to(ref.dtype)
+    return np.asarray(a.cpu().numpy() if hasattr(a, "detach") else a).astype(ref.dtype, copy=False)
+
+
+def copy(a: Any) -> Any:
+    """A copy of a numpy array or a torch tensor."""
+    return a.clone() if hasattr(a, "detach") else a.copy()
+
+
+def host(a: Any) -> np.ndarray:
+    """``a`` as a numpy array (state_dicts hold numpy arrays only)."""
+    return a.detach().cpu().numpy().copy() if hasattr(a, "detach") else a.copy()
+
+
 def check_shape(name: str, old: np.ndarray | None, new: np.ndarray) -> None:
     """InputError when a tensor's shape differs from the state kept for it."""
-    if old is not None and old.shape != new.shape:
-        raise InputError(f"tensor {name!r} changed shape between rounds: {old.shape} -> {new.shape}")
+    if old is not None and tuple(old.shape) != tuple(new.shape):
+        raise InputError(f"tensor {name!r} changed shape between rounds: {tuple(old.shape)} -> "
+                         f"{tuple(new.shape)}")
 
 
 class ResidualMemory(ArrayStateMemory):
@@ -111,7 +132,7 @@ class ResidualMemory(ArrayStateMemory):
         if r is None:
             return x
         check_shape(name, r, x)
-        return (x + r).astype(x.dtype, copy=False)
+        return like(x + like(r, x), x)
 
     def update(self, name: str, compensated: np.ndarray, received: np.ndarray) -> None:
-        self.residual[name] = compensated - received.astype(compensated.dtype, copy=False)
+        self.residual[name] = compensated - like(received, compensated)

@@ -17,32 +17,41 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import parallel
+from mucsc.codec import kernels, parallel, torch_backend
 from mucsc.codec.api import decode, encode
 from mucsc.codec.base import Codec, codec_class
 from mucsc.codec.memory import Memory
 from mucsc.errors import ParameterError
 
 
-def _to_numpy(t: Any) -> np.ndarray:
-    """A numpy array from an array or a torch tensor (bfloat16 widened to float32), without importing torch."""
-    if hasattr(t, "detach") and hasattr(t, "cpu"):
-        t = t.detach().cpu()
+def _to_array(t: Any) -> Any:
+    """A numpy array from an array or a torch tensor (bfloat16 widened to float32), without importing
+    torch.  A float tensor the torch backend encodes where it lives (on a GPU, or any tensor with
+    ``MUCSC_BACKEND=torch``) stays a tensor there, so the memory's state stays on its device too."""
+    if torch_backend.is_torch(t):
+        t = t.detach()
         if str(t.dtype) == "torch.bfloat16":
             t = t.float()
-        return t.numpy()
+        if t.is_floating_point() and (t.device.type != "cpu" or kernels.TORCH):
+            return t
+        return t.cpu().numpy()
     return np.asarray(t)
 
 
-def _split(update: Any) -> tuple[dict[str, np.ndarray], bool]:
+def _split(update: Any) -> tuple[dict[str, Any], bool]:
     """(tensors by name, was it a mapping); a bare array is the single tensor named ""."""
     if isinstance(update, Mapping):
-        return {str(k): _to_numpy(v) for k, v in update.items()}, True
-    return {"": _to_numpy(update)}, False
+        return {str(k): _to_array(v) for k, v in update.items()}, True
+    return {"": _to_array(update)}, False
 
 
-def _is_float(a: np.ndarray) -> bool:
-    return a.dtype.kind == "f"
+def _is_float(a: Any) -> bool:
+    return a.is_floating_point() if torch_backend.is_torch(a) else a.dtype.kind == "f"
+
+
+def _device(tensors: Mapping[str, Any]) -> Any:
+    """The device of the first tensor kept on one (None: all on the host)."""
+    return next((a.device for a in tensors.values() if torch_backend.is_torch(a)), None)
 
 
 def _round_seed(seed: int, rounds: int) -> int:
@@ -104,7 +113,8 @@ class Compressor:
             sent = {n: self.memory.compensate(n, a) if _is_float(a) else a for n, a in tensors.items()}
             blob = encode(sent if is_map else sent[""], codec, seed=s, shared=self.shared,
                           compress=self.compress_mode, threads=self.threads)
-            out = decode(blob, threads=self.threads)
+            dev = _device(sent)  # received where the state lives
+            out = decode(blob, threads=self.threads, as_torch=dev is not None, device=dev)
             received = out if is_map else {"": out}
             for name, a in sent.items():
                 if _is_float(a):

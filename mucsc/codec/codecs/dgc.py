@@ -16,7 +16,7 @@ import numpy as np
 
 from mucsc.codec.base import Codec, PaperSetup, check_memory_options, register
 from mucsc.codec.codecs.topk import TopK, check_keep, check_positions
-from mucsc.codec.memory import ArrayStateMemory, check_shape
+from mucsc.codec.memory import ArrayStateMemory, check_shape, copy, host, like
 from mucsc.errors import ParameterError
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004, 0.001)  # sparsity 75%, 93.75%, 98.4%, 99.6%, 99.9%
@@ -90,15 +90,16 @@ class MomentumMemory(ArrayStateMemory):
         return codec if keep == codec.params.keep else codec.replace(keep=keep)
 
     def compensate(self, name: str, g: np.ndarray) -> np.ndarray:
-        g = g.astype(g.dtype, copy=True)
+        g = copy(g)  # numpy, or a torch tensor on its device (the state then stays there)
         if self.clip_norm is not None:  # local gradient clipping
-            norm = float(np.linalg.norm(g.astype(np.float64).ravel()))
+            # on the host in numpy's summation order (a copy per round from a GPU): the same bytes
+            norm = float(np.linalg.norm(host(g).astype(np.float64).ravel()))
             if norm > self.clip_norm:
                 g *= self.clip_norm / norm
         u = self.u.get(name)
         check_shape(name, u, g)
-        u = g if u is None else self.momentum * u + g  # momentum correction
-        v = u.copy() if name not in self.v else self.v[name] + u
+        u = g if u is None else self.momentum * like(u, g) + g  # momentum correction
+        v = copy(u) if name not in self.v else like(self.v[name], u) + u
         self.u[name], self.v[name] = u, v
         return v
 
