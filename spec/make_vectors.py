@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
 import mucsc
 from mucsc.codec import format as fmt
@@ -75,6 +76,9 @@ CASES = {
                            "step": np.array(7, np.int64), "zeros": np.zeros(4, np.float32),
                            "counts": np.array([1, 2, 3], np.int64)},
                           dict(codec="mucsc", z=16, policy={})),
+    "mucsc_step_overflow": ("float32 data spanning more than FLT_MAX: c[k+1] - c[k] overflows float32, so "
+                            "the rounding step is taken in float64 (FORMAT.md 4.3)",
+                            np.linspace(-1.8e38, 1.8e38, 33).astype(np.float32), dict(codec="mucsc", z=2)),
     "raw_ints": ("lossless raw codec for integer and bool tensors",
                  {"a": np.arange(-5, 5, dtype=np.int32), "mask": np.array([True, False, True])},
                  dict(codec="raw")),
@@ -166,6 +170,14 @@ def invalid_files():
         "centroids_unsorted": (_unsorted_centroids(base, sec[1]), "FormatError", "CENT not increasing"),
         "pooled_raw_in_1_0": (_pooled_raw_as_1_0(), "FormatError",
                               "a raw group of two records in a message declaring minor 0 (a 1.1 feature)"),
+        "zstd_trailing_bytes": (_zstd_trailing(bytes(8)), "FormatError",
+                                "8 zero bytes after a section's zstd frame (exactly one frame)"),
+        "zstd_second_frame": (_zstd_trailing(zstandard.ZstdCompressor().compress(b"more")), "FormatError",
+                              "a second zstd frame after the first in one section"),
+        "head_nested_deep": (_assemble([("HEAD", fmt.MESSAGE_GROUP, b"[" * 1000)]), "FormatError",
+                             "HEAD is 1000 nested JSON arrays (deeper than 32 levels)"),
+        "unknown_critical_section": (_unknown_critical(), "FormatError",
+                                     "a group carries a critical section XTRA its codec does not define"),
     }
     try:
         from vector_cases_codecs import invalid_cases as codec_invalid_cases
@@ -191,6 +203,34 @@ def _zstd_impossible(base, head_off):
     struct.pack_into("<B", b, head_off + 8, 1)
     struct.pack_into("<Q", b, head_off + 24, 2**40)
     return _crc(bytes(b))
+
+
+def _assemble(sections) -> bytes:
+    """A message from (tag, group, payload) raw sections or (tag, group, stored, raw_length) zstd ones."""
+    parts = []
+    for tag, group, data, *raw in sections:
+        enc, raw_len = (1, raw[0]) if raw else (0, len(data))
+        parts.append(fmt.SECTION.pack(tag.encode(), group, enc, 0, 0, 0, len(data), raw_len))
+        parts.append(data + bytes(fmt.padding(len(data))))
+    total = fmt.PREAMBLE.size + sum(map(len, parts)) + 4
+    return _crc(fmt.PREAMBLE.pack(fmt.MAGIC, 1, 0, 0, len(sections), total) + b"".join(parts) + bytes(4))
+
+
+def _sections_of(blob: bytes) -> list:
+    msg = fmt.read_message(blob)
+    return [(s.tag, s.group, bytes(msg.payload(s))) for s in msg.sections]
+
+
+def _zstd_trailing(extra: bytes) -> bytes:
+    secs = _sections_of(mucsc.encode(np.zeros(256, np.int32), "raw", compress="off"))
+    tag, group, data = secs[1]
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(data)
+    return _assemble([secs[0], (tag, group, frame + extra, len(data))])
+
+
+def _unknown_critical() -> bytes:
+    secs = _sections_of(mucsc.encode(np.arange(4, dtype=np.int16), "raw", compress="off"))
+    return _assemble(secs + [("XTRA", 0, b"unknown")])
 
 
 def _ids_out_of_range():

@@ -168,9 +168,12 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
     codec = as_codec(codec, **params).for_container(compressing=level is not None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
+    meta = check_meta(meta)  # before any work: the reader's rules (FORMAT.md 2.4) at the writer
     container, tensors = to_tensors(data)
     if container == "dict" and not tensors:
         raise InputError("nothing to encode: the mapping is empty")
+    records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
+    _check_header_limits(records)
     if policy is not None:
         planned = policy.plan(tensors, codec, int(seed))
     else:
@@ -205,9 +208,8 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
     gstats = [d[2] for d in done if d[2] is not None]
     errors = {k: v for d in done for k, v in d[3].items()}
     del done
-    records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
-    header = fmt.Header(records, tuple(groups), container, dict(meta or {}))
-    _check_header_limits(header)
+    header = fmt.Header(records, tuple(groups), container, meta)
+    _check_header(header)
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
     blob = fmt.write_message(header, sections, zstd_level=level, auth=signer,
                              minor=max(minor, _minor_needed(header)), threads=threads)
@@ -363,7 +365,8 @@ def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tupl
 
 
 def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]:
-    """The flat vector a codec encodes, and the dtype it works in (checked finite for lossy codecs)."""
+    """The flat vector a codec encodes, and the dtype it works in (for lossy codecs checked finite
+    and within the codec's ``input_limit``, so that the message written always decodes)."""
     if codec.lossless:  # one record, or (format 1.1) several of one dtype
         if len({t.dtype for t in members}) != 1:
             raise ValueError("a lossless group holds records of one dtype")
@@ -372,11 +375,20 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
     gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
     if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
-        return torch_backend.group_vector(parts, gdtype), gdtype
+        return torch_backend.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
+    limit = codec.input_limit
     for t, p in zip(members, parts):
-        if p.size and not all(np.isfinite(parallel.bounds(p))):
-            raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
+        if not p.size:
+            continue
+        lo, hi = (float(v) for v in parallel.bounds(p))
+        label = f"tensor {t.name!r}" if t.name else "input"
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise InputError(f"{label} contains NaN or Inf")
+        if limit is not None and max(-lo, hi) > limit:
+            raise InputError(f"{label} holds {lo if -lo > hi else hi:.9g}, beyond the largest magnitude "
+                             f"codec {codec.name!r} can carry ({limit:.9g}); scale it, or use a codec "
+                             "with a wider wire (raw is lossless)")
     x = parts[0] if len(parts) == 1 else _adjacent_view(parts)
     if x is None:
         x = np.concatenate(parts)
@@ -401,16 +413,59 @@ def _adjacent_view(parts: list[np.ndarray]) -> np.ndarray | None:
     return np.lib.stride_tricks.as_strided(parts[0], shape=(n,), strides=(parts[0].itemsize,), writeable=False)
 
 
-def _check_header_limits(header: fmt.Header) -> None:
-    for r in header.records:
+def check_meta(meta: Any) -> dict[str, str]:
+    """``meta`` as the header will carry it, checked against the reader's rules (FORMAT.md 2.4):
+    strings to strings (no silent str() of keys or values), valid Unicode, HEAD within its limit."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise InputError(f"meta must be a mapping of strings to strings, got {type(meta).__name__}")
+    out: dict[str, str] = {}
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InputError(f"meta must map strings to strings; got {k!r}: {v!r} "
+                             f"({type(k).__name__}: {type(v).__name__})")
+        _check_text(k, "meta key")
+        _check_text(v, f"meta[{k!r}]")
+        out[k] = v
+    size = sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in out.items())
+    if size > fmt.MAX_HEADER_BYTES:
+        raise LimitError(f"meta holds {size} bytes; the whole header is limited to {fmt.MAX_HEADER_BYTES}")
+    return out
+
+
+def _check_text(s: str, what: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{what} is not valid Unicode text (a lone surrogate at index {exc.start}): "
+                         f"{s[:40]!r}") from None
+
+
+def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
+    """The reader's limits on the record table, before any encoding work."""
+    if len(records) > fmt.MAX_RECORDS:
+        raise LimitError(f"{len(records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
+    for r in records:
+        _check_text(r.name, "tensor name")
         if len(r.name.encode("utf-8")) > fmt.MAX_NAME_BYTES:
             raise LimitError(f"tensor name longer than {fmt.MAX_NAME_BYTES} bytes: {r.name[:40]!r}...")
         if len(r.shape) > fmt.MAX_RANK:
             raise LimitError(f"tensor {r.name!r} has rank {len(r.shape)} > {fmt.MAX_RANK}")
         if r.size > fmt.MAX_ELEMENTS:
             raise LimitError(f"tensor {r.name!r} has more than {fmt.MAX_ELEMENTS} elements")
-    if len(header.records) > fmt.MAX_RECORDS:
-        raise LimitError(f"{len(header.records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
+
+
+def _check_header(header: fmt.Header) -> None:
+    """The finished header passes the reader's own checks: never write a message we cannot read."""
+    raw = header.to_json()
+    if len(raw) > fmt.MAX_HEADER_BYTES:
+        raise LimitError(f"the header (record table and meta) would take {len(raw)} bytes, more than the "
+                         f"limit of {fmt.MAX_HEADER_BYTES}")
+    try:
+        fmt.parse_header(raw)
+    except FormatError as exc:
+        raise InputError(f"cannot encode this input: its header would be invalid ({exc})") from None
 
 
 # ---------------------------------------------------------------------------------------------- decode

@@ -89,6 +89,11 @@ class Codec(ABC):
     # :class:`mucsc.Compressor` and the simulator.
     memory_options: ClassVar[tuple[str, ...]] = ()
     paper_setup: ClassVar[PaperSetup] = PaperSetup()
+    # The largest |x| the codec's wire can carry (None: every finite value).  The API refuses larger
+    # input with an InputError naming the tensor and the value, so an encoder never writes a message
+    # its own decoder rejects (e.g. a float64 3.5e38 stored as float32 would become infinite).
+    # A property where it depends on the parameters.
+    input_limit: ClassVar[float | None] = None
 
     def __init__(self, **params: Any) -> None:
         self.params = make_params(self.Params, params, self.name)
@@ -213,6 +218,9 @@ def check_range(codec: str, field: str, value: float, limits: Mapping[str, tuple
     if not ((lo < value if open_low else lo <= value) and value <= hi):
         low = "(" if open_low else "["
         raise ParameterError(f"{codec}.{field} must be in {low}{lo}, {hi}], got {value}")
+
+
+F32_MAX = float(np.finfo(np.float32).max)  # the largest finite float32 (FLT_MAX)
 
 
 _REGISTRY: dict[str, type[Codec]] = {}

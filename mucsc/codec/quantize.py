@@ -122,7 +122,8 @@ class _Grid(_Tables):
         self.kdt = id_dtype(z)
         self.width = np.diff(self.c)  # c_{k+1} - c_k in the working precision
         self.lo = self.c[0]
-        span = self.c[-1] - self.c[0]
+        with np.errstate(over="ignore"):  # a span beyond the work dtype: exact search instead (ok False)
+            span = self.c[-1] - self.c[0]
         # enough bins that few elements share a bin with a level, but not more than the data needs
         nb = int(min(1 << 14 if z <= 1 << 8 else 1 << 16, max(1 << 8, 1 << max(n // 2, 1).bit_length())))
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -229,9 +230,14 @@ def interval_index(x: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def _work_dtype(x: np.ndarray, c: np.ndarray) -> np.dtype:
-    """float32 arithmetic when both data and wire centroids are exact in float32, else float64."""
+    """float32 arithmetic when data and wire centroids are exact in float32 and every step
+    c[k+1] - c[k] is finite in float32, else float64 (FORMAT.md 4.3).  A step overflows only when the
+    data spans more than FLT_MAX (e.g. [-1.8e38, 1.8e38]); float32 arithmetic would then compare
+    u * inf < x - c_k and send every element down, float64 differences of float32 values are exact."""
     if x.dtype == np.float32 and np.array_equal(c.astype(np.float32).astype(c.dtype), c):
-        return np.dtype(np.float32)
+        with np.errstate(over="ignore"):
+            if np.all(np.isfinite(np.diff(c.astype(np.float32)))):
+                return np.dtype(np.float32)
     return np.dtype(np.float64)
 
 

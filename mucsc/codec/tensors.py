@@ -57,7 +57,10 @@ def to_tensor(name: str, value: Any) -> Tensor:
         return _from_torch(name, value)
     if not isinstance(value, np.ndarray):
         if isinstance(value, (list, tuple, int, float, np.generic)):
-            value = np.asarray(value)
+            try:
+                value = np.asarray(value)
+            except (ValueError, TypeError, OverflowError) as exc:  # ragged lists, ...
+                raise InputError(f"{_label(name)}: cannot be read as an array ({exc})") from None
         else:
             raise InputError(f"{_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
     dt = np.dtype(value.dtype)
@@ -79,20 +82,26 @@ def on_host(t: Tensor) -> Tensor:
 def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
     import torch  # the caller passed a torch tensor, so torch is already imported
 
-    t = t.detach()
-    # MUCSC_BACKEND=torch keeps CPU tensors as torch too, which is how the device path is tested here
-    stays = keep_device and (t.device.type != "cpu" or kernels.TORCH)
-    if stays and t.device.type != "meta" and t.layout == torch.strided:
-        dname = str(t.dtype).removeprefix("torch.")
-        if dname in _TORCH_FLOAT_NAMES:  # a float tensor on a GPU stays there: the torch backend
-            return Tensor(name, dname, t.contiguous())  # encodes it where it lives
-    t = t.cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return Tensor(name, "bfloat16", t.view(torch.int16).numpy().view(np.uint16))
+    if t.layout != torch.strided:
+        raise InputError(f"{_label(name)}: a {t.layout} tensor; convert it with .to_dense() first")
+    if t.is_meta:
+        raise InputError(f"{_label(name)}: a tensor on the meta device has no data to encode")
+    if t.is_quantized:
+        raise InputError(f"{_label(name)}: quantized tensors cannot be encoded; .dequantize() it first")
     try:
+        t = t.detach().resolve_conj().resolve_neg()  # lazy conj/neg views: materialised where they live
+        # MUCSC_BACKEND=torch keeps CPU tensors as torch too, which is how the device path is tested here
+        stays = keep_device and (t.device.type != "cpu" or kernels.TORCH)
+        if stays:
+            dname = str(t.dtype).removeprefix("torch.")
+            if dname in _TORCH_FLOAT_NAMES:  # a float tensor on a GPU stays there: the torch backend
+                return Tensor(name, dname, t.contiguous())  # encodes it where it lives
+        t = t.cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            return Tensor(name, "bfloat16", t.view(torch.int16).numpy().view(np.uint16))
         arr = t.numpy()
-    except (TypeError, RuntimeError):
-        raise InputError(f"{_label(name)}: torch dtype {t.dtype} cannot be encoded") from None
+    except (TypeError, RuntimeError, NotImplementedError) as exc:
+        raise InputError(f"{_label(name)}: torch tensor of dtype {t.dtype} cannot be encoded ({exc})") from None
     return to_tensor(name, arr)
 
 

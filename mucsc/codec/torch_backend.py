@@ -87,9 +87,10 @@ def device(spec):
     return dev
 
 
-def group_vector(parts, float_dtype: str):
+def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str = ""):
     """One flat torch vector of the (name, tensor or array) ``parts`` in ``float_dtype``, on the device
-    of the first device tensor, checked finite there (InputError names the tensor)."""
+    of the first device tensor, checked finite and within ``limit`` (the codec's ``input_limit``)
+    there (InputError names the tensor, as the host path's does)."""
     from mucsc.errors import InputError
 
     torch = _torch()
@@ -100,6 +101,12 @@ def group_vector(parts, float_dtype: str):
         t = (a if is_torch(a) else as_tensor(a)).reshape(-1).to(device=dev, dtype=dt)
         if t.numel() and not bool(torch.isfinite(t).all()):
             raise InputError(f"{'tensor ' + repr(name) if name else 'input'} contains NaN or Inf")
+        if t.numel() and limit is not None:
+            big = float(t.abs().max())
+            if big > limit:
+                raise InputError(f"{'tensor ' + repr(name) if name else 'input'} holds a magnitude of "
+                                 f"{big:.9g}, beyond the largest codec {codec!r} can carry ({limit:.9g}); "
+                                 "scale it, or use a codec with a wider wire (raw is lossless)")
         flat.append(t)
     return flat[0] if len(flat) == 1 else torch.cat(flat)
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import centroids, sparse, torch_backend
-from mucsc.codec.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from, ceil_log2,
+from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from, ceil_log2,
                               param_int, param_str, register, section)
-from mucsc.codec.codecs.mucsc import (MucscParams, cluster_section_sizes, decode_clusters, encode_clusters,
+from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, MucscParams, cluster_section_sizes, decode_clusters, encode_clusters,
                                      resolve_id_packing)
 from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
 from mucsc.errors import FormatError, ParameterError
@@ -85,6 +85,10 @@ class BMUCSC(Codec):
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
+
+    @property
+    def input_limit(self) -> float:
+        return min(CENTROID_LIMITS[self.params.centroid_dtype], F32_MAX)  # SCAL, the mean, is float32
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         if torch_backend.is_torch(x):

@@ -16,12 +16,16 @@ import numpy as np
 
 from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, parallel, quantize, rans, torch_backend
 from mucsc.codec import format as fmt
-from mucsc.codec.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
+from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
 CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
+# the largest |x| each centroid dtype carries: float16/float32 their largest finite value (a float32
+# step c[k+1] - c[k] beyond FLT_MAX makes FORMAT.md 4.3 round in float64); float64 a quarter of its
+# largest, so that every c[k+1] - c[k] stays finite in float64
+CENTROID_LIMITS = {"float16": 65504.0, "float32": F32_MAX, "float64": float(np.finfo(np.float64).max) / 4}
 
 
 ID_PACKINGS = ("auto", "tight", "aligned")
@@ -264,7 +268,7 @@ def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, 
         raise FormatError(f"{k} centroids for {n} elements")
     cent = array_from(section(sections, "CENT", k * np.dtype(CENTROID_DTYPES[cdtype]).itemsize),
                       CENTROID_DTYPES[cdtype], k)
-    if k and not (np.all(np.isfinite(cent)) and np.all(np.diff(cent) > 0)):
+    if k and not (np.all(np.isfinite(cent)) and np.all(cent[1:] > cent[:-1])):
         raise FormatError("centroids must be finite and strictly increasing")
     coding = params.get("id_coding", "packed")
     if coding == "rans":
@@ -584,6 +588,10 @@ class Mucsc(Codec):
         if cost(exact) > total:
             raise ParameterError(f"{what} is below the smallest mucsc message for this input: {cost(exact)} bytes")
         return [self.resolved(o.key) for o in exact]
+
+    @property
+    def input_limit(self) -> float:
+        return CENTROID_LIMITS[self.params.centroid_dtype]
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self

@@ -6,7 +6,7 @@ h = 4 bytes per parameter does (for bit-exact float64 use the lossless ``raw`` c
 
 from __future__ import annotations
 
-from mucsc.codec.base import register
+from mucsc.codec.base import F32_MAX, register
 from mucsc.codec.codecs._cast import CastCodec
 
 
@@ -15,6 +15,7 @@ class NoCompression(CastCodec):
     name = "none"
     summary = "none: uncompressed float32 (the paper's NC)"
     wire = "<f4"
+    input_limit = F32_MAX  # VALS is float32
     # Exact for float32/float16/bfloat16 input, so error feedback has nothing to carry (float64 is
     # rounded to nearest float32, as NC's h = 4 bytes does).
     unbiased = True

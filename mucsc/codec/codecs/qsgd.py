@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import bitpack, sparse
-from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
+from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
                               param_str, register, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
@@ -28,7 +28,8 @@ def round_up_f32(v: np.ndarray | float) -> np.ndarray:
     v64 = np.asarray(v, np.float64)
     f = v64.astype(np.float32)
     low = f.astype(np.float64) < v64
-    return np.where(low, np.nextafter(f, np.float32(np.inf)), f).astype(np.float32)
+    with np.errstate(over="ignore"):  # nextafter(FLT_MAX) is evaluated, never selected (v <= FLT_MAX)
+        return np.where(low, np.nextafter(f, np.float32(np.inf)), f).astype(np.float32)
 
 
 def level_width(s: int) -> int:
@@ -61,6 +62,12 @@ class QSGD(Codec):
         if self.params.coding != "fixed":
             raise SizeError("qsgd with coding='elias' has a data-dependent size")
         return {"NORM": 4 * (-(-n // self.params.bucket)), "VALS": bitpack.packed_size(n, level_width(self.params.s))}
+
+    @property
+    def input_limit(self) -> float:
+        """Every bucket norm, rounded up to float32, must be finite: |x| <= FLT_MAX / sqrt(bucket)
+        guarantees it (with a margin for the float64 sum and square root)."""
+        return F32_MAX / float(np.sqrt(self.params.bucket)) * (1 - 2.0**-20)
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         s, bucket = self.params.s, self.params.bucket

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
 from mucsc.codec.sparse import check_padding
 from mucsc.errors import FormatError, ParameterError
 
@@ -26,6 +26,7 @@ CHUNK = 1 << 20  # decoded elements per chunk (a multiple of 8: chunks start on 
 class SignSGD(Codec):
     name = "signsgd"
     summary = "signSGD: 1 bit per element, scaled by ||U||_1/d (Bernstein et al. 2018)"
+    input_limit = F32_MAX  # the scale (float32) is a mean of magnitudes
 
     @dataclasses.dataclass(frozen=True)
     class Params:

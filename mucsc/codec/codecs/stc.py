@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import sparse
-from mucsc.codec.base import Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
+from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
 from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
 from mucsc.errors import FormatError
 
@@ -28,6 +28,7 @@ class STC(Codec):
     paper_positions = "golomb"  # positions="paper": the STC paper's Golomb code
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(up={"keep": 0.03}, down={"keep": 0.03})  # section VI-A: both directions
+    input_limit = F32_MAX  # mu (float32) is a mean of magnitudes
 
     @dataclasses.dataclass(frozen=True)
     class Params:

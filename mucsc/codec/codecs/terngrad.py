@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import bitpack
-from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
+from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
                               register, section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError
@@ -55,6 +55,7 @@ class TernGrad(Codec):
     summary = "TernGrad: unbiased ternary with 2.5-sigma clipping (Wen et al. 2017)"
     limits = {"clip": (0.0, 1e6)}  # 0: no clipping
     paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as QSGD
+    input_limit = F32_MAX  # s = max |g| rounded up to float32
 
     @dataclasses.dataclass(frozen=True)
     class Params:

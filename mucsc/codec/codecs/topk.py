@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec import sparse
-from mucsc.codec.base import (Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
+from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
                               param_int, register, section)
 from mucsc.errors import FormatError, ParameterError
 
@@ -53,6 +53,7 @@ class TopK(Codec):
     paper_positions: ClassVar[str] = "fixed"  # what positions="paper" means for this codec
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as DGC
+    input_limit = F32_MAX  # VALS is float32
 
     @dataclasses.dataclass(frozen=True)
     class Params:
