@@ -38,7 +38,7 @@ from mucsc.errors import MucscError
 
 __all__ = [
     "TensorFileError", "Loaded", "load", "save", "atomic_open", "WriteAll", "format_of", "sniff_format",
-    "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes",
+    "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes", "load_limit",
 ]
 
 #: file-name suffix (lower-case) -> format name
@@ -64,6 +64,11 @@ _ST_NAMES: dict[str, str] = {np.dtype(v).str.lstrip("<|"): k for k, v in _ST_DTY
 _MAX_RANK = 64
 _NPZ_MAX_MEMBERS = 1_000_000
 _NUMERIC_KINDS = "biufc"
+# Default bound on what loading one file may allocate: LOAD_EXPANSION times the file's size, at least
+# LOAD_FLOOR_BYTES.  .safetensors, .npy, stored .npz and .pt files load to about their own size (tied
+# weights: a few times); more is a zip bomb or a checkpoint of crafted overlapping views.
+LOAD_EXPANSION = 32
+LOAD_FLOOR_BYTES = 256 << 20
 
 
 class TensorFileError(MucscError, ValueError):
@@ -90,7 +95,7 @@ class Loaded:
 
 
 def default_max_bytes() -> int:
-    """Upper bound on the declared uncompressed size of an .npz: the machine's physical memory.
+    """Upper bound on what loading any file may allocate: the machine's physical memory.
 
     Nothing larger can be loaded anyway, so a bigger declaration is a zip bomb or a lie.
     """
@@ -98,6 +103,21 @@ def default_max_bytes() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
         return 64 << 30
+
+
+def load_limit(file_size: int) -> int:
+    """The default ``max_bytes`` of :func:`load` for a file of ``file_size`` bytes:
+    LOAD_EXPANSION times its size, at least LOAD_FLOOR_BYTES, at most :func:`default_max_bytes`."""
+    return min(default_max_bytes(), max(LOAD_FLOOR_BYTES, LOAD_EXPANSION * file_size))
+
+
+def _over_limit(label: str, what: str, nbytes: int, limit: float, size: int, explicit: bool) -> TensorFileError:
+    why = ("the limit given" if explicit else
+           f"the default limit for loading a {size}-byte file ({LOAD_EXPANSION}x its size, at least "
+           f"{LOAD_FLOOR_BYTES >> 20} MiB)")
+    return TensorFileError(f"{label}: {what} {nbytes} bytes, over {why} of {limit:.0f} bytes (a zip bomb or "
+                           "crafted views?); if you trust the file, allow more with --max-memory SIZE|none "
+                           "(tensorfiles.load(max_bytes=...))")
 
 
 # ---- format detection ----------------------------------------------------------------------------
@@ -143,17 +163,19 @@ def _zip_kind(fileobj: IO[bytes]) -> str:
 # ---- loading -------------------------------------------------------------------------------------
 
 def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
-         name: str | None = None, max_bytes: int | None = None,
+         name: str | None = None, max_bytes: float | None = None,
          wrap: Callable[[IO[bytes]], IO[bytes]] | None = None) -> Loaded:
     """Load named tensors from a path or a binary stream (e.g. stdin).
 
     ``fmt`` overrides the suffix (required knowledge for streams, which are sniffed when it is None).
-    ``name`` is used in messages (defaults to the path, or ``<stdin>``).  ``max_bytes`` bounds the
-    declared uncompressed size of .npz members (default: :func:`default_max_bytes`).  ``wrap``
-    (paths only) wraps the opened file, e.g. to count bytes for a progress bar; the file is still
-    parsed in place, never buffered whole.
+    ``name`` is used in messages (defaults to the path, or ``<stdin>``).  ``max_bytes`` bounds what
+    loading may allocate: the declared uncompressed size of .npz members (checked before inflating)
+    and the bytes of the loaded tensors (checked before anything copies them); default
+    :func:`load_limit` of the file's size, ``math.inf`` for none.  ``wrap`` (paths only) wraps the
+    opened file, e.g. to count bytes for a progress bar; the file is still parsed in place, never
+    buffered whole.
     """
-    limit = default_max_bytes() if max_bytes is None else max_bytes
+    explicit = max_bytes is not None
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         label = name or path
@@ -162,28 +184,37 @@ def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
             if os.path.isdir(path):
                 raise TensorFileError(f"{label}: is a directory")
             if fmt == "torch" and wrap is None:
-                return _load_torch(path, label)
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                g = f if wrap is None else wrap(f)
-                if fmt == "torch":
-                    return _load_torch(g, label)
-                return _load_stream(g, fmt, label, limit, size)
+                size = os.path.getsize(path)
+                loaded = _load_torch(path, label)
+            else:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    limit = max_bytes if explicit else load_limit(size)
+                    g = f if wrap is None else wrap(f)
+                    if fmt == "torch":
+                        loaded = _load_torch(g, label)
+                    else:
+                        loaded = _load_stream(g, fmt, label, limit, size, explicit)
         except OSError as exc:
             raise TensorFileError(f"{label}: {exc.strerror or exc}") from None
-    label = name or "<stdin>"
-    buf = _read_all(source, label)
-    if fmt is None:
-        fmt = sniff_format(bytes(buf[:16]))
+    else:
+        label = name or "<stdin>"
+        buf = _read_all(source, label)
+        size = len(buf)
         if fmt is None:
-            raise TensorFileError(f"{label}: not a recognised tensor file (not safetensors, npy, npz "
-                                  "or a torch checkpoint)")
-    bio = io.BytesIO(buf)
-    if fmt == "zip":
-        fmt = _zip_kind(bio)
-    if fmt == "torch":
-        return _load_torch(bio, label)
-    return _load_stream(bio, fmt, label, limit, len(buf))
+            fmt = sniff_format(bytes(buf[:16]))
+            if fmt is None:
+                raise TensorFileError(f"{label}: not a recognised tensor file (not safetensors, npy, npz "
+                                      "or a torch checkpoint)")
+        bio = io.BytesIO(buf)
+        if fmt == "zip":
+            fmt = _zip_kind(bio)
+        limit = max_bytes if explicit else load_limit(size)
+        loaded = _load_torch(bio, label) if fmt == "torch" else _load_stream(bio, fmt, label, limit, size, explicit)
+    limit = max_bytes if explicit else load_limit(size)
+    if loaded.nbytes > limit:  # torch views can declare far more than the storages they share
+        raise _over_limit(label, "the tensors take", loaded.nbytes, limit, size, explicit)
+    return loaded
 
 
 def _read_all(stream: IO[bytes], label: str) -> bytearray:
@@ -196,14 +227,14 @@ def _read_all(stream: IO[bytes], label: str) -> bytearray:
     return buf
 
 
-def _load_stream(f: IO[bytes], fmt: str, label: str, limit: int, size: int) -> Loaded:
+def _load_stream(f: IO[bytes], fmt: str, label: str, limit: float, size: int, explicit: bool) -> Loaded:
     if fmt == "safetensors":
         return _load_safetensors(f, label, size)
     if fmt == "npy":
         arr = _read_npy(f, label, size)
         return Loaded({BARE_NAME: arr}, "npy", bare=True)
     if fmt == "npz":
-        return _load_npz(f, label, limit)
+        return _load_npz(f, label, limit, size, explicit)
     raise TensorFileError(f"{label}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
@@ -384,7 +415,7 @@ def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
     return _native(flat.reshape(shape, order="F" if fortran else "C"))
 
 
-def _load_npz(f: IO[bytes], label: str, limit: int) -> Loaded:
+def _load_npz(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
     """Read an .npz (a zip of .npy members) with declared sizes checked before anything inflates."""
     try:
         zf = zipfile.ZipFile(f)
@@ -400,9 +431,7 @@ def _load_npz(f: IO[bytes], label: str, limit: int) -> Loaded:
                 raise TensorFileError(f"{label}: member {info.filename!r} is not a .npy array")
             total += info.file_size
             if info.file_size > limit or total > limit:
-                raise TensorFileError(
-                    f"{label}: members declare {total} uncompressed bytes, over the limit {limit} "
-                    "(a zip bomb, or a file larger than this machine's memory)")
+                raise _over_limit(label, "members declare", total, limit, size, explicit)
         tensors: dict[str, Any] = {}
         for info in infos:
             key = info.filename[: -len(".npy")]
@@ -649,9 +678,11 @@ def atomic_open(path: str | os.PathLike, *, force: bool = False) -> Iterator[IO[
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), 0o666 & ~_umask())
         _commit(tmp, path, force)
-    except BaseException:
+    except BaseException as exc:  # also SIGTERM/SIGHUP, which the CLI turns into an exception
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # e.g. ENOSPC: name the file, not only the errno
+            raise TensorFileError(f"{path}: {exc.strerror or exc}") from None
         raise
 
 

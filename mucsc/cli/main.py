@@ -8,11 +8,16 @@ binary to a terminal, no overwrite without ``-f``, atomic outputs, reports on st
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import math
 import os
+import re
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import click
@@ -83,6 +88,76 @@ THREADS_OPTION = click.option("-T", "--threads", type=click.IntRange(min=0), def
                               help="Threads to use (0: all cores); the output is the same for any value.")
 
 
+class Size(click.ParamType):
+    """A byte count with an optional unit (512M, 4G, 1.5GiB; k/M/G/T are powers of 1024), or 'none'."""
+
+    name = "SIZE|none"
+    UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("none", "unlimited"):
+            return math.inf
+        m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?", text)
+        if not m:
+            self.fail(f"{value!r} is not a size (e.g. 512M, 4G) or 'none'", param, ctx)
+        return int(float(m.group(1)) * self.UNITS[m.group(2)])
+
+
+MAX_MEMORY = click.option(
+    "--max-memory", type=Size(), default=None, metavar="SIZE|none",
+    help="Refuse input files that would load to more than this (default: 32x the file's size, at least "
+    "256 MiB: zip bombs and crafted checkpoints); 'none': no limit.")
+
+
+class SignalExit(BaseException):
+    """SIGTERM or SIGHUP, raised where the program is so that cleanup runs (like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _unwind_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception while a command runs, so that atomic outputs delete
+    their temporary file (as they do on Ctrl-C); then die of the same signal, as without the handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SignalExit(signum)
+
+    sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    except SignalExit as exc:
+        for s, h in old.items():
+            signal.signal(s, h)
+        old = {}
+        signal.signal(exc.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), exc.signum)  # the conventional exit status (128 + signum) for the parent
+        raise SystemExit(128 + exc.signum) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _stdout_errors() -> Iterator[None]:
+    """Name <stdout> in write errors (ENOSPC, EIO); a broken pipe keeps its own handling."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise Failure(f"<stdout>: {exc.strerror or exc}") from None
+
+
 class UsageFailure(Failure):
     """A one-line usage error about a file name (exit status 2)."""
 
@@ -94,7 +169,8 @@ class MainGroup(LazyGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _unwind_on_signals():
+                return super().invoke(ctx)
         except BrokenPipeError:
             _silence_stdout()
             raise Failure("<stdout>: broken pipe") from None
@@ -124,7 +200,7 @@ def main() -> None:
 
 _RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
              "compress", "help", "version", "format", "max-elements", "max-expansion", "key-file", "key-id",
-             "keys", "context", "threads"}
+             "keys", "context", "threads", "max-memory"}
 CODEC_PARAMS = codec_params(_RESERVED)
 
 
@@ -148,11 +224,13 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @THREADS_OPTION
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @signing_options
+@MAX_MEMORY
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None,
              compress_mode: str, threads: int, force: bool, key_file: str | None, key_id: str | None,
-             context: str | None, quiet: bool, as_json: bool, **codec_values: Any) -> None:
+             context: str | None, max_memory: float | None, quiet: bool, as_json: bool,
+             **codec_values: Any) -> None:
     """Compress a checkpoint (.safetensors, .pt/.pth/.bin/.ckpt, .npz, .npy) into a .mucsc message.
 
     Without --base the input is a model: by default every float tensor gets its own codebook with Z
@@ -189,11 +267,11 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
                                total=new_size + old_size + ENCODE_WEIGHT * new_size)
     try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
         progress.phase(f"loading {input}", new_size, measured=True)
-        loaded = _load(input, progress)
+        loaded = _load(input, progress, max_memory)
         tensors, notes = loaded.tensors, list(loaded.notes)
         if base is not None:
             progress.phase(f"loading {base}", old_size, measured=True)
-            old = _load(base, progress)
+            old = _load(base, progress, max_memory)
             notes += old.notes
             check_same_layout(layout(tensors), layout(old.tensors), input, base)
             base_fp = mucsc.fingerprint(old.tensors)  # before subtracting: OLD is not modified, NEW is
@@ -202,6 +280,10 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
             del old
         progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size)  # no hook: time ticks only
         norm2 = squared_norm(tensors)
+        if base is not None and _same_file(input, base):
+            notes.append(f"--base {base} is {input} itself: the update is zero (every float decodes to 0)")
+        elif base is not None and norm2 == 0.0:
+            notes.append(f"{input} and {base} hold the same float values: the update is zero")
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
         del loaded
         meta = {META_KEY: os.path.basename(base), BASE_KEY: base_fp} if base is not None else None
@@ -266,12 +348,13 @@ def _compress_json(input, out, base, codec, params, mode, seed, level, stats, in
 @limit_options
 @verifying_options
 @THREADS_OPTION
+@MAX_MEMORY
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
                ignore_base_mismatch: bool, max_elements: int | None, max_expansion: float | None,
                key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None, threads: int,
-               force: bool, quiet: bool) -> None:
+               max_memory: float | None, force: bool, quiet: bool) -> None:
     """Decode a .mucsc message into a tensor file (dtypes and shapes restored).
 
     With --key-file or --keys the message must carry a valid authentication tag (checked before
@@ -307,7 +390,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     tensors = {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
     notes = [n for n in [unverified_note(info)] if n]
     if base is not None:
-        old = _load(base)
+        old = _load(base, None, max_memory)
         notes += old.notes
         rec_layout = {r.name or tensorfiles.BARE_NAME: (tuple(r.shape), r.dtype) for r in info.records}
         check_same_layout(rec_layout, layout(old.tensors), input, base)
@@ -337,7 +420,8 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     target = tensors if isinstance(decoded, dict) or fmt != "npy" else tensors[tensorfiles.BARE_NAME]
     del decoded
     if out == "-":
-        tensorfiles.save(sys.stdout.buffer, target, fmt=fmt)
+        with _stdout_errors():
+            tensorfiles.save(sys.stdout.buffer, target, fmt=fmt)
     else:
         tensorfiles.save(out, target, fmt=fmt, force=force)
     if not quiet:
@@ -469,18 +553,27 @@ def _format_of(path: str) -> str:
         raise UsageFailure(str(exc)) from None
 
 
-def _load(path: str, progress: report.Progress | None = None) -> tensorfiles.Loaded:
+def _load(path: str, progress: report.Progress | None = None,
+          max_bytes: float | None = None) -> tensorfiles.Loaded:
     if path == "-":
-        return tensorfiles.load(sys.stdin.buffer, name="<stdin>")
+        return tensorfiles.load(sys.stdin.buffer, name="<stdin>", max_bytes=max_bytes)
     if progress is None or not progress.enabled:
-        return tensorfiles.load(path)
-    return _load_counting(path, progress.advance)
+        return tensorfiles.load(path, max_bytes=max_bytes)
+    return _load_counting(path, progress.advance, max_bytes)
 
 
-def _load_counting(path: str, on_read: Callable[[int], None]) -> tensorfiles.Loaded:
+def _load_counting(path: str, on_read: Callable[[int], None],
+                   max_bytes: float | None = None) -> tensorfiles.Loaded:
     """``tensorfiles.load(path)`` with the opened file read through a :class:`CountingReader`, so the
     bar follows the bytes (the file is still parsed in place, not buffered whole)."""
-    return tensorfiles.load(path, wrap=lambda f: CountingReader(f, on_read))
+    return tensorfiles.load(path, wrap=lambda f: CountingReader(f, on_read), max_bytes=max_bytes)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return a != "-" and b != "-" and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 class CountingReader(io.RawIOBase):
@@ -541,9 +634,10 @@ def _read_bytes(path: str) -> bytes:
 
 def _write_bytes(out: str, blob: bytes, force: bool) -> None:
     if out == "-":
-        stream = tensorfiles.WriteAll(sys.stdout.buffer)
-        stream.write(blob)
-        stream.flush()
+        with _stdout_errors():
+            stream = tensorfiles.WriteAll(sys.stdout.buffer)
+            stream.write(blob)
+            stream.flush()
         return
     with tensorfiles.atomic_open(out, force=force) as f:
         f.write(blob)
