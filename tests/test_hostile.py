@@ -291,3 +291,22 @@ def test_trailing_bytes_after_a_zstd_head():
     secs = [(s.group, s.tag, bytes(msg.payload(s))) for s in msg.sections[1:]]
     with pytest.raises(FormatError, match="after the zstd frame"):
         mucsc.inspect(build(hj, secs, head_zstd=z))
+
+
+# ---- HEAD inflated from a tiny message ------------------------------------------------------------------
+
+def test_zstd_head_bounded_by_the_expansion_limit(tmp_path):
+    hj = head([{"dtype": "int8", "name": "a", "shape": [2]}],
+              [{"codec": "raw", "dtype": "int8", "params": {}, "records": [0]}], meta={"k": "x" * (12 << 20)})
+    blob = build(hj, [(0, "DATA", b"\1\2")], head_zstd=zstandard.ZstdCompressor().compress(hj))
+    assert len(blob) * 4096 < len(hj)  # 12 MiB of JSON from ~1 KB
+    peak, exc = peak_bytes(mucsc.inspect, blob)
+    assert isinstance(exc, LimitError) and "max_expansion" in str(exc) and peak < 2 * MiB
+    with pytest.raises(LimitError, match="header"):
+        mucsc.decode(blob)
+    p = tmp_path / "h.mucsc"
+    p.write_bytes(blob)
+    r = cli("info", p)
+    assert r.exit_code == 1 and "--max-expansion none" in r.stderr
+    assert cli("info", "--max-expansion", "none", p).exit_code == 0
+    assert mucsc.decode(blob, max_expansion=None)["a"].tolist() == [1, 2]

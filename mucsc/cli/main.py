@@ -72,12 +72,16 @@ class Limit(click.ParamType):
         return v
 
 
+MAX_EXPANSION = click.option(
+    "--max-expansion", type=Limit(float), default=mucsc.DEFAULT_MAX_EXPANSION, show_default=True,
+    help="Refuse messages that decode to more than this many bytes per message byte (outputs up to "
+    "64 MiB always pass; for info: the header's bytes, 1 MiB always pass); 'none': no limit. Raise it "
+    "for messages you trust (a nearly constant update compresses far beyond it).")
+
+
 def limit_options(f: Callable) -> Callable:
     """--max-elements and --max-expansion: mucsc.decode's limits for untrusted messages."""
-    f = click.option("--max-expansion", type=Limit(float), default=mucsc.DEFAULT_MAX_EXPANSION,
-                     show_default=True, help="Refuse messages that decode to more than this many bytes "
-                     "per message byte (outputs up to 64 MiB always pass); 'none': no limit. Raise it "
-                     "for messages you trust (a nearly constant update compresses far beyond it).")(f)
+    f = MAX_EXPANSION(f)
     return click.option("--max-elements", type=Limit(int), default=mucsc.DEFAULT_MAX_ELEMENTS,
                         show_default=True, help="Refuse messages that decode to more elements than "
                         "this; 'none': no limit.")(f)
@@ -293,7 +297,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)
-        info = mucsc.inspect(blob)
+        info = mucsc.inspect(blob, max_expansion=None)  # our own message
     finally:
         progress.done()
 
@@ -372,7 +376,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
 
     blob = _read_bytes(input)
     with about(_label(input)):
-        info = mucsc.inspect(blob, **verifying)  # verifies first when keys are given
+        info = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)  # verifies first with keys
         if fmt == "npy" and len(info.records) != 1:
             raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
                                "tensors (write .npz, .safetensors or .pt)")
@@ -457,16 +461,17 @@ def _without_bfloat16(tensors: dict[str, Any]) -> tuple[dict[str, Any], str]:
 @main.command(short_help="List tensors, codecs, sections and sizes of a message.", epilog=EXIT_CODES)
 @click.argument("input", metavar="IN.mucsc")
 @verifying_options
+@MAX_EXPANSION
 @click.option("--json", "as_json", is_flag=True, help="Print plain JSON.")
 def info(input: str, key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None,
-         as_json: bool) -> None:
+         max_expansion: float | None, as_json: bool) -> None:
     """List a message's tensors, groups (codec and parameters), sections and sizes, and its
     authentication tag (algorithm and key id; verified with --key-file or --keys)."""
     _check_input(input)
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
     blob = _read_bytes(input)
     with about(_label(input)):
-        summary = mucsc.inspect(blob, **verifying)
+        summary = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)
     if as_json:
         click.echo(json.dumps(report.info_json(input, summary), indent=2))
     else:

@@ -30,6 +30,7 @@ DEFAULT_ZSTD_LEVEL = 3
 DEFAULT_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32
 DEFAULT_MAX_EXPANSION = 4096  # decoded bytes per message byte (B-MUCSC at keep 0.001 is ~1500)
 EXPANSION_FLOOR_BYTES = 64 << 20  # output always allowed, whatever the message size
+HEADER_FLOOR_BYTES = 1 << 20  # HEAD's raw length always allowed (parsed JSON takes ~10x its bytes)
 SECTION_BYTES_PER_ELEMENT = 16  # no codec needs more raw bytes per element in one section
 SECTION_SLACK_BYTES = 1 << 20  # ... plus this (centroid tables, scales)
 
@@ -523,9 +524,16 @@ def check_limits(header: fmt.Header, message_bytes: int, max_elements: int | Non
                 "for untrusted input (if you trust it, pass max_expansion=None; CLI: --max-expansion none)")
 
 
+def _max_header(blob: Any, max_expansion: float | None) -> int | None:
+    """The bound on HEAD's raw length that ``max_expansion`` implies for this message."""
+    if max_expansion is None:
+        return None
+    return int(max(HEADER_FLOOR_BYTES, max_expansion * memoryview(blob).nbytes))
+
+
 def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float | None,
             device: Any = None) -> Any:
-    msg = fmt.read_message(blob)
+    msg = fmt.read_message(blob, _max_header(blob, max_expansion))
     header = msg.header
     check_limits(header, msg.size, max_elements, max_expansion)
     out: dict[str, Any] = {}
@@ -647,11 +655,18 @@ class MessageInfo:
 
 
 def inspect(blob: bytes | bytearray | memoryview, *, keys: Keys | None = None,
-            context: bytes | str | None = None, require_auth: bool | None = None) -> MessageInfo:
+            context: bytes | str | None = None, require_auth: bool | None = None,
+            max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> MessageInfo:
     """Summarise a message: records, groups with codec and parameters, bytes per section, ratio, and
-    its authentication trailer (algorithm and key id; ``verified`` only when ``keys`` checked it)."""
+    its authentication trailer (algorithm and key id; ``verified`` only when ``keys`` checked it).
+
+    Payloads are not decoded; ``max_expansion`` (as :func:`decode`'s, with a 1 MiB floor) bounds the
+    raw length of a zstd-encoded HEAD before it is inflated and parsed."""
     verified = auth.check(blob, keys, context, require_auth)
-    msg = fmt.read_message(blob)
+    try:
+        msg = fmt.read_message(blob, _max_header(blob, max_expansion))
+    except MemoryError:
+        raise LimitError("out of memory while reading the message header") from None
     h = msg.header
     group_of = {ri: gi for gi, g in enumerate(h.groups) for ri in g.records}
     secs = tuple(SectionSummary(s.tag, None if s.group == fmt.MESSAGE_GROUP else s.group, s.encoding,

@@ -404,11 +404,13 @@ def as_bytes_view(blob: bytes | bytearray | memoryview) -> memoryview:
     return memoryview(blob).cast("B") if not isinstance(blob, memoryview) or blob.format != "B" else blob
 
 
-def read_message(blob: bytes | bytearray | memoryview) -> Message:
+def read_message(blob: bytes | bytearray | memoryview, max_header: int | None = None) -> Message:
     """Parse and check a message: magic, version, flags, length, CRC, section table, HEAD.
 
     Raises the specific FormatError subclasses; payloads are decompressed later, on demand.  An
     authentication trailer is parsed but not verified here (that needs keys: :mod:`mucsc.codec.auth`).
+    ``max_header``: the caller's bound on HEAD's raw length, below the spec's 16 MiB (checked before
+    HEAD is decompressed or parsed).
     """
     mv = as_bytes_view(blob)
     frame = read_frame(mv)
@@ -424,6 +426,10 @@ def read_message(blob: bytes | bytearray | memoryview) -> Message:
         raise FormatError("the first section must be HEAD")
     if head.raw_bytes > MAX_HEADER_BYTES:
         raise LimitError(f"header of {head.raw_bytes} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    if max_header is not None and head.raw_bytes > max_header:
+        raise LimitError(f"a header of {head.raw_bytes} bytes in a message of {len(mv)}: more than the "
+                         f"{max_header} bytes max_expansion allows (pass max_expansion=None to read it; "
+                         "CLI: --max-expansion none)")
     msg = Message(Header((), ()), sections, len(mv), minor, mv, frame.auth)
     header = parse_header(bytes(msg.payload(head)))
     _check_sections_against_header(sections, header)
