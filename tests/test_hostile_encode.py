@@ -181,3 +181,13 @@ def test_reader_and_writer_agree_on_the_header():
     blob = mucsc.encode({"a": np.ones(2, np.float32)}, meta={"x": "y"})
     msg = fmt.read_message(blob)
     assert fmt.parse_header(bytes(msg.payload(msg.sections[0]))) == msg.header
+
+
+def test_device_path_checks_the_codec_limit(monkeypatch):
+    """Tensors kept as torch (GPU, or MUCSC_BACKEND=torch) go through the same input_limit."""
+    torch = pytest.importorskip("torch")
+    from mucsc.codec import kernels
+
+    monkeypatch.setattr(kernels, "TORCH", True)
+    with pytest.raises(InputError, match="'w' holds a magnitude of 3.5e\+38.*'none'"):
+        mucsc.encode({"w": torch.tensor([1.0, 3.5e38], dtype=torch.float64)}, "none")
