@@ -189,5 +189,5 @@ def test_device_path_checks_the_codec_limit(monkeypatch):
     from mucsc.codec import kernels
 
     monkeypatch.setattr(kernels, "TORCH", True)
-    with pytest.raises(InputError, match="'w' holds a magnitude of 3.5e\+38.*'none'"):
+    with pytest.raises(InputError, match=r"'w' holds a magnitude of 3.5e\+38.*'none'"):
         mucsc.encode({"w": torch.tensor([1.0, 3.5e38], dtype=torch.float64)}, "none")
