@@ -151,7 +151,8 @@ def _compressed_average(state: "MucscHookState", bucket: dist.GradBucket, group:
     # Every rank decodes the same bytes in rank order with the same float arithmetic: identical replicas.
     total = np.zeros(flat.shape, dtype=flat.dtype)
     for r, (t, n) in enumerate(zip(gathered, sizes)):
-        decoded = mucsc.decode(t[:n].cpu().numpy().tobytes())
+        # a peer's message must hold exactly this bucket's values: that bounds what decoding allocates
+        decoded = mucsc.decode(t[:n].cpu().numpy().tobytes(), max_elements=flat.size, max_expansion=None)
         if decoded.shape != flat.shape:
             raise mucsc.FormatError(f"rank {r}'s message for bucket {bucket.index()} holds {decoded.size} "
                                     f"values, the bucket {flat.size}")

@@ -106,7 +106,18 @@ class Mucsc(_NumcodecsCodec):
         """Decode a message into a flat array of ``dtype`` (or into ``out``, which must hold exactly
         as many bytes)."""
         data = ensure_contiguous_ndarray(buf).view("u1").reshape(-1)
-        x = mucsc.decode(data.tobytes())
+        if out is None:  # untrusted storage: the decoder's default limits for untrusted input
+            x = mucsc.decode(data.tobytes())
+        else:  # the chunk's size is known: bound by it exactly (a constant chunk decodes at any ratio)
+            itemsize = np.dtype(self.dtype).itemsize
+            nbytes = ensure_contiguous_ndarray(out).nbytes
+            try:
+                x = mucsc.decode(data.tobytes(), max_elements=nbytes // itemsize, max_expansion=None)
+            except mucsc.LimitError:
+                have = mucsc.inspect(data.tobytes()).elements * itemsize
+                if have != nbytes:
+                    raise mucsc.InputError(f"out holds {nbytes} bytes, the chunk decodes to {have}") from None
+                raise
         if not isinstance(x, np.ndarray):
             raise mucsc.FormatError("message holds several tensors; a mucsc chunk holds one array")
         x = np.ascontiguousarray(x.reshape(-1), dtype=np.dtype(self.dtype))

@@ -310,3 +310,22 @@ def test_zstd_head_bounded_by_the_expansion_limit(tmp_path):
     assert r.exit_code == 1 and "--max-expansion none" in r.stderr
     assert cli("info", "--max-expansion", "none", p).exit_code == 0
     assert mucsc.decode(blob, max_expansion=None)["a"].tolist() == [1, 2]
+
+
+# ---- integrations that know the expected size bound by it instead --------------------------------------
+
+def test_numcodecs_constant_chunk_with_out_decodes_beyond_the_expansion_limit():
+    pytest.importorskip("numcodecs")
+    from mucsc.numcodecs import Mucsc
+
+    n = (64 << 20) // 4 + 1024  # just over the 64 MiB floor: refused without the chunk's size
+    c = Mucsc()
+    blob = c.encode(np.full(n, 0.5, np.float32))
+    assert len(blob) < 1024
+    with pytest.raises(LimitError, match="max_expansion"):
+        c.decode(blob)
+    out = np.empty(n, np.float32)
+    c.decode(blob, out=out)
+    assert out[0] == 0.5 and out[-1] == 0.5
+    with pytest.raises(mucsc.InputError, match="out holds"):
+        c.decode(blob, out=np.empty(n - 1, np.float32))

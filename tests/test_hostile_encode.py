@@ -71,7 +71,9 @@ def test_cli_refuses_big_float64_with_none(tmp_path):
 
     from mucsc.cli.main import main
 
-    np.save(tmp_path / "big.npy", np.array([1.0, 3.5e38]))
+    x = np.random.default_rng(0).normal(size=100_000)  # large enough to be encoded, not carried raw
+    x[5] = 3.5e38
+    np.save(tmp_path / "big.npy", x)
     r = CliRunner().invoke(main, ["compress", "--codec", "none", str(tmp_path / "big.npy")])
     assert r.exit_code == 1 and "3.5e+38" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "big.npy.mucsc").exists()

@@ -114,7 +114,10 @@ class Compressor:
             blob = encode(sent if is_map else sent[""], codec, seed=s, shared=self.shared,
                           compress=self.compress_mode, threads=self.threads)
             dev = _device(sent)  # received where the state lives
-            out = decode(blob, threads=self.threads, as_torch=dev is not None, device=dev)
+            # our own message, just encoded: no limits for untrusted input (a frozen model's zero
+            # update is a tiny message that decodes to the whole model)
+            out = decode(blob, threads=self.threads, as_torch=dev is not None, device=dev, max_elements=None,
+                         max_expansion=None)
             received = out if is_map else {"": out}
             for name, a in sent.items():
                 if _is_float(a):
