@@ -34,7 +34,6 @@ except ImportError as exc:  # the hook is only for torch users; say what is miss
     raise ImportError("mucsc.ddp needs torch (pip install torch)") from exc
 
 import mucsc
-from mucsc._compressor_compat import new_compressor
 
 
 @dataclasses.dataclass
@@ -67,7 +66,7 @@ class MucscHookState:
     def __init__(self, process_group: Any = None, codec: str = "mucsc", seed: int = 0, start_iter: int = 2,
                  *, error_feedback: bool | None = None, compress: str | int = "auto", **params: Any) -> None:
         # validates the codec, its parameters and its memory's options (e.g. DGC's momentum) now
-        probe = new_compressor(codec, error_feedback=error_feedback, compress=compress, **params)
+        probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, **params)
         self.error_feedback = probe.error_feedback
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise mucsc.ParameterError(f"seed must be a non-negative integer, got {seed!r}")
@@ -100,7 +99,7 @@ class MucscHookState:
         :class:`mucsc.Compressor` (its error-feedback memory; DGC's momentum follows ``iter``)."""
         comp = self.compressors.get(bucket_index)
         if comp is None:
-            comp = self.compressors[bucket_index] = new_compressor(
+            comp = self.compressors[bucket_index] = mucsc.Compressor(
                 self.codec, error_feedback=self.error_feedback, compress=self.compress, **self.params)
         r = comp.residual.get("")
         if r is not None and r.shape != flat.shape:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc._compressor_compat import new_compressor
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -167,7 +166,7 @@ def test_error_feedback_state_persists_in_context_across_rounds():
     strategy = MucscStrategy(FedAvg(fraction_evaluate=0.0), codec="topk", seed=2, keep=0.05)
     contexts = {n: _context(n) for n in nodes}
     app = _client_app()
-    ref = new_compressor("topk", keep=0.05)
+    ref = mucsc.Compressor("topk", keep=0.05)
     for rnd in (1, 2):
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(), FakeGrid(nodes)))
         msg21 = next(m for m in msgs if m.metadata.dst_node_id == 21)

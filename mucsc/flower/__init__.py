@@ -42,7 +42,6 @@ except ImportError as exc:  # an optional extra: say how to get it
     raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
 
 import mucsc
-from mucsc._compressor_compat import new_compressor
 
 STYPE = "mucsc/1"           # Array.stype of a compressed ArrayRecord's single Array
 ARRAY_KEY = "mucsc"         # the key of that Array inside its ArrayRecord
@@ -157,7 +156,7 @@ class CodecSpec:
     shared: bool = True
 
     def compressor(self) -> Any:
-        return new_compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
+        return mucsc.Compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
                                 compress=self.compress, **dict(self.params))
 
     def to_config(self) -> dict[str, Any]:
@@ -403,7 +402,7 @@ class MucscStrategy(Strategy):
         self.traffic = Traffic()
         # per round: clients' encode seconds (from their replies), server decode and downlink encode seconds
         self.timing: dict[int, dict[str, Any]] = {}
-        self._down = None if downlink is None else new_compressor(
+        self._down = None if downlink is None else mucsc.Compressor(
             downlink, error_feedback=downlink_error_feedback, compress=compress, **dict(downlink_params or {}))
         self.downlink = downlink
         self._downlink_seed = downlink_seed or (lambda rnd: derived_seed(self.seed, rnd, 1 << 62))
