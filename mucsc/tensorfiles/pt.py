@@ -1,0 +1,148 @@
+"""torch checkpoints (.pt/.pth/.bin/.ckpt), loaded only with ``torch.load(weights_only=True)``.
+
+torch is imported inside the functions, never at import time: ``import mucsc`` stays free of torch.
+The loaded object must be a tensor (a bare array), a mapping of names to tensors (a state_dict), or a
+mapping holding one under one of :data:`STATE_DICT_KEYS` (first match wins); the other top-level
+entries are skipped and listed in ``Loaded.notes``.  Non-tensor entries *inside* the chosen state_dict
+are refused, not skipped: silently dropping part of a model would make the round trip lie.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from typing import IO, Any
+
+import numpy as np
+
+from mucsc.tensorfiles._common import BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native
+
+#: keys searched, in order, for a state_dict inside a torch checkpoint dict
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights", "params")
+
+
+def sniff(head: bytes) -> bool:
+    """A legacy torch.save pickle stream (zip checkpoints are told apart from .npz by their members)."""
+    return head.startswith(b"\x80") and len(head) >= 2 and head[1] in range(2, 6)
+
+
+def load(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
+    """Load a checkpoint from a path or a stream; the caller checks the loaded bytes against ``limit``
+    (torch views can declare far more than the storages they share)."""
+    return _load_torch(src, label)
+
+
+def require_torch() -> Any:
+    """torch (>= 2.6, for safe loading), or a TensorFileError saying it is needed."""
+    try:
+        import torch
+    except ImportError:
+        raise TensorFileError("torch is needed for .pt files and bfloat16 tensors: "
+                              "pip install 'mucsc[torch]'") from None
+    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    if (major, minor) < (2, 6):
+        # CVE-2025-32434: weights_only=True could still execute code before torch 2.6
+        raise TensorFileError(f"torch {torch.__version__} is too old to load checkpoints safely "
+                              "(CVE-2025-32434); torch >= 2.6 is required")
+    return torch
+
+
+
+def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
+    torch = require_torch()
+    if t.dtype == torch.bfloat16:
+        raise TensorFileError(f"tensor {key!r}: bfloat16 cannot be stored in .{fmt} "
+                              "(write .safetensors or .pt)")
+    try:
+        return t.detach().cpu().resolve_conj().resolve_neg().numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise TensorFileError(f"tensor {key!r}: {t.dtype} has no numpy equivalent ({exc})") from None
+
+
+def _load_torch(src: str | IO[bytes], label: str) -> Loaded:
+    torch = require_torch()
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on a CLI
+            warnings.simplefilter("ignore")
+            obj = torch.load(src, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch raises many types; all mean "cannot load"
+        raise TensorFileError(f"{label}: {_torch_load_problem(exc)}") from None
+    if isinstance(obj, torch.Tensor):
+        return Loaded({BARE_NAME: _from_torch(obj, label, "tensor")}, "torch", bare=True)
+    if not isinstance(obj, Mapping):
+        raise TensorFileError(f"{label}: holds a {type(obj).__name__}, not a state_dict "
+                              "(a mapping of names to tensors)")
+    notes: list[str] = []
+    state = obj
+    if not _all_tensors(obj, torch):
+        for k in STATE_DICT_KEYS:
+            if isinstance(obj.get(k), Mapping) and obj[k] and _all_tensors(obj[k], torch):
+                state = obj[k]
+                skipped = [repr(s) for s in obj if s != k]
+                notes.append(f"{label}: using checkpoint[{k!r}]"
+                             + (f"; skipped {', '.join(skipped[:8])}" if skipped else "")
+                             + (" ..." if len(skipped) > 8 else ""))
+                break
+    bad = [(k, v) for k, v in state.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))]
+    if bad:
+        shown = ", ".join(f"{k!r} ({type(v).__name__})" for k, v in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        hint = (f"; no state_dict found under {', '.join(map(repr, STATE_DICT_KEYS))}"
+                if state is obj else "")
+        raise TensorFileError(f"{label}: not a state_dict of tensors: entries {shown}{more} are not "
+                              f"named tensors{hint}")
+    tensors = {k: _from_torch(v, label, k) for k, v in state.items()}
+    return Loaded(tensors, "torch", notes=tuple(notes))
+
+
+def _all_tensors(m: Mapping, torch: Any) -> bool:
+    return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in m.items())
+
+
+def _from_torch(t: Any, label: str, key: str) -> Any:
+    """A loaded tensor as a numpy view (no copy), or the tensor itself for bfloat16."""
+    torch = require_torch()
+    if t.layout != torch.strided or t.is_quantized:
+        raise TensorFileError(f"{label}: tensor {key!r} is {t.layout} / quantized; only dense "
+                              "tensors are supported")
+    if t.dtype == torch.bfloat16:
+        return t.detach()
+    try:
+        return _native(t.detach().resolve_conj().resolve_neg().numpy())
+    except (TypeError, RuntimeError):
+        raise TensorFileError(f"{label}: tensor {key!r} has dtype {t.dtype}, which is not "
+                              "supported") from None
+
+
+def _torch_load_problem(exc: BaseException) -> str:
+    """One readable clause out of torch's multi-paragraph load errors."""
+    text = str(exc)
+    m = re.search(r"Unsupported global: ([^\n]*)", text)
+    if m:
+        return ("refused: the checkpoint is not plain tensors, loading it would call "
+                f"{m.group(1).strip().rstrip('.')}; mucsc loads .pt files only with "
+                "torch.load(weights_only=True)")
+    m = re.search(r"WeightsUnpickler error: \s*([^\n]+)", text)
+    if m:
+        return (f"not a torch checkpoint that torch.load(weights_only=True) can read "
+                f"({m.group(1).strip()})")
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = first.split(". ")[0].rstrip(".")
+    return f"not a readable torch checkpoint ({first[:300]})"
+
+
+def _save_torch(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
+    torch = require_torch()
+    out = {}
+    for key, t in tensors.items():
+        if not _is_torch(t):
+            a = np.asarray(t)
+            t = torch.from_numpy(a if a.flags.writeable else a.copy())
+        out[key] = t
+    torch.save(out, f)
+
+
+
+save = _save_torch
+FORMAT = Format("torch", (".pt", ".pth", ".bin", ".ckpt"), sniff, load, save)
