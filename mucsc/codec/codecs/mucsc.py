@@ -413,16 +413,8 @@ class _Group:
                 return best
         else:
             return best
-        for _ in range(REFINE_STEPS):
-            mid = math.sqrt(good * bad)
-            o = self.measure(mu=mid, coding="rans", fine=True)
-            if ok(o):
-                good = mid
-                if better(o, best):
-                    best = o
-            else:
-                bad = mid
-        return best
+        return _bisect(good, bad, REFINE_STEPS, lambda g, b: math.sqrt(g * b),
+                       lambda mu: self.measure(mu=mu, coding="rans", fine=True), ok, better, best)
 
 
     def refine_z(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
@@ -441,18 +433,31 @@ class _Group:
                 continue
             a, b = getattr(pair[0].key, knob), getattr(pair[1].key, knob)
             good, bad = (a, b) if ok(pair[0]) else (b, a)
-            for _ in range(12):
-                if abs(good - bad) <= 1:
-                    break
-                mid = (good + bad) // 2
-                o = self.measure(mid, coding="rans") if knob == "z" else self.measure(steps=mid, coding="rans")
-                if ok(o):
-                    good = mid
-                    if better(o, best):
-                        best = o
-                else:
-                    bad = mid
+            measure = ((lambda m: self.measure(m, coding="rans")) if knob == "z"
+                       else (lambda m: self.measure(steps=m, coding="rans")))
+            best = _bisect(good, bad, 12, lambda g, b: None if abs(g - b) <= 1 else (g + b) // 2,
+                           measure, ok, better, best)
         return best
+
+
+def _bisect(good, bad, steps: int, midpoint: Callable, measure: Callable[[Any], allocate.Option],
+            ok: Callable[[allocate.Option], bool],
+            better: Callable[[allocate.Option, allocate.Option], bool],
+            best: allocate.Option) -> allocate.Option:
+    """Up to ``steps`` bisections between a setting that meets the goal (``good``) and one that does
+    not (``bad``); ``midpoint`` returns None when the two are adjacent.  Returns the best option seen."""
+    for _ in range(steps):
+        mid = midpoint(good, bad)
+        if mid is None:
+            break
+        o = measure(mid)
+        if ok(o):
+            good = mid
+            if better(o, best):
+                best = o
+        else:
+            bad = mid
+    return best
 
 
 @register
