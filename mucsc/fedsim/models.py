@@ -66,8 +66,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     if h != w:
         raise InputError(f"model {name!r} expects square images, got {h}x{w}")
     if name == "allcnn":
-        if h < 8:
-            raise InputError("allcnn needs images of at least 8x8")
+        if h < 9:  # two stride-2 convs, then a 3x3 conv without padding: needs 3x3 left, so h >= 9
+            raise InputError(f"allcnn needs images of at least 9x9, the data has {h}x{w}")
         return all_cnn(c, num_classes)
     if name == "lenet":
         return lenet(c, num_classes, h)
