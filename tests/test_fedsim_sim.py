@@ -240,3 +240,51 @@ def test_device_resolution():
         SimConfig(device="tpu")
     with pytest.raises(InputError):
         SimConfig(workers=0)
+
+
+class _ResidentInProcess(simulation.InProcess):
+    """InProcess whose trainers keep updates as torch tensors, as on a GPU (here on the CPU)."""
+
+    def trainer(self, key=0):
+        t = super().trainer(key)
+        t.resident = True
+        return t
+
+
+@pytest.mark.parametrize("codec", ["mucsc", "bmucsc", "signsgd"])  # unbiased, sparse, biased (error feedback)
+@pytest.mark.parametrize("torch_backend", [False, True])
+def test_device_resident_updates_change_nothing(monkeypatch, codec, torch_backend):
+    """Updates kept on the device (what ``--device cuda`` does) go through the codec's torch backend
+    there, and the run -- bytes, accuracy, final weights -- is the host path's, bit for bit."""
+    from mucsc.codec import kernels
+
+    cfg = tiny(codecs=(codec,), rounds=2)
+    setup = simulation.prepare(cfg, DIGITS)
+    res = simulation.run(cfg, codec, setup)
+    monkeypatch.setattr(kernels, "TORCH", torch_backend)
+    seen = []
+    real_send = simulation.Sender.send
+
+    def spy(self, update, seed, rnd=0):
+        seen.append(type(next(iter(update.values()))).__name__)
+        return real_send(self, update, seed, rnd)
+
+    monkeypatch.setattr(simulation.Sender, "send", spy)
+    ex = _ResidentInProcess(cfg, setup)
+    resident = simulation.run(cfg, codec, setup, executor=ex)
+    assert set(seen) == {"Tensor"}  # clients' and the server's messages were encoded from tensors
+    assert [r.up_bytes for r in resident.records] == [r.up_bytes for r in res.records]
+    assert [r.down_msg_bytes for r in resident.records] == [r.down_msg_bytes for r in res.records]
+    assert [r.accuracy for r in resident.records] == [r.accuracy for r in res.records]
+    for k in res.weights:
+        np.testing.assert_array_equal(resident.weights[k], res.weights[k])
+
+
+def test_allcnn_smallest_image():
+    """ALL-CNN's last 3x3 convolution has no padding: 9x9 is the smallest input it takes; 8x8 (the
+    digits) is refused with the reason instead of failing inside the first round."""
+    import torch
+
+    assert build_model("allcnn", (1, 9, 9), 10)(torch.zeros(2, 1, 9, 9)).shape == (2, 10)
+    with pytest.raises(InputError, match="at least 9x9, the data has 8x8"):
+        build_model("allcnn", (1, 8, 8), 10)

@@ -204,3 +204,60 @@ def test_compressor_state_stays_on_the_device_with_the_same_bytes(torch_backend_
 
 def torch_backend_is_tensor(v) -> bool:
     return tb.is_torch(v)
+
+
+# ---- on a GPU: the same checks with CUDA tensors (skipped where torch sees no CUDA device) ---------
+
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["t3", "gauss", "zeros", "few"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_cuda_messages_byte_identical(kind, dtype):
+    """CUDA tensor -> the compiled kernels' bytes, for Z = 2..300 and odd sizes on both sides of the
+    solver's full-sort limit (so the device's subsample + exact-tails summary is exercised), and the
+    message decodes on the GPU to the host decode's values."""
+    for n in (1, 7, 1001, centroids.FULL_SORT_MAX + 4099):
+        x = _data(kind, n, dtype, seed=n)
+        xd = torch.from_numpy(x).cuda()
+        for z in (2, 3, 16, 300):
+            want = mucsc.encode(x, "mucsc", z=z, seed=11)
+            assert mucsc.encode(xd, "mucsc", z=z, seed=11) == want, (kind, dtype, n, z)
+        back = mucsc.decode(want, as_torch=True, device="cuda")
+        assert back.is_cuda and torch.equal(back.cpu(), mucsc.decode(want, as_torch=True))
+
+
+@needs_cuda
+@pytest.mark.parametrize("codec,params", [("mucsc", {"z": 8}), ("mucsc", {"z": 4, "id_packing": "tight"}),
+                                          ("bmucsc", {"keep": 0.05}), ("qsgd", {}), ("topk", {}),
+                                          ("signsgd", {}), ("fp16", {})])
+def test_cuda_state_dicts(codec, params):
+    """Every codec takes a state_dict of CUDA tensors: the bytes are the host's (B-MUCSC: its float64
+    mean is reduced in the device's order, FORMAT.md 4.3, so at most that one value differs, by <= 1
+    float32 ulp) and the decode onto the GPU equals the host decode."""
+    g = torch.Generator().manual_seed(0)
+    sd = {"w": torch.randn(1230, 45, generator=g), "b": torch.zeros(7), "h": torch.randn(51, generator=g).half(),
+          "d": torch.randn(17, generator=g).double(), "step": torch.arange(3)}
+    host = mucsc.encode(sd, codec, seed=2, compress="off", **params)
+    got = mucsc.encode({k: v.cuda() for k, v in sd.items()}, codec, seed=2, compress="off", **params)
+    a, b = mucsc.decode(host, as_torch=True), mucsc.decode(got, as_torch=True, device="cuda")
+    if codec != "bmucsc":
+        assert got == host
+    for k in a:
+        assert b[k].is_cuda and a[k].dtype == b[k].dtype
+        diff = (b[k].cpu().double() - a[k].double()).abs()
+        assert float(diff.max()) <= (float(a[k].double().abs().max()) * 2 ** -23 if codec == "bmucsc" else 0.0), k
+
+
+@needs_cuda
+@pytest.mark.parametrize("codec,params", [("signsgd", {}), ("topk", {"keep": 0.05}), ("stc", {}),
+                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0})])
+def test_cuda_compressor_state_stays_on_the_gpu(codec, params):
+    g = torch.Generator().manual_seed(0)
+    updates = [{"w": torch.randn(120, 30, generator=g), "b": torch.randn(30, generator=g)} for _ in range(3)]
+    dev = mucsc.Compressor(codec, seed=3, **params)
+    got = [dev.compress({k: v.cuda() for k, v in u.items()}) for u in updates]
+    assert all(v.is_cuda for t in dev.memory.tables.values() for v in t.values())
+    hostc = mucsc.Compressor(codec, seed=3, **params)
+    assert got == [hostc.compress(u) for u in updates]

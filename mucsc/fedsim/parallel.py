@@ -93,7 +93,9 @@ def _trainer(key: int) -> LocalTrainer:
         _SHMS.append(shm)
         arrays = {k: np.ndarray(shape, dtype=dt, buffer=shm.buf, offset=off) for k, dt, shape, off in st.layout}
         data = Dataset(**arrays, **st.fields)
-        t = _TRAINERS[key] = LocalTrainer(st.model_name, data, st.parts, _SPEC.seed, _SPEC.device, _SPEC.threads)
+        # resident=False: updates cross to the main process as host arrays (pickled)
+        t = _TRAINERS[key] = LocalTrainer(st.model_name, data, st.parts, _SPEC.seed, _SPEC.device, _SPEC.threads,
+                                          resident=False)
     return t
 
 

@@ -188,14 +188,17 @@ class LocalTrainer:
     """The model and the training/test data on one device: local SGD for any client, and evaluation.
 
     It keeps no state between calls (every call loads the weights it is given), so the in-process
-    path and every worker process compute the same floats for the same task.  Updates leave the
-    device as host float32 arrays, where the codec runs, as on a real client.
+    path and every worker process compute the same floats for the same task.  ``resident`` (default:
+    on a GPU) keeps each update a tensor on the device, where the codec's torch backend encodes it,
+    as a GPU client would; otherwise updates leave the device as host float32 arrays (a worker
+    process's updates always do: they cross to the main process by pickling).
     """
 
     def __init__(self, model_name: str, data: Dataset, parts: tuple[np.ndarray, ...], seed: int,
-                 device: str = "cpu", threads: int = 1) -> None:
+                 device: str = "cpu", threads: int = 1, resident: bool | None = None) -> None:
         torch.set_num_threads(threads)
         self.device = torch.device(device)
+        self.resident = self.device.type != "cpu" if resident is None else resident
         self.model = build_model(model_name, data.input_shape, data.num_classes, seed).to(self.device)
         self.names = [n for n, _ in self.model.named_parameters()]
         self.params = [p for _, p in self.model.named_parameters()]
@@ -211,9 +214,10 @@ class LocalTrainer:
                 p.copy_(w)
         return ws
 
-    def train(self, weights: list[np.ndarray], task: ClientTask) -> tuple[dict[str, np.ndarray], float]:
+    def train(self, weights: list[np.ndarray], task: ClientTask) -> tuple[dict[str, Any], float]:
         """E plain SGD steps w <- w - eta_t grad F_i(w, B_t) (eq. 3) from ``weights`` on the task's
-        batches -> (U_i = w - w_i per parameter (eq. 5) as host float32 arrays, wall seconds)."""
+        batches -> (U_i = w - w_i per parameter (eq. 5): float32 tensors on the device when
+        ``resident``, else host arrays; wall seconds)."""
         t0 = time.perf_counter()
         start = self._load(weights)
         own = self.parts[task.client]
@@ -224,7 +228,12 @@ class LocalTrainer:
             with torch.no_grad():
                 for p, g in zip(self.params, grads):
                     p.sub_(g, alpha=lr)
-        update = {n: (w - p.detach()).cpu().numpy() for n, w, p in zip(self.names, start, self.params)}
+        if self.resident:
+            update = {n: w - p.detach() for n, w, p in zip(self.names, start, self.params)}
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the training time includes the device's work
+        else:
+            update = {n: (w - p.detach()).cpu().numpy() for n, w, p in zip(self.names, start, self.params)}
         return update, time.perf_counter() - t0  # .cpu() waited for the device
 
     def evaluate(self, weights: list[np.ndarray]) -> tuple[float, float]:
@@ -239,6 +248,12 @@ class LocalTrainer:
                 correct += int((out.argmax(1) == self.y_test[i:i + 1024]).sum())
         self.model.train()
         return correct / n, loss_sum / n
+
+
+def _on(a: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A host array or a tensor as a tensor of ``dtype`` on ``device``."""
+    t = a if torch.is_tensor(a) else torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device, dtype)
 
 
 def _canonical(a: np.ndarray) -> torch.Tensor:
@@ -326,7 +341,8 @@ class _Run:
                 sender = self.senders[task.client] = Sender(self.ups[task.client])
             msg = encode_update(sender, update, task, codec_seed(cfg.seed, _S_UP, rnd, task.slot), t_train)
             sent = seal(self.auth, msg.blob, f"client-{task.client}", rnd, "up")  # --auth: verified first
-            decoded, t_dec = receive(sent.blob, **sent.check)
+            # device-resident updates (a GPU client's) are decoded onto the server's device
+            decoded, t_dec = receive(sent.blob, device=self._resident_device(update), **sent.check)
             updates.append(decoded)
             up_bytes.append(len(sent.blob))
             per_client_time.append(msg.train_s + msg.encode_s + sent.seconds)
@@ -340,10 +356,10 @@ class _Run:
         down_blob, t_senc = self.server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
         sent_down = seal(self.auth, down_blob, "server", rnd, "down")
         down_blob, t_senc = sent_down.blob, t_senc + sent_down.seconds
-        applied, t_cdec = receive(down_blob, **sent_down.check)
+        applied, t_cdec = receive(down_blob, device=self._resident_device(agg), **sent_down.check)
         with torch.no_grad():
             for n, g in zip(self.names, self.global_w):
-                g.sub_(torch.from_numpy(np.ascontiguousarray(applied[n], dtype=np.float32)).to(self.device))  # eq. 12
+                g.sub_(_on(applied[n], self.device, torch.float32))  # eq. 12
         enc_s += t_senc
         next_sel = select_clients(cfg, rnd + 1, self.weights)
         recipients = cfg.clients if cfg.downlink == "all" else len(np.unique(next_sel))
@@ -363,16 +379,23 @@ class _Run:
         self.selected = next_sel
         return rec
 
-    def _aggregate(self, q: np.ndarray, updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    def _resident_device(self, update: dict[str, Any]) -> torch.device | None:
+        """The device a message about ``update`` is decoded onto: this run's device when the update
+        is a tensor (it stayed on the device), None (host arrays) otherwise."""
+        return self.device if torch.is_tensor(next(iter(update.values()))) else None
+
+    def _aggregate(self, q: np.ndarray, updates: list[dict[str, Any]]) -> dict[str, Any]:
         """D = sum_i q_i U~_i on the device, accumulated in float64 (one multiply, then one add per
-        client, in participant order), sent as float32."""
+        client, in participant order), sent as float32: a tensor on the device when the updates
+        arrived as tensors (the server's encode then runs there too), else a host array."""
         out = {}
         for n in self.names:
             acc = None
             for qi, u in zip(q, updates):
-                term = torch.from_numpy(u[n]).to(self.device, torch.float64) * float(qi)
+                term = _on(u[n], self.device, torch.float64) * float(qi)
                 acc = term if acc is None else acc + term
-            out[n] = acc.to(torch.float32).cpu().numpy()
+            d = acc.to(torch.float32)
+            out[n] = d if torch.is_tensor(updates[0][n]) else d.cpu().numpy()
         return out
 
     def eval_due(self) -> bool:

@@ -134,8 +134,18 @@ def seal(auth: Authenticator | None, blob: bytes, endpoint: str, rnd: int, direc
     return Sealed(blob) if auth is None else auth.seal(blob, endpoint, rnd, direction)
 
 
-def receive(blob: bytes, **auth: object) -> tuple[dict[str, np.ndarray], float]:
-    """Decode a message (verifying its tag when given ``keys``/``context``) -> (name -> array, seconds)."""
+def receive(blob: bytes, device: Any = None, **auth: object) -> tuple[dict[str, Any], float]:
+    """Decode a message (verifying its tag when given ``keys``/``context``) -> (name -> array, seconds).
+
+    ``device`` (a torch device): the values come back as tensors there, unpacked and gathered on it
+    by codecs with a torch decoder; the seconds then include waiting for the device."""
     t0 = time.perf_counter()
-    out = mucsc.decode(blob, **auth)
+    if device is None:
+        out = mucsc.decode(blob, **auth)
+    else:
+        out = mucsc.decode(blob, as_torch=True, device=device, **auth)
+        if getattr(device, "type", "cpu") == "cuda":
+            import torch  # a device was given, so the caller runs torch
+
+            torch.cuda.synchronize(device)
     return out, time.perf_counter() - t0

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The checks that need a GPU machine (CUDA, many cores), as one run that prints tables.
+#
+#     bash benchmarks/gpu_checks.sh [OUTDIR] [FEMNIST_DIR]
+#
+# Run from the repository root on a machine with a CUDA GPU, torch, numpy, click and zstandard
+# (the package need not be installed: the kernels are built in place and PYTHONPATH points here).
+#  1. the torch backend's tests with CUDA tensors (tests/test_torch_backend.py: the CUDA cases run
+#     only where torch sees a GPU) and the simulator's device-resident path;
+#  2. benchmarks/bench_gpu.py: CUDA tensor -> message -> CUDA tensor at d = 1e7, 1e8, 1e9 vs the host path;
+#  3. benchmarks/bench_codec.py --threads: one message's encode/decode with 1..16 threads (issue 14);
+#  4. mucsc sim on the FEMNIST sample (LeNet, 1.33M parameters), --device cuda vs --device cpu:
+#     the per-round encode/decode time with updates encoded where they live.
+# Each step's output also goes to OUTDIR (default /tmp/gpu_checks).
+set -u
+out=${1:-/tmp/gpu_checks}
+femnist=${2:-../shared/data/femnist-sample}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+py=${PYTHON:-python3}
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+lscpu | grep -E "^Model name|^CPU\(s\)" ; free -g | head -2
+$py -c "import sys, torch, numpy, zstandard; print('python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, 'zstandard', zstandard.__version__)"
+$py setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { echo "C kernels did not build:"; tail -20 "$out/build.log"; }
+$py -c "import mucsc.codec.kernels as k; print('kernels backend', k.BACKEND)"
+
+echo "== 1. tests with CUDA tensors"
+$py -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py \
+    "tests/test_fedsim_sim.py::test_device_resident_updates_change_nothing" 2>&1 | tail -25 | tee "$out/tests.txt"
+
+echo "== 2. bench_gpu"
+$py benchmarks/bench_gpu.py --sizes 1e7,1e8,1e9 --repeat 3 2>&1 | tee "$out/bench_gpu.txt"
+
+echo "== 3. threads"
+$py benchmarks/bench_codec.py --threads 1,2,4,8,16 --d 3e7 --z 16 --repeat 5 2>&1 | tee "$out/threads.txt"
+
+echo "== 4. mucsc sim, FEMNIST sample, LeNet: --device cuda vs cpu"
+if [ -d "$femnist" ]; then
+  for dev in cuda cpu; do
+    $py -m mucsc.cli sim --dataset femnist --data-dir "$femnist" -N 26 -K 10 --codecs none,mucsc,bmucsc,signsgd \
+        --rounds 4 --device $dev --workers 1 -q -o "$out/sim_$dev" >/dev/null 2>"$out/sim_$dev.err" \
+        || { echo "sim --device $dev failed:"; tail -5 "$out/sim_$dev.err"; }
+  done
+  $py - "$out" <<'EOF'
+import csv, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+print("| codec | device | train s/round | encode s/round | decode s/round | uplink bytes, round 1 |")
+print("|---|---|---|---|---|---|")
+for codec in ("none", "mucsc", "bmucsc", "signsgd"):
+    for dev in ("cuda", "cpu"):
+        d = out / f"sim_{dev}" / codec
+        if not (d / "timing.csv").exists():
+            print(f"| {codec} | {dev} | failed | | | |"); continue
+        t = list(csv.DictReader(open(d / "timing.csv")))[1:]  # round 1 warms the device up
+        r = list(csv.DictReader(open(d / "rounds.csv")))
+        mean = lambda k: sum(float(x[k]) for x in t) / len(t)
+        print(f"| {codec} | {dev} | {mean('train_s'):.3f} | {mean('encode_s'):.3f} | {mean('decode_s'):.3f} | {r[0]['bytes_up']} |")
+EOF
+else
+  echo "no FEMNIST sample at $femnist: step 4 skipped"
+fi
