@@ -246,16 +246,6 @@ def test_byte_readers_match_the_encoder(method):
         assert np.array_equal(sparse.decode(c.data, d, p.size, c.method, c.arg), p)
 
 
-def test_field_reader_straddles_bytes():
-    vals = np.array([0, 1, (1 << 57) - 1, 12345678901234, 5], np.int64)
-    widths = np.array([1, 1, 57, 44, 3])
-    start = np.concatenate([[0], np.cumsum(widths)[:-1]])
-    bits = np.zeros(int(widths.sum()), np.uint8)
-    sparse._write_fields(bits, start, vals, widths)
-    buf = np.frombuffer(sparse._bits_to_bytes(bits), np.uint8)
-    assert np.array_equal(sparse.read_fields(buf, start, widths), vals)
-
-
 # ---- 5. exactly one zstd frame -----------------------------------------------------------------------
 
 def _with_raw_codec_section(extra: bytes) -> bytes:

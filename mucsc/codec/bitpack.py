@@ -1,15 +1,25 @@
-"""Fixed-width bit packing of small unsigned integers (cluster IDs), LSB-first.
+"""Bit-level reading and writing, LSB-first, shared by every codec.
 
-Element i occupies stream bits [i*w, (i+1)*w); stream bit k is bit (k % 8) of byte k // 8; the last
-byte is zero-padded.  This is the order of FORMAT.md section "IDS_" and equals little-endian packing of
-whole words, which is what makes the widths 1, 2, 4, 8 and 16 pure reshapes.
+Every bit stream of the format has one order: stream bit k is bit (k % 8) of byte k // 8, and the last
+byte is zero-padded.  This module holds
+
+- fixed-width packing of small unsigned integers (cluster IDs, widths 0..16): element i occupies
+  stream bits [i*w, (i+1)*w), the order of FORMAT.md section "IDS_"; it equals little-endian packing
+  of whole words, which is what makes the widths 1, 2, 4, 8 and 16 pure reshapes;
+- bit streams of wider fields (up to 57 bits) and unary codes, which the position codes of
+  :mod:`mucsc.codec.sparse` are built from;
+- Elias-gamma codes of positive integers (QSGD's gaps and levels);
+- the padding check every decoder of such a stream makes.
+
+Readers never expand a stream to a byte per bit as a whole: their memory is bounded by the number of
+values the caller declared, not by what a hostile buffer could expand to.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mucsc.errors import FormatError
+from mucsc.errors import FormatError, ParameterError
 
 MAX_WIDTH = 16
 
@@ -90,7 +100,7 @@ def check_packed(buf: bytes | memoryview, width: int, n: int) -> None:
     if len(buf) != need:
         raise FormatError(f"packed ids: {len(buf)} bytes for {n} values of {width} bits, expected {need}")
     if need:
-        _check_padding(np.frombuffer(buf, np.uint8), n, width)
+        check_padding(np.frombuffer(buf, np.uint8), n * width, "packed ids")
 
 
 def unpack(buf: bytes | memoryview, width: int, n: int) -> np.ndarray:
@@ -107,7 +117,7 @@ def unpack(buf: bytes | memoryview, width: int, n: int) -> np.ndarray:
     if width == 0 or n == 0:
         return np.zeros(n, out_dtype)
     b = np.frombuffer(buf, np.uint8)
-    _check_padding(b, n, width)
+    check_padding(b, n * width, "packed ids")
     if width == 8:
         return b.copy()
     if width == 16:
@@ -152,8 +162,171 @@ def _unpack_generic(b: np.ndarray, width: int, n: int, out_dtype: type) -> np.nd
     return out.reshape(-1)[:n]
 
 
-def _check_padding(b: np.ndarray, n: int, width: int) -> None:
-    used = n * width
-    spare = b.size * 8 - used
-    if spare and int(b[-1]) >> (8 - spare):
-        raise FormatError("packed ids: padding bits in the last byte are not zero")
+def check_padding(buf: np.ndarray, used_bits: int, what: str = "bit stream") -> None:
+    """FormatError unless the ``used_bits`` bits of the stream ``buf`` end in its last byte and the
+    spare bits after them are zero: the canonical encoding has neither stray bytes nor stray bits."""
+    spare = buf.size * 8 - used_bits
+    if spare >= 8:
+        raise FormatError(f"{what}: a whole unused byte at its end")
+    if spare and int(buf[-1]) >> (8 - spare):
+        raise FormatError(f"{what}: padding bits in the last byte are not zero")
+
+
+# ---- bit streams of wider fields and unary codes ---------------------------------------------------
+
+SCAN_BYTES = 1 << 16  # bytes of a bit stream expanded at a time when scanning for set bits
+FIELD_CHUNK = 1 << 20  # fields gathered at a time
+MAX_FIELD_BITS = 57  # a field plus its offset within its first byte fits one 64-bit word
+
+
+def bits_to_bytes(bits: np.ndarray) -> bytes:
+    """A 0/1 array (one element per stream bit) as the LSB-first bytes of the stream."""
+    return np.packbits(bits.astype(np.uint8, copy=False), bitorder="little").tobytes()
+
+
+def set_bits(buf: np.ndarray, start: int, stop: int, limit: int) -> tuple[np.ndarray, bool]:
+    """Stream positions (int64) of the first ``limit`` set bits in bits [start, stop) of ``buf``, and
+    whether further set bits follow in that range.  Scans SCAN_BYTES at a time and stops at ``limit``:
+    memory O(limit + SCAN_BYTES), whatever the stream's length or content."""
+    found: list[np.ndarray] = []
+    got = 0
+    first, end = start >> 3, min((stop + 7) >> 3, buf.size)
+    for cb in range(first, end, SCAN_BYTES):
+        chunk = buf[cb: min(cb + SCAN_BYTES, end)]
+        if not chunk.any():
+            continue
+        bits = np.unpackbits(chunk, bitorder="little")
+        lo, hi = max(start - 8 * cb, 0), min(stop - 8 * cb, bits.size)
+        pos = np.flatnonzero(bits[lo:hi]).astype(np.int64) + (8 * cb + lo)
+        if got + pos.size > limit:
+            found.append(pos[: limit - got])
+            return np.concatenate(found), True
+        found.append(pos)
+        got += pos.size
+    return (np.concatenate(found) if found else np.zeros(0, np.int64)), False
+
+
+def read_fields(buf: np.ndarray, start: np.ndarray, widths: np.ndarray | int) -> np.ndarray:
+    """Field i: ``widths[i]`` (<= 57) bits at stream bit ``start[i]``, LSB first, as int64.
+
+    Gathered from the bytes (the 8 bytes from the field's first byte form one little-endian word),
+    FIELD_CHUNK fields at a time; the caller has checked that every field lies inside ``buf``."""
+    start = np.asarray(start, np.int64)
+    k = start.size
+    out = np.empty(k, np.int64)
+    w = np.broadcast_to(np.asarray(widths, np.int64), (k,))
+    wmax = int(w.max(initial=0))
+    if k == 0 or wmax == 0:
+        out[:] = 0
+        return out
+    if wmax > MAX_FIELD_BITS:
+        raise FormatError(f"bit field of {wmax} bits is wider than {MAX_FIELD_BITS}")
+    span = (wmax + 7 + 7) // 8  # bytes a field can touch
+    padded = np.zeros(buf.size + span, np.uint8)
+    padded[: buf.size] = buf
+    for s in range(0, k, FIELD_CHUNK):
+        st, ww = start[s: s + FIELD_CHUNK], w[s: s + FIELD_CHUNK]
+        byte = st >> 3
+        word = np.zeros(st.size, np.uint64)
+        for j in range(span):
+            word |= padded[byte + j].astype(np.uint64) << np.uint64(8 * j)
+        word >>= (st & 7).astype(np.uint64)
+        word &= (np.uint64(1) << ww.astype(np.uint64)) - np.uint64(1)
+        out[s: s + st.size] = word.astype(np.int64)
+    return out
+
+
+def write_fields(bits: np.ndarray, start: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+    """bits[start_i + j] = bit j of values_i for j < widths_i (vectorised over i, loop over j)."""
+    if values.size == 0:
+        return
+    v = values.astype(np.uint64)
+    for j in range(int(widths.max(initial=0))):
+        m = widths > j
+        bits[start[m] + j] = ((v[m] >> np.uint64(j)) & np.uint64(1)).astype(np.uint8)
+
+
+def pack_fields(values: np.ndarray, width: int) -> bytes:
+    """``values`` as consecutive ``width``-bit fields (any width up to 57; :func:`pack` is the fast
+    path for IDs of at most 16 bits), zero-padded to a whole byte."""
+    k = values.size
+    bits = np.zeros(k * width, np.uint8)
+    write_fields(bits, np.arange(k, dtype=np.int64) * width, values, np.full(k, width))
+    return bits_to_bytes(bits)
+
+
+def unpack_fields(buf: np.ndarray, offset: int, k: int, width: int) -> np.ndarray:
+    """``k`` consecutive ``width``-bit fields from stream bit ``offset`` (inverse of :func:`pack_fields`
+    at offset 0), as int64."""
+    return read_fields(buf, offset + np.arange(k, dtype=np.int64) * width, width)
+
+
+def write_unary(bits: np.ndarray, offset: int, q: np.ndarray) -> int:
+    """Write q_i zeros then a one for each i starting at ``offset``; returns the end offset."""
+    ones = offset + np.cumsum(q + 1) - 1
+    bits[ones] = 1
+    return int(ones[-1]) + 1 if q.size else offset
+
+
+def read_unary(buf: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
+    """Read k unary codes from stream bit ``offset`` of the bytes ``buf``: (q, end offset).
+    FormatError when fewer than k ones follow.  Memory O(k), see :func:`set_bits`."""
+    ones, _ = set_bits(buf, offset, 8 * buf.size, k)
+    if ones.size < k:
+        raise FormatError(f"unary stream holds {ones.size} codes, expected {k}")
+    q = np.diff(ones, prepend=offset - 1) - 1
+    return q, (int(ones[-1]) + 1 if k else offset)
+
+
+# ---- Elias-gamma codes of positive integers (QSGD's gaps and levels) ------------------------------
+
+def gamma_encode(values: np.ndarray) -> bytes:
+    """Elias-gamma code of integers >= 1 as two streams in one section: for each v, N = floor(log2 v)
+    zeros then a one (all k unary codes first), then the N low bits of each v (LSB first).  The bit
+    count equals interleaved Elias gamma (2N + 1 per value); separating the streams vectorises decoding."""
+    v = np.ascontiguousarray(values, dtype=np.int64)
+    if v.size == 0:
+        return b""
+    if int(v.min()) < 1:
+        raise ParameterError("Elias-gamma codes positive integers")
+    n_bits = bit_length(v) - 1
+    n_unary = int(n_bits.sum()) + v.size
+    bits = np.zeros(n_unary + int(n_bits.sum()), np.uint8)
+    write_unary(bits, 0, n_bits)
+    start = n_unary + np.cumsum(n_bits) - n_bits
+    write_fields(bits, start, v, n_bits)
+    return bits_to_bytes(bits)
+
+
+def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray:
+    """Decode k Elias-gamma codes (layout of :func:`gamma_encode`), each checked to be <= max_value."""
+    buf = np.frombuffer(data, np.uint8)
+    if k == 0:
+        if buf.size:
+            raise FormatError("empty Elias-gamma stream with bytes present")
+        return np.zeros(0, np.int64)
+    if buf.size * 8 < k:
+        raise FormatError(f"Elias-gamma stream: {buf.size} bytes cannot hold {k} codes")
+    n_bits, end = read_unary(buf, 0, k)
+    if int(n_bits.max()) > max(0, int(max_value).bit_length() - 1):
+        raise FormatError("Elias-gamma value exceeds its bound")
+    total = end + int(n_bits.sum())
+    if total > 8 * buf.size:
+        raise FormatError("Elias-gamma stream: mantissas run past the end of the section")
+    check_padding(buf, total, "Elias-gamma stream")
+    start = end + np.cumsum(n_bits) - n_bits
+    v = read_fields(buf, start, n_bits) | (np.int64(1) << n_bits)
+    if int(v.max()) > max_value:
+        raise FormatError("Elias-gamma value exceeds its bound")
+    return v
+
+
+def bit_length(v: np.ndarray) -> np.ndarray:
+    """bit_length of positive int64 values, exactly (no float rounding)."""
+    out = np.zeros(v.shape, np.int64)
+    x = v.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        m = x >= (np.int64(1) << shift)
+        out[m] += shift
+        x[m] >>= shift
+    return out + (x > 0)

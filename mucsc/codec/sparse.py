@@ -9,11 +9,13 @@ B-MUCSC update).  Methods (normative layouts in spec/codecs.md, "Position coding
 - ``ef``: Elias-Fano (l = floor(log2(d/k)) low bits, unary-coded high parts);
 - ``bitmap``: d bits, bit p set for every kept p.
 
-All bit streams are LSB-first (stream bit i is bit i % 8 of byte i // 8, as bitpack), zero-padded to
-a whole byte.  Encoders and decoders are numpy-vectorised.  Decoders check every length against the
-buffer before allocating and raise FormatError on anything that is not the canonical encoding; they
-read fields and unary codes straight from the bytes (never a byte per bit of the whole stream), so
-their memory is bounded by the declared count k, not by what a hostile buffer could expand to.
+All bit streams are LSB-first (stream bit i is bit i % 8 of byte i // 8), zero-padded to a whole byte,
+and read and written with the helpers of :mod:`mucsc.codec.bitpack`; this module holds what is about
+position sets (gaps, the methods' layouts and sizes, the choice among them, top-k selection).
+Encoders and decoders are numpy-vectorised.  Decoders check every length against the buffer before
+allocating and raise FormatError on anything that is not the canonical encoding; they read fields and
+unary codes straight from the bytes (never a byte per bit of the whole stream), so their memory is
+bounded by the declared count k, not by what a hostile buffer could expand to.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import math
 
 import numpy as np
 
-from mucsc.codec.bitpack import ceil_log2
+from mucsc.codec.bitpack import (
+    bits_to_bytes, ceil_log2, check_padding, pack_fields, read_unary, set_bits, unpack_fields, write_fields,
+    write_unary,
+)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 METHODS = ("fixed", "int32", "rice", "ef", "bitmap")
@@ -59,7 +64,7 @@ def encode(positions: np.ndarray, d: int, method: str = "auto", rice_parameter: 
     if p.size == 0:
         return Coded(method, 0, b"")  # every method codes the empty set as no bytes
     if method == "fixed":
-        return Coded("fixed", 0, _pack_fixed(p, _fixed_width(d)))
+        return Coded("fixed", 0, pack_fields(p, _fixed_width(d)))
     if method == "int32":
         if d > 1 << 31:
             raise ParameterError(f"int32 positions need d <= 2**31, got d = {d}")
@@ -74,7 +79,7 @@ def encode(positions: np.ndarray, d: int, method: str = "auto", rice_parameter: 
     if method == "bitmap":
         bits = np.zeros(d, np.uint8)
         bits[p] = 1
-        return Coded("bitmap", 0, _bits_to_bytes(bits))
+        return Coded("bitmap", 0, bits_to_bytes(bits))
     raise ParameterError(f"unknown position method {method!r}; known: auto, {', '.join(METHODS)}")
 
 
@@ -95,8 +100,8 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
     if method == "fixed":
         w = _fixed_width(d)
         _expect_len(buf, (k * w + 7) // 8, "fixed-width positions")
-        check_padding(buf, k * w)
-        p = _read_fixed(buf, 0, k, w)
+        check_padding(buf, k * w, "fixed-width positions")
+        p = unpack_fields(buf, 0, k, w)
     elif method == "int32":
         if d > 1 << 31:
             raise FormatError("int32 positions need d <= 2**31")
@@ -108,7 +113,7 @@ def decode(data: bytes | memoryview, d: int, k: int, method: str, arg: int = 0) 
         p = _ef_decode(buf, d, k)
     elif method == "bitmap":
         _expect_len(buf, (d + 7) // 8, "position bitmap")
-        check_padding(buf, d)
+        check_padding(buf, d, "position bitmap")
         p, more = set_bits(buf, 0, d, k)
         if more or p.size != k:
             raise FormatError(f"position bitmap has {'more' if more else p.size} bits set, header says {k}")
@@ -220,114 +225,7 @@ def best_rice_parameter(positions: np.ndarray, d: int) -> int:
     return min(costs)[1]
 
 
-# ---- bit helpers ---------------------------------------------------------------------------------
-
-def _bits_to_bytes(bits: np.ndarray) -> bytes:
-    return np.packbits(bits.astype(np.uint8, copy=False), bitorder="little").tobytes()
-
-
-SCAN_BYTES = 1 << 16  # bytes of a bit stream expanded at a time when scanning for set bits
-FIELD_CHUNK = 1 << 20  # fields gathered at a time
-MAX_FIELD_BITS = 57  # a field plus its offset within its first byte fits one 64-bit word
-
-
-def set_bits(buf: np.ndarray, start: int, stop: int, limit: int) -> tuple[np.ndarray, bool]:
-    """Stream positions (int64) of the first ``limit`` set bits in bits [start, stop) of ``buf``, and
-    whether further set bits follow in that range.  Scans SCAN_BYTES at a time and stops at ``limit``:
-    memory O(limit + SCAN_BYTES), whatever the stream's length or content."""
-    found: list[np.ndarray] = []
-    got = 0
-    first, end = start >> 3, min((stop + 7) >> 3, buf.size)
-    for cb in range(first, end, SCAN_BYTES):
-        chunk = buf[cb: min(cb + SCAN_BYTES, end)]
-        if not chunk.any():
-            continue
-        bits = np.unpackbits(chunk, bitorder="little")
-        lo, hi = max(start - 8 * cb, 0), min(stop - 8 * cb, bits.size)
-        pos = np.flatnonzero(bits[lo:hi]).astype(np.int64) + (8 * cb + lo)
-        if got + pos.size > limit:
-            found.append(pos[: limit - got])
-            return np.concatenate(found), True
-        found.append(pos)
-        got += pos.size
-    return (np.concatenate(found) if found else np.zeros(0, np.int64)), False
-
-
-def read_fields(buf: np.ndarray, start: np.ndarray, widths: np.ndarray | int) -> np.ndarray:
-    """Field i: ``widths[i]`` (<= 57) bits at stream bit ``start[i]``, LSB first, as int64.
-
-    Gathered from the bytes (the 8 bytes from the field's first byte form one little-endian word),
-    FIELD_CHUNK fields at a time; the caller has checked that every field lies inside ``buf``."""
-    start = np.asarray(start, np.int64)
-    k = start.size
-    out = np.empty(k, np.int64)
-    w = np.broadcast_to(np.asarray(widths, np.int64), (k,))
-    wmax = int(w.max(initial=0))
-    if k == 0 or wmax == 0:
-        out[:] = 0
-        return out
-    if wmax > MAX_FIELD_BITS:
-        raise FormatError(f"bit field of {wmax} bits is wider than {MAX_FIELD_BITS}")
-    span = (wmax + 7 + 7) // 8  # bytes a field can touch
-    padded = np.zeros(buf.size + span, np.uint8)
-    padded[: buf.size] = buf
-    for s in range(0, k, FIELD_CHUNK):
-        st, ww = start[s: s + FIELD_CHUNK], w[s: s + FIELD_CHUNK]
-        byte = st >> 3
-        word = np.zeros(st.size, np.uint64)
-        for j in range(span):
-            word |= padded[byte + j].astype(np.uint64) << np.uint64(8 * j)
-        word >>= (st & 7).astype(np.uint64)
-        word &= (np.uint64(1) << ww.astype(np.uint64)) - np.uint64(1)
-        out[s: s + st.size] = word.astype(np.int64)
-    return out
-
-
-def _write_fields(bits: np.ndarray, start: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
-    """bits[start_i + j] = bit j of values_i for j < widths_i (vectorised over i, loop over j)."""
-    if values.size == 0:
-        return
-    v = values.astype(np.uint64)
-    for j in range(int(widths.max(initial=0))):
-        m = widths > j
-        bits[start[m] + j] = ((v[m] >> np.uint64(j)) & np.uint64(1)).astype(np.uint8)
-
-
-def _pack_fixed(values: np.ndarray, width: int) -> bytes:
-    k = values.size
-    bits = np.zeros(k * width, np.uint8)
-    _write_fields(bits, np.arange(k, dtype=np.int64) * width, values, np.full(k, width))
-    return _bits_to_bytes(bits)
-
-
-def _read_fixed(buf: np.ndarray, offset: int, k: int, width: int) -> np.ndarray:
-    return read_fields(buf, offset + np.arange(k, dtype=np.int64) * width, width)
-
-
-def write_unary(bits: np.ndarray, offset: int, q: np.ndarray) -> int:
-    """Write q_i zeros then a one for each i starting at ``offset``; returns the end offset."""
-    ones = offset + np.cumsum(q + 1) - 1
-    bits[ones] = 1
-    return int(ones[-1]) + 1 if q.size else offset
-
-
-def read_unary(buf: np.ndarray, offset: int, k: int) -> tuple[np.ndarray, int]:
-    """Read k unary codes from stream bit ``offset`` of the bytes ``buf``: (q, end offset).
-    FormatError when fewer than k ones follow.  Memory O(k), see :func:`set_bits`."""
-    ones, _ = set_bits(buf, offset, 8 * buf.size, k)
-    if ones.size < k:
-        raise FormatError(f"unary stream holds {ones.size} codes, expected {k}")
-    q = np.diff(ones, prepend=offset - 1) - 1
-    return q, (int(ones[-1]) + 1 if k else offset)
-
-
-def check_padding(buf: np.ndarray, used_bits: int) -> None:
-    if buf.size * 8 - used_bits >= 8:
-        raise FormatError("bit stream has a whole unused byte at its end")
-    spare = buf.size * 8 - used_bits
-    if spare and int(buf[-1]) >> (8 - spare):
-        raise FormatError("bit stream padding bits are not zero")
-
+# ---- helpers -------------------------------------------------------------------------------------
 
 def _expect_len(buf: np.ndarray, n: int, what: str) -> None:
     if buf.size != n:
@@ -356,8 +254,8 @@ def _rice_encode(p: np.ndarray, b: int) -> bytes:
     write_unary(bits, 0, q)
     if b:
         r = g & ((1 << b) - 1)
-        _write_fields(bits, n_unary + np.arange(k, dtype=np.int64) * b, r, np.full(k, b))
-    return _bits_to_bytes(bits)
+        write_fields(bits, n_unary + np.arange(k, dtype=np.int64) * b, r, np.full(k, b))
+    return bits_to_bytes(bits)
 
 
 def _rice_decode(buf: np.ndarray, k: int, b: int, d: int) -> np.ndarray:
@@ -367,10 +265,10 @@ def _rice_decode(buf: np.ndarray, k: int, b: int, d: int) -> np.ndarray:
     used = end + k * b
     if used > 8 * buf.size:
         raise FormatError("rice positions: remainders run past the end of the section")
-    check_padding(buf, used)
+    check_padding(buf, used, "rice positions")
     if int(q.max()) > (d >> b):
         raise FormatError("rice positions: a gap exceeds d")
-    r = _read_fixed(buf, end, k, b) if b else np.zeros(k, np.int64)
+    r = unpack_fields(buf, end, k, b) if b else np.zeros(k, np.int64)
     g = (q << b) | r
     # each gap is < 3d but k gaps can overflow int64: bound their sum (in float) before the cumsum;
     # the exact check p[-1] < d follows in _validate_decoded.
@@ -391,21 +289,21 @@ def _ef_encode(p: np.ndarray, d: int) -> bytes:
     n_upper = k + ((d - 1) >> l) + 1
     bits = np.zeros(k * l + n_upper, np.uint8)
     if l:
-        _write_fields(bits, np.arange(k, dtype=np.int64) * l, p & ((1 << l) - 1), np.full(k, l))
+        write_fields(bits, np.arange(k, dtype=np.int64) * l, p & ((1 << l) - 1), np.full(k, l))
     bits[k * l + (p >> l) + np.arange(k)] = 1
-    return _bits_to_bytes(bits)
+    return bits_to_bytes(bits)
 
 
 def _ef_decode(buf: np.ndarray, d: int, k: int) -> np.ndarray:
     l = _ef_low_bits(d, k)
     n_upper = k + ((d - 1) >> l) + 1
     _expect_len(buf, (k * l + n_upper + 7) // 8, "Elias-Fano positions")
-    check_padding(buf, k * l + n_upper)
+    check_padding(buf, k * l + n_upper, "Elias-Fano positions")
     ones, more = set_bits(buf, k * l, k * l + n_upper, k)
     if more or ones.size != k:
         raise FormatError(f"Elias-Fano positions: {'more' if more else ones.size} upper bits set, expected {k}")
     high = ones - k * l - np.arange(k)
-    low = _read_fixed(buf, 0, k, l) if l else np.zeros(k, np.int64)
+    low = unpack_fields(buf, 0, k, l) if l else np.zeros(k, np.int64)
     return (high << l) | low
 
 
@@ -477,57 +375,3 @@ def decode_from_header(params, data, d: int, k: int) -> np.ndarray:
     if isinstance(arg, bool) or not isinstance(arg, int):
         raise FormatError(f"header parameter 'pos_arg' must be an integer, got {arg!r}")
     return decode(data, d, k, method, arg)
-
-
-# ---- Elias-gamma codes of positive integers (QSGD's gaps and levels) ------------------------------
-
-def gamma_encode(values: np.ndarray) -> bytes:
-    """Elias-gamma code of integers >= 1 as two streams in one section: for each v, N = floor(log2 v)
-    zeros then a one (all k unary codes first), then the N low bits of each v (LSB first).  The bit
-    count equals interleaved Elias gamma (2N + 1 per value); separating the streams vectorises decoding."""
-    v = np.ascontiguousarray(values, dtype=np.int64)
-    if v.size == 0:
-        return b""
-    if int(v.min()) < 1:
-        raise ParameterError("Elias-gamma codes positive integers")
-    n_bits = _bit_length(v) - 1
-    n_unary = int(n_bits.sum()) + v.size
-    bits = np.zeros(n_unary + int(n_bits.sum()), np.uint8)
-    write_unary(bits, 0, n_bits)
-    start = n_unary + np.cumsum(n_bits) - n_bits
-    _write_fields(bits, start, v, n_bits)
-    return _bits_to_bytes(bits)
-
-
-def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray:
-    """Decode k Elias-gamma codes (layout of :func:`gamma_encode`), each checked to be <= max_value."""
-    buf = np.frombuffer(data, np.uint8)
-    if k == 0:
-        if buf.size:
-            raise FormatError("empty Elias-gamma stream with bytes present")
-        return np.zeros(0, np.int64)
-    if buf.size * 8 < k:
-        raise FormatError(f"Elias-gamma stream: {buf.size} bytes cannot hold {k} codes")
-    n_bits, end = read_unary(buf, 0, k)
-    if int(n_bits.max()) > max(0, int(max_value).bit_length() - 1):
-        raise FormatError("Elias-gamma value exceeds its bound")
-    total = end + int(n_bits.sum())
-    if total > 8 * buf.size:
-        raise FormatError("Elias-gamma stream: mantissas run past the end of the section")
-    check_padding(buf, total)
-    start = end + np.cumsum(n_bits) - n_bits
-    v = read_fields(buf, start, n_bits) | (np.int64(1) << n_bits)
-    if int(v.max()) > max_value:
-        raise FormatError("Elias-gamma value exceeds its bound")
-    return v
-
-
-def _bit_length(v: np.ndarray) -> np.ndarray:
-    """bit_length of positive int64 values, exactly (no float rounding)."""
-    out = np.zeros(v.shape, np.int64)
-    x = v.copy()
-    for shift in (32, 16, 8, 4, 2, 1):
-        m = x >= (np.int64(1) << shift)
-        out[m] += shift
-        x[m] >>= shift
-    return out + (x > 0)

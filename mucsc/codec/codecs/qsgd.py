@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack, sparse
+from mucsc.codec import bitpack
 from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
                               param_str, register, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
@@ -99,8 +99,8 @@ class QSGD(Codec):
             params["nnz"] = int(nz.size)
             sel = codes[nz]
             del codes
-            secs += [Section("INDX", sparse.gamma_encode(np.diff(nz, prepend=-1))),
-                     Section("VALS", sparse.gamma_encode((sel >> 1).astype(np.int64))),
+            secs += [Section("INDX", bitpack.gamma_encode(np.diff(nz, prepend=-1))),
+                     Section("VALS", bitpack.gamma_encode((sel >> 1).astype(np.int64))),
                      Section("SIGN", np.packbits((sel & 1).astype(bool), bitorder="little").tobytes())]
         stats = {"J": lambda: _variance(x, scale, s, bucket)}
         return EncodedGroup(params, tuple(secs), stats)
@@ -125,15 +125,15 @@ class QSGD(Codec):
                 _levels_into(out, a, b, vals >> 1, (vals & 1).astype(bool), step, bucket, s)
             return out
         nnz = param_int(params, "nnz", 0, n)
-        gaps = sparse.gamma_decode(section(sections, "INDX"), nnz, n)
+        gaps = bitpack.gamma_decode(section(sections, "INDX"), nnz, n)
         if float(gaps.sum(dtype=np.float64)) > n:
             raise FormatError("qsgd: non-zero positions run past the end")
         pos = np.cumsum(gaps) - 1
         if nnz and int(pos[-1]) >= n:
             raise FormatError("qsgd: non-zero positions run past the end")
-        levels = sparse.gamma_decode(section(sections, "VALS"), nnz, s)
+        levels = bitpack.gamma_decode(section(sections, "VALS"), nnz, s)
         sign_bytes = np.frombuffer(section(sections, "SIGN", (nnz + 7) // 8), np.uint8)
-        sparse.check_padding(sign_bytes, nnz)
+        bitpack.check_padding(sign_bytes, nnz, "qsgd signs")
         neg = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
         out[:] = 0
         vals = step[pos // bucket] * levels

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
-from mucsc.codec.sparse import check_padding
+from mucsc.codec.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
 
 
@@ -57,7 +57,7 @@ class SignSGD(Codec):
                      dtype: np.dtype) -> np.ndarray:
         scale = param_str(params, "scale", ("l1", "none"))
         bits = np.frombuffer(section(sections, "SIGN", (n + 7) // 8), np.uint8)
-        check_padding(bits, n)
+        check_padding(bits, n, "signsgd signs")
         if scale == "l1":
             mag = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
             if not np.isfinite(mag) or mag < 0:

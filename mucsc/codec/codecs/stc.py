@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import sparse
+from mucsc.codec import bitpack, sparse
 from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
 from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
 from mucsc.errors import FormatError
@@ -79,7 +79,7 @@ class STC(Codec):
         if not np.isfinite(mu) or mu < 0:
             raise FormatError("stc: mu must be finite and non-negative")
         sign = np.frombuffer(section(sections, "SIGN", (k + 7) // 8), np.uint8)
-        sparse.check_padding(sign, k)
+        bitpack.check_padding(sign, k, "stc signs")
         pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
         out = np.zeros(n, dtype)
         out[pos] = np.where(np.unpackbits(sign, count=k, bitorder="little").astype(bool), -mu, mu)
