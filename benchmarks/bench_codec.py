@@ -5,6 +5,7 @@
     python benchmarks/bench_codec.py --quick    # d = 1e6 only
     MUCSC_PURE_NUMPY=1 python benchmarks/bench_codec.py   # the numpy fallback instead of the C kernels
     python benchmarks/bench_codec.py --threads 1,2 --d 3e7 --z 16 --repeat 5   # thread scaling
+    python benchmarks/bench_codec.py --stages --d 3e7 --z 16 --repeat 5        # decode, stage by stage
 
 Throughput is MB/s of float32 input (4 bytes per element), best of --repeat runs, one thread.
 With --threads: encode and decode of one d-element vector with each thread count, the thread
@@ -119,6 +120,55 @@ def scaling(threads, d, z, repeat):
         raise SystemExit("bytes differ between thread counts")
 
 
+def decode_stages(d, z, repeat):
+    """Where one decode's time goes (one thread, best of ``repeat``): the stages run one by one,
+    minor page faults counted with getrusage, and the gather into an already touched array as the
+    ceiling of what a fresh output allows."""
+    import resource
+
+    from mucsc.codec import format as fmt
+    from mucsc.codec import parallel
+
+    x = np.random.default_rng(0).normal(size=d).astype(np.float32)
+    blob = mucsc.encode(x, z=z)
+    msg = fmt.read_message(blob)
+    secs = msg.group_sections(0)
+    info = next(s for s in msg.sections if s.tag == "IDS_")
+    width = msg.header.groups[0].params["id_bits"]
+    cent = np.frombuffer(bytes(secs["CENT"]), np.float32)
+    stored = memoryview(blob)[info.offset: info.offset + info.stored_bytes]
+    raw = bytes(secs["IDS_"])
+    lookup = parallel._ByteTable(cent, width) if width in (1, 2, 4, 8) else None
+    touched = np.ones(d, np.float32)
+
+    def gather_touched():
+        np.take(lookup.rows, np.frombuffer(raw, np.uint8), out=touched.view(lookup.rows.dtype), mode="clip")
+
+    def faults(fn):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    stages = [
+        ("read_message (CRC-32, section table, HEAD)", lambda: fmt.read_message(blob)),
+        (f"zstd: IDS_ {info.stored_bytes / 1e6:.1f} MB -> {info.raw_bytes / 1e6:.1f} MB, one call"
+         if info.encoding == "zstd" else "IDS_ stored raw: no zstd", lambda: fmt.zstd_decompress_bounded(
+             stored, info.raw_bytes, "IDS_") if info.encoding == "zstd" else None),
+        ("unpack + gather into a new array", lambda: parallel.unpack_take(raw, width, d, cent, ValueError)),
+    ]
+    if lookup is not None and d % lookup.per == 0:
+        stages.append(("gather into an array already touched (no page faults: the ceiling)", gather_touched))
+    stages.append(("whole decode, threads=1", lambda: mucsc.decode(blob)))
+    print(f"# {cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}, kernels backend {kernels.BACKEND}; "
+          f"d = {d:.0e} float32 N(0,1), Z = {z}, one thread, best of {repeat}")
+    print("| decode stage | ms | GB/s of float32 output | minor page faults |")
+    print("|---|---|---|---|")
+    for name, fn in stages:
+        fn()
+        t = best_time(fn, repeat)
+        print(f"| {name} | {t * 1e3:.1f} | {x.nbytes / t / 1e9:.1f} | {faults(fn)} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -126,7 +176,11 @@ def main():
     ap.add_argument("--threads", help="comma-separated thread counts: run the scaling table instead")
     ap.add_argument("--d", type=float, default=3e7, help="vector length of the scaling table")
     ap.add_argument("--z", type=int, default=16, help="Z of the scaling table")
+    ap.add_argument("--stages", action="store_true", help="time the decode's stages one by one (--d, --z)")
     args = ap.parse_args()
+    if args.stages:
+        decode_stages(int(args.d), args.z, args.repeat)
+        return
     if args.threads:
         scaling([int(t) for t in args.threads.split(",")], int(args.d), args.z, args.repeat)
         return

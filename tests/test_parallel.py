@@ -297,3 +297,151 @@ def test_cli_threads_option_gives_the_same_files(small_chunks, tmp_path):
     assert outs["0"] == outs["1"] == outs["3"]
     res = CliRunner().invoke(main, ["compress", str(src), "-o", str(tmp_path / "x.mucsc"), "-T", "-1"])
     assert res.exit_code == 2
+
+
+# ---- decoding a zstd-coded ID section while it is decompressed (format.ZstdStream) ---------------
+
+def _count_stream_reads(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = fmt.ZstdStream.read_to
+
+    def counted(self, pos):
+        calls.append(pos)
+        return real(self, pos)
+
+    monkeypatch.setattr(fmt.ZstdStream, "read_to", counted)
+    return calls
+
+
+@pytest.mark.parametrize("z", [4, 16, 256, 300])  # byte-table widths 2, 4, 8 and the 9-bit unpacker
+def test_streamed_ids_decode_as_decompressed_first(small_chunks, monkeypatch, z):
+    """Several threads: the IDS_ frame (several zstd blocks) is unpacked while it is decompressed."""
+    x = data(90 * SMALL_CHUNK + 11, seed=z)
+    blob = mucsc.encode(x, z=z) if z <= 16 else _rezstd(x, z)  # wide ids: zstd would store them raw
+    assert [s.encoding for s in mucsc.inspect(blob).sections if s.tag == "IDS_"] == ["zstd"]
+    ref = mucsc.decode(blob)
+    calls = _count_stream_reads(monkeypatch)
+    for t in THREADS[1:]:
+        calls.clear()
+        np.testing.assert_array_equal(mucsc.decode(blob, threads=t), ref)
+        assert len(calls) == 91 and calls == sorted(calls)  # one read per chunk, in order
+    calls.clear()
+    np.testing.assert_array_equal(mucsc.decode(blob, threads=1), ref)
+    assert calls == []  # one thread: decompressed in one call, then unpacked
+
+
+def _rezstd(x: np.ndarray, z: int, tamper=None, extra: bytes = b"", cut: int = 0,
+            corrupt_block: int | None = None) -> bytes:
+    """``x`` encoded with its IDS_ section rebuilt as one zstd frame: the raw IDs tampered with,
+    bytes appended after the frame, the frame cut short by ``cut`` bytes, or a byte early in block
+    ``corrupt_block`` changed (zstd then reports corrupt data when it gets there)."""
+    from msgtools import build
+
+    msg = fmt.read_message(mucsc.encode(x, z=z, compress="off"))
+    secs = msg.group_sections(0)
+    ids = bytearray(secs["IDS_"])
+    if tamper is not None:
+        tamper(ids)
+    frame = bytearray(zstandard.ZstdCompressor(level=3, write_content_size=True).compress(bytes(ids)))
+    if corrupt_block is not None:
+        pos = zstandard.frame_header_size(frame)
+        for _ in range(corrupt_block):  # skip whole blocks: 3-byte header, then its content
+            pos += 3 + ((frame[pos] | frame[pos + 1] << 8 | frame[pos + 2] << 16) >> 3)
+        frame[pos + 3 + 5] ^= 0x5A
+    frame = bytes(frame[: len(frame) - cut]) + extra
+    hj = bytes(msg.payload(msg.sections[0]))
+    return build(hj, [(0, "CENT", bytes(secs["CENT"])), (0, "IDS_", frame, len(ids))])
+
+
+def _outcome(blob: bytes, t: int):
+    try:
+        return "ok", hashlib.sha256(mucsc.decode(blob, threads=t).tobytes()).hexdigest()
+    except mucsc.MucscError as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _set_byte(pos: int, value: int):
+    def tamper(ids: bytearray) -> None:
+        ids[pos] = value
+    return tamper
+
+
+STREAM_CASES = {
+    "clean": {},
+    "bad-id-first-chunk": {"tamper": _set_byte(10, 0xFF)},
+    "bad-id-last-chunk": {"tamper": _set_byte(-10, 0xFF)},
+    "zeros-after-frame": {"extra": bytes(8)},
+    "second-frame": {"extra": zstandard.ZstdCompressor().compress(b"second frame")},
+    "skippable-frame": {"extra": b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"skip"},
+    "truncated": {"cut": 1000},
+    "corrupt-block-1": {"corrupt_block": 1},
+    "corrupt-block-4": {"corrupt_block": 4},
+    "bad-id-then-corrupt-block-3": {"tamper": _set_byte(10, 0xFF), "corrupt_block": 3},
+}
+
+
+@pytest.mark.parametrize("case", list(STREAM_CASES))
+def test_streamed_errors_are_those_of_one_thread(small_chunks, monkeypatch, case):
+    """Corrupt frames and bad IDs: any thread count raises what decompressing first raises (the
+    stream's error before any chunk's, then the first bad chunk's), or decodes the same values."""
+    x = data(300 * SMALL_CHUNK + 3)  # 600 KB of 4-bit ids: a frame of 5 blocks
+    blob = _rezstd(x, 12, **STREAM_CASES[case])  # 12 levels: id 15 (0xF) is out of range
+    ref = _outcome(blob, 1)
+    if case == "clean":
+        assert ref[0] == "ok"
+    elif case.startswith("bad-id-first") or case.startswith("bad-id-last"):
+        assert ref == ("FormatError", "cluster id 15 out of range for 12 centroids")
+    else:
+        assert ref[0] == "FormatError" and "zstd" in ref[1]
+    streams = []
+    real = fmt.GroupSections.stream
+    monkeypatch.setattr(fmt.GroupSections, "stream", lambda self, tag: streams.append(tag) or real(self, tag))
+    for t in THREADS[1:]:
+        assert _outcome(blob, t) == ref
+    assert streams == ["IDS_"] * (len(THREADS) - 1)  # the streamed path ran
+
+
+def test_zstd_frame_end_walks_every_block_kind():
+    rng = np.random.default_rng(2)
+    for payload in (b"abc", bytes(1 << 20), rng.bytes(300_000), b"abcdefgh" * 100_000):  # RLE, raw blocks
+        for checksum in (False, True):
+            frame = zstandard.ZstdCompressor(write_content_size=True, write_checksum=checksum).compress(payload)
+            assert fmt.zstd_frame_end(memoryview(frame), 1000) == len(frame)
+            assert fmt.zstd_frame_end(memoryview(frame + b"\x00" * 5), 1000) == len(frame)
+            assert fmt.zstd_frame_end(memoryview(frame[:-1]), 1000) != len(frame) - 1  # cut short
+            stream = fmt.ZstdStream(memoryview(frame), len(payload), "TEST")
+            for pos in range(0, len(payload), 77_777):
+                stream.read_to(pos)
+                assert bytes(stream.buffer[:pos]) == payload[:pos]
+            assert bytes(stream.complete()) == payload
+
+
+def test_frame_of_many_tiny_blocks_is_left_to_the_one_shot_path():
+    """Empty blocks are valid zstd; past the walk's bound the frame is decompressed in one call."""
+    payload = bytes(range(200))
+    frame = (b"\x28\xb5\x2f\xfd" + bytes([0x20, len(payload)]) + b"\x00\x00\x00" * 100
+             + ((len(payload) << 3) | 1).to_bytes(3, "little") + payload)  # 100 empty raw blocks, 1 last
+    assert fmt.zstd_frame_end(memoryview(frame), 1000) == len(frame)
+    assert fmt.zstd_frame_end(memoryview(frame), 64) is None
+    stream = fmt.ZstdStream(memoryview(frame), len(payload), "TEST")
+    stream.read_to(10)
+    assert bytes(stream.complete()) == payload
+    with pytest.raises(mucsc.FormatError, match="after the zstd frame"):
+        fmt.ZstdStream(memoryview(frame + b"\x01"), len(payload), "TEST")
+
+
+def test_crc32_in_parts_equals_one_pass(small_chunks):
+    import zlib
+
+    data_ = np.random.default_rng(3).bytes(5 * SMALL_CHUNK + 7)
+    for cut in (0, 1, 4095, len(data_) // 2, len(data_)):
+        a, b = data_[:cut], data_[cut:]
+        assert parallel.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data_)
+    for t in THREADS:
+        with parallel.using(t):
+            assert parallel.crc32(memoryview(data_)) == zlib.crc32(data_)
+    blob = bytearray(mucsc.encode(data(3 * SMALL_CHUNK), z=16, compress="off"))
+    blob[100] ^= 1
+    for t in THREADS:
+        with pytest.raises(mucsc.ChecksumError):
+            mucsc.decode(bytes(blob), threads=t)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from mucsc.codec import parallel
 from mucsc.codec.bitpack import ceil_log2  # noqa: F401  (re-exported: one helper for every codec)
 from mucsc.codec.memory import Memory, ResidualMemory
 from mucsc.errors import FormatError, ParameterError, SizeError, UnknownCodecError
@@ -413,6 +414,22 @@ def section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None = N
 
     The length is checked against the declared raw length *before* the section is read, so a
     zstd-encoded section of the wrong size is never decompressed (FORMAT.md 3)."""
+    _check_section(sections, tag, nbytes)
+    return sections[tag]
+
+
+def section_stream(sections: Mapping[str, memoryview], tag: str, nbytes: int) -> Any:
+    """:func:`section` for a reader that consumes the payload front to back: the container's
+    progressive decompressor (``format.GroupSections.stream``) where it has one and the call runs
+    on several threads (one decompresses while the others read), else the payload."""
+    _check_section(sections, tag, nbytes)
+    stream = getattr(sections, "stream", None)
+    if stream is None or nbytes == 0 or parallel.current() <= 1:
+        return sections[tag]
+    return stream(tag)
+
+
+def _check_section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None) -> None:
     if tag not in sections:
         raise FormatError(f"missing section {tag!r}")
     if nbytes is not None:
@@ -420,7 +437,6 @@ def section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None = N
         size = raw_size(tag) if raw_size is not None else len(sections[tag])
         if size != nbytes:
             raise FormatError(f"section {tag!r} has {size} bytes, expected {nbytes}")
-    return sections[tag]
 
 
 def array_from(mv: memoryview, dtype: str, count: int | None = None) -> np.ndarray:

@@ -195,7 +195,7 @@ class GroupSections(Mapping):
 
     def __init__(self, msg: Message, infos: dict[str, SectionInfo], max_raw: int | None) -> None:
         self._msg, self._infos, self._max_raw = msg, infos, max_raw
-        self._cache: dict[str, memoryview] = {}
+        self._cache: dict[str, memoryview | ZstdStream] = {}  # a stream until read whole
 
     def raw_size(self, tag: str) -> int:
         """The declared raw length of section ``tag`` (nothing is decompressed)."""
@@ -203,12 +203,30 @@ class GroupSections(Mapping):
 
     def __getitem__(self, tag: str) -> memoryview:
         if tag not in self._cache:
-            info = self._infos[tag]
-            if self._max_raw is not None and info.raw_bytes > self._max_raw:
-                raise LimitError(f"section {tag!r} of group {info.group} declares {info.raw_bytes} bytes, "
-                                 f"more than {self._max_raw} for the group's elements")
-            self._cache[tag] = self._msg.payload(info)
-        return self._cache[tag]
+            self._cache[tag] = self._msg.payload(self._checked(tag))
+        got = self._cache[tag]
+        if isinstance(got, ZstdStream):  # streamed before: whatever is left is decompressed now
+            self._cache[tag] = got = got.complete()
+        return got
+
+    def stream(self, tag: str) -> memoryview | ZstdStream:
+        """Section ``tag`` for a reader that consumes it front to back: a :class:`ZstdStream` that
+        decompresses it progressively when it is a zstd section not read yet, else its payload."""
+        if tag in self._cache:
+            return self[tag]
+        info = self._checked(tag)
+        if info.encoding != "zstd":
+            return self[tag]
+        stored = self._msg._blob[info.offset: info.offset + info.stored_bytes]
+        self._cache[tag] = got = ZstdStream(stored, info.raw_bytes, tag)
+        return got
+
+    def _checked(self, tag: str) -> SectionInfo:
+        info = self._infos[tag]
+        if self._max_raw is not None and info.raw_bytes > self._max_raw:
+            raise LimitError(f"section {tag!r} of group {info.group} declares {info.raw_bytes} bytes, "
+                             f"more than {self._max_raw} for the group's elements")
+        return info
 
     def __contains__(self, tag: object) -> bool:
         return tag in self._infos
@@ -416,7 +434,7 @@ def read_message(blob: bytes | bytearray | memoryview, max_header: int | None = 
     frame = read_frame(mv)
     total, count, minor = frame.body_length, frame.section_count, frame.minor
     (crc,) = TRAILER.unpack_from(mv, total - TRAILER.size)
-    if zlib.crc32(mv[: total - TRAILER.size]) != crc:
+    if parallel.crc32(mv[: total - TRAILER.size]) != crc:
         raise ChecksumError("checksum mismatch: the message is corrupted")
     if count == 0 or count > MAX_SECTIONS:
         raise LimitError(f"section count {count} is outside 1..{MAX_SECTIONS}")
@@ -475,25 +493,124 @@ def _read_section_table(mv: memoryview, count: int, end: int) -> tuple[SectionIn
     return tuple(out)
 
 
-def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
-    """Decompress exactly one zstd frame that MUST declare exactly ``raw_len`` bytes; never produce
-    more, and reject anything after the frame (a second or skippable frame, padding): FORMAT.md 2.3."""
+def _check_frame_header(data: memoryview, raw_len: int, tag: str) -> None:
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError:
         raise FormatError(f"section {tag}: not a zstd frame") from None
     if declared != raw_len:
         raise FormatError(f"section {tag}: zstd frame declares {declared} bytes, section says {raw_len}")
+
+
+def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
+    """Decompress exactly one zstd frame that MUST declare exactly ``raw_len`` bytes; never produce
+    more, and reject anything after the frame (a second or skippable frame, padding): FORMAT.md 2.3."""
+    _check_frame_header(data, raw_len, tag)
     try:
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         if "unused data" in str(exc):
             raise FormatError(f"section {tag}: bytes after the zstd frame (the payload must be exactly "
                               "one frame)") from None
-        raise FormatError(f"section {tag}: corrupt zstd data ({exc})") from None
+        raise FormatError(f"section {tag}: corrupt zstd data ({_zstd_reason(exc)})") from None
     if len(out) != raw_len:
         raise FormatError(f"section {tag}: zstd frame gave {len(out)} bytes, expected {raw_len}")
     return out
+
+
+def _zstd_reason(exc: Exception) -> str:
+    """zstd's own words for an error, without the prefix python-zstandard adds (which differs
+    between one-shot and streaming decompression): the same message on either path."""
+    return str(exc).split("error: ", 1)[-1]
+
+
+def zstd_frame_end(data: memoryview, max_blocks: int) -> int | None:
+    """Where the zstd frame that starts ``data`` ends, from its block headers (RFC 8878 3.1.1), or
+    None when the headers run past the end or there are more than ``max_blocks`` blocks.  A walk
+    over at most ``max_blocks`` 3-byte headers: nothing is decompressed."""
+    try:
+        pos = zstandard.frame_header_size(data)
+    except zstandard.ZstdError:
+        return None
+    checksum = len(data) > 4 and data[4] & 0x04  # Frame_Header_Descriptor: Content_Checksum_flag
+    for _ in range(max_blocks):
+        if pos + 3 > len(data):
+            return None
+        h = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+        kind, size = (h >> 1) & 3, h >> 3
+        if kind == 3:  # reserved block type
+            return None
+        pos += 3 + (1 if kind == 1 else size)  # an RLE block stores its one byte
+        if h & 1:  # Last_Block
+            return pos + (4 if checksum else 0)
+    return None
+
+
+class ZstdStream:
+    """A zstd section payload decompressed progressively, front to back, into one buffer.
+
+    One thread calls :meth:`read_to` with growing positions (``buffer[:pos]`` is then final) while
+    others read the part already there: the decoder unpacks a section while the rest of it is still
+    being decompressed.  The checks are those of :func:`zstd_decompress_bounded`, with the same
+    errors: the frame declares ``nbytes``, gives exactly that, and nothing follows it (the frame's
+    end is found from its block headers before anything is decompressed; when that walk does not
+    land on the section's end, the one-shot path decompresses it and reports the problem).
+    """
+
+    def __init__(self, data: memoryview, nbytes: int, tag: str) -> None:
+        _check_frame_header(data, nbytes, tag)
+        self.nbytes, self._data, self._tag = nbytes, data, tag
+        self._done, self._finished, self._reader = 0, False, None
+        self._error: BaseException | None = None
+        self.buffer = np.empty(nbytes, np.uint8)  # pages are touched as the frame is decompressed
+        # a valid frame of n bytes has about n / 128 KiB blocks; a frame of far more (tiny) blocks
+        # is left to the one-shot path, which walks it in C
+        if zstd_frame_end(data, max_blocks=(nbytes >> 10) + 64) != len(data):
+            self._set(zstd_decompress_bounded(data, nbytes, tag))
+
+    def _set(self, raw: bytes) -> None:
+        self.buffer = np.frombuffer(raw, np.uint8)
+        self._done, self._finished = self.nbytes, True
+
+    def read_to(self, pos: int) -> None:
+        """Decompress until ``buffer[:pos]`` holds the payload's first ``pos`` bytes (FormatError for
+        a corrupt frame; at ``pos == nbytes`` also the end-of-frame checks)."""
+        if self._error is not None:
+            raise self._error
+        if self._finished or (self._done >= pos and pos < self.nbytes):
+            return
+        if self._reader is None:
+            self._reader = zstandard.ZstdDecompressor().stream_reader(self._data, read_across_frames=False)
+        view = memoryview(self.buffer)
+        try:
+            while self._done < pos:
+                got = self._reader.readinto(view[self._done: pos])
+                if got == 0:
+                    raise FormatError(f"section {self._tag}: zstd frame gave {self._done} bytes, "
+                                      f"expected {self.nbytes}")
+                self._done += got
+            if self._done == self.nbytes:
+                if self._reader.read(1):
+                    raise FormatError(f"section {self._tag}: zstd frame gave more than {self.nbytes} bytes")
+                self._finished = True
+                self._reader.close()
+        except zstandard.ZstdError as exc:
+            self._fail(FormatError(f"section {self._tag}: corrupt zstd data ({_zstd_reason(exc)})"))
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Close the reader and raise ``exc``, now and on every later read."""
+        self._reader.close()
+        self._error = exc
+        raise exc from None
+
+    def complete(self) -> memoryview:
+        """The whole payload (decompressed in one call when nothing was read yet: the fastest way)."""
+        if self._done == 0 and not self._finished:
+            self._set(zstd_decompress_bounded(self._data, self.nbytes, self._tag))
+        self.read_to(self.nbytes)
+        return memoryview(self.buffer)
 
 
 # ---------------------------------------------------------------------------------------------- header

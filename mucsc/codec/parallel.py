@@ -8,7 +8,9 @@ running them on slices of one vector use several cores.  Bytes never depend on t
   counter stream of spec/FORMAT.md 4.3, element i's from counter i; ``CHUNK`` is a multiple of 8, so
   every chunk of packed IDs is whole bytes for any width);
 * per-chunk results are combined in chunk order (J is summed in that order for every ``threads``);
-* zstd always runs in its multi-threaded mode (see :func:`zstd_compressor`).
+* zstd always runs in its multi-threaded mode (see :func:`zstd_compressor`);
+* decoding, one thread decompresses a zstd-coded ID section (one frame: sequential) while the others
+  unpack the chunks it has finished (:func:`unpack_take`); the CRC-32 is taken in parts (:func:`crc32`).
 
 ``threads`` is set for a call with :func:`using` (the API does this) and read by the codecs through
 :func:`current`, so codec signatures stay as they are.
@@ -22,6 +24,7 @@ import itertools
 import os
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -31,7 +34,7 @@ import numpy as np
 from mucsc.errors import ParameterError
 
 __all__ = ["CHUNK", "GROUP_PARALLEL_MAX", "resolve", "using", "current", "spans", "run", "run_spans",
-           "run_groups", "bounds", "pack", "unpack_take", "zstd_compressor"]
+           "run_groups", "bounds", "pack", "unpack_take", "crc32", "crc32_combine", "zstd_compressor"]
 
 T = TypeVar("T")
 
@@ -224,7 +227,7 @@ def pack(ids: np.ndarray, width: int) -> bytes:
     return b"".join(run_spans(lambda s, e: bitpack.pack(ids[s:e], width), ids.size))
 
 
-def unpack_take(buf: bytes | memoryview, width: int, n: int, table: np.ndarray,
+def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
                 check: Callable[[int], Exception]) -> np.ndarray:
     """``table[bitpack.unpack(buf, width, n)]`` chunk by chunk in parallel, without the full ID array.
 
@@ -232,15 +235,28 @@ def unpack_take(buf: bytes | memoryview, width: int, n: int, table: np.ndarray,
     the first chunk holding one, with that chunk's largest ID); the length and the padding bits are
     checked as ``bitpack.unpack`` checks them.  Widths 1, 2, 4 and 8 look whole bytes up in a
     256-entry table of the 8 / width values each byte holds (one gather per byte, no unpacking).
+
+    ``buf`` may be a payload still being decompressed (``format.ZstdStream``: ``nbytes``, ``buffer``,
+    ``read_to(pos)``, ``complete()``).  With several threads one of them then decompresses it chunk
+    by chunk while the others unpack the chunks already there (zstd decoding of one frame is
+    sequential, so this overlap is what lets a zstd-coded section scale); errors are the same as
+    when decompressing first: the stream's, else the first bad chunk's.
     """
     from mucsc.codec import bitpack
 
-    if width == 0 or table.size == 0 or len(buf) != bitpack.packed_size(n, width):
+    parts = spans(n)
+    progressive = hasattr(buf, "read_to")
+    if progressive and (current() <= 1 or len(parts) <= 1 or width == 0 or table.size == 0
+                        or buf.nbytes != bitpack.packed_size(n, width)):
+        buf, progressive = buf.complete(), False
+    if width == 0 or table.size == 0 or (not progressive and len(buf) != bitpack.packed_size(n, width)):
         ids = bitpack.unpack(buf, width, n)  # a bad length is reported here
         if width and int(ids.max(initial=0)) >= table.size:
             raise check(int(ids.max()))
         return table[ids] if table.size else np.empty(0, table.dtype)
-    packed = np.frombuffer(buf, np.uint8)
+    packed = buf.buffer if progressive else np.frombuffer(buf, np.uint8)
+    # each chunk is written by the thread that computes it, so the output's pages are first touched
+    # (zeroed by the kernel) on all threads at once
     out = np.empty(n, table.dtype)
     lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
 
@@ -251,20 +267,63 @@ def unpack_take(buf: bytes | memoryview, width: int, n: int, table: np.ndarray,
         return ids
 
     def one(s: int, e: int) -> None:
+        # mode="clip": every index is in range (checked, or a byte into 256 rows), and the default
+        # mode="raise" with out= would gather into a temporary and copy it (numpy buffers it)
         if lookup is None:
-            np.take(table, ids_of(s, e), out=out[s:e])
+            np.take(table, ids_of(s, e), out=out[s:e], mode="clip")
             return
         per = lookup.per
         whole = (e - s) // per  # bytes holding per IDs each; s is a multiple of 8, so of per
         pb = packed[s // per: s // per + whole]
         if lookup.bad is not None and lookup.bad[pb].any():
             ids_of(s, e)  # raises with the chunk's largest ID
-        np.take(lookup.rows, pb, out=out[s: s + whole * per].view(lookup.rows.dtype))
+        np.take(lookup.rows, pb, out=out[s: s + whole * per].view(lookup.rows.dtype), mode="clip")
         if s + whole * per < e:  # the last byte holds fewer IDs, then zero padding bits
             out[s + whole * per: e] = table[ids_of(s + whole * per, e)]
 
-    run_spans(one, n)
+    if not progressive:
+        run_spans(one, n)
+        return out
+    _pipelined(buf, [bitpack.packed_size(e, width) for _, e in parts], one, parts)
     return out
+
+
+class _Abandoned(Exception):
+    """A consumer gave up because the producer failed (the producer's error is raised instead)."""
+
+
+def _pipelined(stream: Any, needs: Sequence[int], one: Callable[[int, int], None],
+               parts: Sequence[tuple[int, int]]) -> None:
+    """``one(s, e)`` for every part, part i once ``stream.read_to(needs[i])`` has returned.
+
+    Item 0 of :func:`run` is the producer (it reads the stream part by part, then takes parts like
+    any other thread), items 1.. the parts, taken in order; a part whose bytes are not there yet
+    waits for them.  :func:`run` raises the error of the lowest failing item: the stream's first."""
+    ready = [0]  # bytes of the stream that are final; -1 once the producer failed
+    cond = threading.Condition()
+
+    def produce() -> None:
+        try:
+            for need in needs:
+                stream.read_to(need)
+                with cond:
+                    ready[0] = need
+                    cond.notify_all()
+        except BaseException:
+            with cond:
+                ready[0] = -1
+                cond.notify_all()
+            raise
+
+    def consume(i: int) -> None:
+        with cond:
+            while 0 <= ready[0] < needs[i]:
+                cond.wait()
+            if ready[0] < 0:
+                raise _Abandoned
+        one(*parts[i])
+
+    run(lambda i: produce() if i < 0 else consume(i), range(-1, len(parts)))
 
 
 class _ByteTable:
@@ -280,6 +339,55 @@ class _ByteTable:
         size = per * table.itemsize
         kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.dtype((np.void, size)))
         self.rows = rows.view(kind).reshape(256)
+
+
+def crc32(data: memoryview) -> int:
+    """``zlib.crc32(data)``, over ``current()`` equal parts in parallel for large data (zlib
+    releases the GIL), the parts' CRCs joined with :func:`crc32_combine`."""
+    t = current()
+    if t <= 1 or len(data) < 2 * CHUNK:
+        return zlib.crc32(data)
+    step = -(-len(data) // t)
+    cuts = range(0, len(data), step)
+    crcs = run(lambda s: zlib.crc32(data[s: s + step]), cuts, t)
+    crc = crcs[0]
+    for s, c in zip(cuts[1:], crcs[1:]):
+        crc = crc32_combine(crc, c, min(step, len(data) - s))
+    return crc
+
+
+# CRC-32 (reflected polynomial 0xEDB88320) arithmetic modulo P, as zlib's crc32_combine does it:
+# crc(A + B) = crc(A) * x^(8 len B) + crc(B) over GF(2), with x^(2^k) mod P from a table.
+_CRC_POLY = 0xEDB88320
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo P (bit 31 is x^0)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if a & (m - 1) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+
+
+_X2N = [1 << 30]  # x^(2^k) mod P: x^1, x^2, x^4, ...
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of A followed by B from crc1 = crc(A), crc2 = crc(B) and B's length (zlib's
+    ``crc32_combine``, which Python's zlib does not expose)."""
+    p, n, k = 1 << 31, len2, 3  # x^(8 len2) = product of x^(2^k) over the set bits of len2, k >= 3
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 def zstd_compressor(level: int, threads: int):

@@ -17,7 +17,7 @@ import numpy as np
 from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, parallel, quantize, rans, torch_backend
 from mucsc.codec import format as fmt
 from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
-                              ceil_log2, param_int, param_str, register, section)
+                              ceil_log2, param_int, param_str, register, section, section_stream)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
@@ -230,7 +230,7 @@ def format_minor(params: Mapping[str, Any]) -> int:
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> np.ndarray:
     """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
-    cent, width, payload = _cluster_sections(n, params, sections)
+    cent, width, payload = _cluster_sections(n, params, sections, stream=True)
     k = cent.size
     if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
         ids = rans.decode(payload, n, k)
@@ -259,9 +259,11 @@ def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[s
     return torch_backend.gather(cent.astype(dtype), ids)
 
 
-def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                      stream: bool = False):
     """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header; the width is
-    None and the payload IDSA's for rANS-coded IDs (format 1.1)."""
+    None and the payload IDSA's for rANS-coded IDs (format 1.1).  ``stream``: the IDS_ payload may
+    come as a progressive decompressor (``base.section_stream``, for ``parallel.unpack_take``)."""
     cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
     k = param_int(params, "centroids", 0, MAX_Z)
     if (k == 0) != (n == 0):
@@ -280,7 +282,8 @@ def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, 
     width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
     if (width == 0) != (k <= 1) or width < id_width(k):
         raise FormatError(f"id_bits {width} cannot address {k} centroids")
-    return cent, width, section(sections, "IDS_", bitpack.packed_size(n, width))
+    fetch = section_stream if stream else section
+    return cent, width, fetch(sections, "IDS_", bitpack.packed_size(n, width))
 
 
 def group_bytes(sections: Sequence[Section], zstd_level: int | None) -> int:
