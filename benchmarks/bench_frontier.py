@@ -9,7 +9,7 @@ FL updates: one client's update U_i (all LeNet tensors flattened) in round 1 and
 simulator's own ``LocalTrainer`` (the code ``mucsc sim`` runs; 20 clients, 5 per round, E = 5,
 B = 8, the femnist learning-rate preset).
 
-Codecs: mucsc (z sweep, and the bits= goal), bmucsc, qsgd (every s in 1..127, buckets 128 / 512 / d,
+Codecs: mucsc (z sweep, and the bits= goal), bmucsc (keep/z sweep, and the bits= goal), qsgd (every s in 1..127, buckets 128 / 512 / d,
 fixed and Elias coding), terngrad, signsgd, topk, stc.  Sizes are whole messages
 (``mucsc.encode_with_stats``, default container: zstd where smaller); J is the exact expected
 squared error the encoder reports (for biased codecs the squared error).
@@ -92,6 +92,8 @@ def frontier_points(x: np.ndarray, quick: bool) -> list[dict]:
     for keep in (0.001, 0.01, 0.05, 0.2):
         for z in (16, 256):
             add("bmucsc", "bmucsc", f"keep={keep:g},z={z}", keep=keep, z=z)
+    for b in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0):  # keep and the kept set's coding chosen
+        add("bmucsc bits", "bmucsc", f"bits={b:g}", bits=b)
     svals = (1, 2, 3, 4, 6, 8, 15, 31, 63, 127) if quick else range(1, 128)
     for bucket in (128, 512, d):
         for coding in ("fixed", "elias"):
@@ -138,6 +140,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     rows = -(-len(names) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
     styles = {"mucsc bits": ("C3", "-", "o"), "mucsc z": ("C1", "--", "s"), "bmucsc": ("C5", ":", "v"),
+              "bmucsc bits": ("C6", "-.", "<"),
               "qsgd": ("C0", "-", "."), "terngrad": ("C2", "", "^"), "signsgd": ("C4", "", "x"),
               "topk": ("C7", ":", "d"), "stc": ("C8", ":", "+")}
     for ax, name in zip(axes.flat, names):

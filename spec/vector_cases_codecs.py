@@ -34,6 +34,9 @@ CASES = {
     "bmucsc_ef": ("B-MUCSC with Elias-Fano positions", _heavy(500, 23), dict(codec="bmucsc", keep=0.05, z=4,
                                                                               positions="ef")),
     "bmucsc_bitmap": ("B-MUCSC keep 0.7: bitmap positions", _heavy(64, 24), dict(codec="bmucsc", keep=0.7, z=4)),
+    "bmucsc_bits_rans": ("format 1.1: B-MUCSC bits=3 goal: keep chosen (0.2, k = 600), entropy-constrained "
+                         "levels (solver ecsq), kept IDs rANS-coded (IDSA)", _heavy(3000, 30),
+                         dict(codec="bmucsc", bits=3.0)),
     "qsgd_fixed": ("QSGD s = 3, bucket 16: 3-bit (level << 1 | sign) fields, 5 bucket norms", gauss(70, 25),
                    dict(codec="qsgd", s=3, bucket=16, compress="off")),
     "qsgd_elias": ("QSGD s = 1, Elias-gamma gaps and levels", gauss(90, 26), dict(codec="qsgd", s=1, bucket=32,

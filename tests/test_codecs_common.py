@@ -46,7 +46,7 @@ def test_deterministic_given_seed(codec, params):
     a = mucsc.encode(x, codec, seed=5, **params)
     assert a == mucsc.encode(x, codec, seed=5, **params)
     p = get_codec(codec, **params).params
-    if (codec_class(codec).unbiased and codec != "none") or (codec == "bmucsc" and p.keep * x.size > p.z):
+    if (codec_class(codec).unbiased and codec != "none") or (codec == "bmucsc" and p.keep_fraction * x.size > p.fixed_z):
         # stochastic rounding: the seed matters (B-MUCSC with no more kept values than Z is exact;
         # none is exact and uses no randomness)
         assert a != mucsc.encode(x, codec, seed=6, **params)
@@ -66,7 +66,7 @@ def _data_dependent_positions(codec, params, x):
     mode = getattr(p, "positions", None)
     if mode not in ("auto", "golomb", "rice"):
         return None
-    k = sparse.keep_count(p.keep, x.size)
+    k = sparse.keep_count(getattr(p, "keep_fraction", p.keep), x.size)  # bmucsc: keep None = 1%
     pos = sparse.top_k(x, k)
     if mode == "golomb":
         return sparse.nbytes("rice", x.size, k, sparse.stc_golomb_parameter(p.keep), pos)

@@ -5,6 +5,16 @@ most ``z`` centroids (default 256) and stochastically round them (eq. 7, unbiase
 send their positions, and replace the other d - d0 elements by their mean (one float32).  Biased by
 design: the rest is replaced by its mean (use error feedback, mucsc.codec.state, to carry it over).
 
+Goals (docs/codecs.md "Rate control"): exactly one of ``z`` / ``bits`` / ``size`` / ``max_error``.
+``z`` fixes the kept set's number of centroids (``keep`` default 1%).  With a goal the encoder chooses
+the keep fraction (from :data:`KEEP_LADDER`, unless ``keep`` is given: then only the kept set's
+coding) and the kept set's coding (the four families of the mucsc goals: J-optimal levels with
+packed or rANS-coded IDs, entropy-constrained levels, uniform levels) to minimise
+J = J_kept + ||rest - mean||^2 within the budget, or the smallest message with
+sqrt(J) / ||x|| <= max_error.  A budget has a floor (positions of the fewest kept elements + the
+mean + the cheapest coding of the kept values + framing), an error bound a floor too with a given
+keep (the mean replacement of the rest); a request below either is a ParameterError naming it.
+
 Positions: ``auto`` (default) is the smallest of Rice / Elias-Fano / bitmap (about 8.1 bits per
 position at d0 = 0.01 d); ``paper`` is the fixed ceil(log2 d) bits of eq. CompressRateB.  With
 compress="off" and positions="paper" the payload equals the paper's count exactly:
@@ -14,20 +24,32 @@ compress="off" and positions="paper" the payload equals the paper's count exactl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from mucsc.codec import centroids, sparse, torch_backend
-from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from, ceil_log2,
-                              param_int, param_str, register, section)
-from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, MucscParams, cluster_section_sizes, decode_clusters, encode_clusters,
-                                     resolve_id_packing)
+from mucsc.codec import allocate, centroids, sparse, torch_backend
+from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
+                              ceil_log2, param_int, param_str, register, section)
+from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, MucscParams, _Group, _restored,
+                                     cluster_section_sizes, decode_clusters, encode_clusters, fmt_default_level,
+                                     format_minor, group_bytes, plan_goal, resolve_id_packing)
 from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
-from mucsc.errors import FormatError, ParameterError
+from mucsc.errors import FormatError, ParameterError, SizeError
 
 MAX_Z = Z_RANGE[1]
+DEFAULT_KEEP = 0.01  # the paper's d0 = 0.01 d (section VI-A)
+DEFAULT_Z = 256  # the paper's Z for B-MUCSC
+# Keep fractions a goal tries when ``keep`` is not given: about three per decade from 0.1% to all
+# (at keep = 1 nothing is replaced by a mean: J is the kept set's variance alone).
+KEEP_LADDER = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# A budget sweep of one keep stops once the kept set's J is this small against the rest's bias:
+# more bytes on the kept values could lower the total J by at most this fraction.
+NEGLIGIBLE = 1e-3
+# "solver" values a bmucsc header may carry: a J-minimising solver, or how a goal chose the levels
+HEADER_SOLVERS = (*centroids.SOLVERS, "ecsq")
 
 
 def paper_bmucsc_bytes(d: int, d0: float, z: int, h: int = H) -> float:
@@ -37,8 +59,31 @@ def paper_bmucsc_bytes(d: int, d0: float, z: int, h: int = H) -> float:
 
 
 def cluster_params(p: Any) -> MucscParams:
-    """The mucsc codec's parameters for the clustering of the kept elements."""
-    return MucscParams(z=p.z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing)
+    """The mucsc codec's parameters for the clustering of the kept elements (a fixed Z: a goal is
+    resolved by bmucsc's own plan, over the keep fraction too)."""
+    return MucscParams(z=p.fixed_z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing,
+                       id_coding=p.id_coding)
+
+
+def select(x: np.ndarray, keep: float) -> tuple[int, np.ndarray, np.ndarray, float]:
+    """The top-k selection: (k, sorted positions, kept values, sum of the rest in float64)."""
+    n = x.size
+    pos = sparse.top_k(x, sparse.keep_count(keep, n))  # np.argpartition on |x|: O(n), not a sort
+    kept = x[pos]  # fewer than asked when x has fewer non-zeros (the rest's mean is then 0)
+    rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
+    return pos.size, pos, kept, rest_sum
+
+
+def rest_mean(n: int, k: int, rest_sum: float) -> np.float32:
+    """SCAL: the mean of the n - k elements not kept (0 when all are kept)."""
+    return np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
+
+
+def rest_bias(x: np.ndarray, pos: np.ndarray, mean: float) -> float:
+    """||rest - mean||^2: the squared error of replacing the elements not kept by their mean."""
+    rest = np.ones(x.size, bool)
+    rest[pos] = False
+    return float(np.sum((x[rest].astype(np.float64) - float(mean)) ** 2))
 
 
 @register
@@ -53,20 +98,47 @@ class BMUCSC(Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        keep: float = 0.01
-        z: int = 256
+        """keep: the fraction of elements clustered (None: 1% with a fixed z, chosen by a goal);
+        exactly one of z (the kept set's centroids, 256 when none is given) / bits (per element of
+        the whole message) / size (bytes of the message) / max_error (sqrt(J) / ||x|| per group,
+        J including the rest's mean replacement); solver, centroid_dtype, id_packing, id_coding:
+        as the mucsc codec's, for the kept values; positions: the position code."""
+
+        keep: float | None = None
+        z: int | None = None
         solver: str = "optimal"
         positions: str = "auto"
         centroid_dtype: str = "float32"
         id_packing: str = "auto"  # as the mucsc codec's
+        bits: float | None = None
+        max_error: float | None = None
+        size: int | None = None
+        id_coding: str = "auto"  # as the mucsc codec's: "rans" (format 1.1) for the kept set's IDs
 
         def __post_init__(self) -> None:
-            check_keep("bmucsc", self.keep)
+            if self.keep is not None:
+                check_keep("bmucsc", self.keep)
             check_positions("bmucsc", self.positions)
-            try:  # the clustering parameters are the mucsc codec's, validated there
-                cluster_params(self)
+            try:  # the clustering parameters and the goals are the mucsc codec's, validated there
+                MucscParams(z=self.z, solver=self.solver, centroid_dtype=self.centroid_dtype,
+                            id_packing=self.id_packing, bits=self.bits, max_error=self.max_error, size=self.size,
+                            id_coding=self.id_coding)
             except ParameterError as exc:
-                raise ParameterError(f"bmucsc.{exc}") from None
+                raise ParameterError(f"bmucsc: {exc}") from None
+
+        @property
+        def target(self) -> str:
+            """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
+            return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+
+        @property
+        def fixed_z(self) -> int:
+            return DEFAULT_Z if self.z is None else self.z
+
+        @property
+        def keep_fraction(self) -> float:
+            """The keep fraction of a fixed-z encoding."""
+            return DEFAULT_KEEP if self.keep is None else self.keep
 
     @property
     def _cluster_params(self) -> MucscParams:
@@ -75,13 +147,18 @@ class BMUCSC(Codec):
     def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
                       estimate: bool = False) -> dict[str, int]:
         """``centroids`` sent default to min(z, kept elements), exact for continuous data."""
-        k = sparse.keep_count(self.params.keep, n)
-        kc = min(self.params.z, k) if centroids is None else centroids
+        if self.params.target != "z":
+            raise SizeError(f"bmucsc with {self.params.target}= chooses keep and Z from the data")
+        k = sparse.keep_count(self.params.keep_fraction, n)
+        kc = min(self.params.fixed_z, k) if centroids is None else centroids
         return {**cluster_section_sizes(k, kc, self._cluster_params, estimate),
                 "INDX": positions_size(self, n, k, positions_bytes, estimate), "SCAL": 4}
 
-    def paper_bytes(self, d: int, h: int = H) -> float:
-        return paper_bmucsc_bytes(d, sparse.keep_count(self.params.keep, d), self.params.z, h)
+    def paper_bytes(self, d: int, h: int = H) -> float | None:
+        """eq. CompressRateB's bytes (None when a goal chooses keep and Z from the data)."""
+        if self.params.target != "z":
+            return None
+        return paper_bmucsc_bytes(d, sparse.keep_count(self.params.keep_fraction, d), self.params.fixed_z, h)
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
@@ -90,23 +167,64 @@ class BMUCSC(Codec):
     def input_limit(self) -> float:
         return min(CENTROID_LIMITS[self.params.centroid_dtype], F32_MAX)  # SCAL, the mean, is float32
 
+    @property
+    def needs_plan(self) -> bool:
+        return self.params.target != "z"
+
+    @classmethod
+    def format_minor(cls, params: Mapping[str, Any]) -> int:
+        return format_minor(params)  # 1 for the kept set's rANS-coded IDs (IDSA)
+
+    @classmethod
+    def with_preset(cls, preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """A goal the user gave replaces the preset's z, and the preset's keep too unless the user
+        gave keep (the goal then chooses it)."""
+        if any(t in given for t in TARGETS):
+            goal = any(t in given for t in TARGETS if t != "z")
+            drop = set(TARGETS) | ({"keep"} if goal and "keep" not in given else set())
+            preset = {k: v for k, v in preset.items() if k not in drop}
+        return {**preset, **given}
+
+    _levels: np.ndarray | None = None
+    _levels_by = "ecsq"
+
+    def resolved(self, choice: "KeepChoice") -> "BMUCSC":
+        """This codec fixed to one goal's choice for one group: keep, Z, levels and ID coding."""
+        c = type(self)(**{**dataclasses.asdict(self.params), "keep": choice.keep, "z": choice.sub.z, "bits": None,
+                          "max_error": None, "size": None,
+                          "id_coding": "rans" if choice.sub.coding == "rans" else "packed"})
+        c._levels = None if choice.sub.levels is None else np.array(choice.sub.levels)
+        c._levels_by = "ecsq" if choice.sub.steps is None else "uniform"
+        return c
+
+    def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
+        """Resolve bits= / size= / max_error= to one (keep, kept-set coding) per group, with the
+        mucsc goals' search (mucsc.codec.codecs.mucsc.plan_goal) over every keep fraction tried."""
+        if self.params.target == "z":
+            return None
+        groups = [_SparseGroup(x, self.params, (lambda i=i: ctx.rngs(i)), ctx.zstd_level) for i, x in enumerate(xs)]
+        return plan_goal(self, groups, ctx)
+
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        codec = self
+        if self.params.target != "z":  # called directly (not through the API): budget = this group
+            level = None if self.params.id_packing == "tight" else fmt_default_level()
+            state = rng.bit_generator.state
+            fresh = lambda: _restored(rng, state)  # noqa: E731
+            host = x.cpu().numpy() if torch_backend.is_torch(x) else x  # planning runs on the host
+            (codec,) = self.plan([host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
+            return codec.encode_array(host, fresh())
         if torch_backend.is_torch(x):
             return self._encode_torch(x, rng)
-        n = x.size
-        k = sparse.keep_count(self.params.keep, n)
-        pos = sparse.top_k(x, k)  # np.argpartition on |x|: O(n), not a sort
-        k = pos.size  # fewer than asked when x has fewer non-zeros (the rest's mean is then 0)
-        kept = x[pos]
-        rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
-        return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
+        k, pos, kept, rest_sum = select(x, self.params.keep_fraction)
+        return self._encode_kept(x, x.size, k, pos, kept, rest_sum, rng)
 
     def _encode_torch(self, x, rng: np.random.Generator) -> EncodedGroup:
         """On the tensor's device: the top-k selection, the kept values' clustering and rounding.
         The same bytes as the host path, except the rest's mean on a GPU (FORMAT.md, informative
         notes: its float64 sum is reduced in another order there)."""
         n = x.numel()
-        k = sparse.keep_count(self.params.keep, n)
+        k = sparse.keep_count(self.params.keep_fraction, n)
         pos = torch_backend.top_k_positions(x, k)
         if pos is None or torch_backend.host_sums(x):  # ties at the k-th magnitude: the host's choice
             host = x.cpu().numpy()  # (on the CPU this is a view: the reference sum, no copy)
@@ -122,30 +240,33 @@ class BMUCSC(Codec):
     def _encode_kept(self, x, n: int, k: int, pos: np.ndarray, kept, rest_sum: float,
                      rng: np.random.Generator) -> EncodedGroup:
         """Everything after the selection: the kept values' clusters, positions and the rest's mean."""
-        mean = np.float32(rest_sum / (n - k)) if n > k else np.float32(0)
-        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng)  # as the mucsc codec
-        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
-        coded = sparse.encode(pos, n, method)
-        params = {"keep": self.params.keep, "k": k, **cparams, **sparse.header_params(coded)}
-        secs = (*csecs,
-                Section("INDX", coded.data, compressible=coded.method in ("fixed", "bitmap")),
-                Section("SCAL", np.array([mean], "<f4").tobytes()))
+        mean = rest_mean(n, k, rest_sum)
+        # as the mucsc codec (a goal's levels, when resolved by plan)
+        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng, self._levels,
+                                                 levels_by=self._levels_by)
+        params = {"keep": self.params.keep_fraction, "k": k, **cparams}
+        secs = (*csecs, *self._rest_sections(pos, n, mean, params))
 
         def sq_error() -> float:  # variance of the kept part (eq. 8-9) + the rest's squared bias
             if torch_backend.is_torch(x):
                 return J_kept() + torch_backend.rest_sq_bias(x, pos, float(mean))
-            rest = np.ones(n, bool)
-            rest[pos] = False
-            bias = float(np.sum((x[rest].astype(np.float64) - float(mean)) ** 2))
-            return J_kept() + bias
+            return J_kept() + rest_bias(x, pos, mean)
         return EncodedGroup(params, secs, {"J": sq_error, "kept": float(k)})
+
+    def _rest_sections(self, pos: np.ndarray, n: int, mean: np.float32, params: dict) -> tuple[Section, ...]:
+        """INDX (the kept positions) and SCAL (the rest's mean); adds the position code to ``params``."""
+        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
+        coded = sparse.encode(pos, n, method)
+        params.update(sparse.header_params(coded))
+        return (Section("INDX", coded.data, compressible=coded.method in ("fixed", "bitmap")),
+                Section("SCAL", np.array([mean], "<f4").tobytes()))
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         header_keep(params)
         param_int(params, "z", 2, MAX_Z)  # informative (requested Z, solver), but must be well-formed
-        param_str(params, "solver", tuple(centroids.SOLVERS))
+        param_str(params, "solver", HEADER_SOLVERS)
         k = param_int(params, "k", 0, n)
         vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
         pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
@@ -155,3 +276,137 @@ class BMUCSC(Codec):
         out = np.full(n, mean, dtype)
         out[pos] = vals
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepChoice:
+    """How a goal encodes one bmucsc group: the keep fraction, the kept set's coding (a mucsc
+    goal's :class:`Choice`) and the group's header params (an option key)."""
+
+    keep: float
+    sub: Choice
+    params: tuple
+
+    @property
+    def z(self) -> int:
+        return self.sub.z
+
+
+class _Kept:
+    """One keep fraction of a goal: the kept set's positions and the rest's mean (fixed bytes and
+    bias for every coding of the kept values), and the kept values' options (a mucsc ``_Group``)."""
+
+    def __init__(self, codec: BMUCSC, x: np.ndarray, keep: float, rng: Callable[[], np.random.Generator],
+                 zstd_level: int | None):
+        n = x.size
+        self.keep = keep
+        self.k, pos, kept, rest_sum = select(x, keep)
+        mean = rest_mean(n, self.k, rest_sum)
+        self.bias = rest_bias(x, pos, mean) if n > self.k else 0.0
+        self.header: dict[str, Any] = {"keep": keep, "k": self.k}
+        secs = codec._rest_sections(pos, n, mean, self.header)
+        self.indx = group_bytes(secs[:1], zstd_level)
+        self.fixed = self.indx + group_bytes(secs[1:], zstd_level)  # INDX and SCAL as stored
+        self.sub = _Group(kept, cluster_params(codec.params), rng, zstd_level)
+        self.seen = 0  # sub.options already translated
+
+    def joint(self, o: allocate.Option) -> allocate.Option:
+        """A kept-set option as an option of the whole group."""
+        params = tuple(sorted({**self.header, **dict(o.key.params)}.items()))
+        return allocate.Option(self.fixed + o.bytes, self.bias + o.J, KeepChoice(self.keep, o.key, params))
+
+
+class _SparseGroup:
+    """One bmucsc group's options under a goal (the interface :func:`plan_goal` drives): every keep
+    fraction tried, each with the kept values' options measured as the mucsc goals measure them."""
+
+    def __init__(self, x: np.ndarray, p: Any, rng: Callable[[], np.random.Generator], zstd_level: int | None):
+        self.x, self.p, self.rng, self.level = x, p, rng, zstd_level
+        self.codec = BMUCSC(**{**dataclasses.asdict(p), "z": None, "bits": None, "max_error": None, "size": None})
+        self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
+        self.keeps = KEEP_LADDER if p.keep is None else (p.keep,)
+        self.parts: dict[float, _Kept] = {}
+        self.options: list[allocate.Option] = []
+        self._sub: dict[allocate.Option, tuple[_Kept, allocate.Option]] = {}  # joint option -> kept-set option
+
+    def part(self, keep: float) -> _Kept:
+        if keep not in self.parts:
+            self.parts[keep] = _Kept(self.codec, self.x, keep, self.rng, self.level)
+        return self.parts[keep]
+
+    def _sync(self, part: _Kept) -> None:
+        """Translate the kept-set options measured since the last call."""
+        for o in part.sub.options[part.seen:]:
+            j = part.joint(o)
+            self._sub[j] = (part, o)
+            self.options.append(j)
+        part.seen = len(part.sub.options)
+
+    def _joint_of(self, part: _Kept, o: allocate.Option) -> allocate.Option:
+        self._sync(part)
+        return part.joint(o)
+
+    def sweep(self, stop: Callable[[allocate.Option], bool], goal: str) -> None:
+        """Each keep fraction from the smallest: the kept set's sweep until ``stop``.  A budget stops
+        at the first keep whose positions and mean alone exceed it (larger keeps cost more); an error
+        bound skips keeps whose mean replacement alone misses it and stops at the first keep whose
+        positions and mean cost more than the cheapest option meeting it."""
+        cheapest_ok = math.inf
+        for keep in self.keeps:
+            part = self.part(keep)
+            floor = allocate.Option(part.fixed, part.bias, None)
+            if goal == "budget":
+                if stop(floor) and self.options:
+                    break
+                sub_stop = lambda o, part=part: stop(part.joint(o)) or o.J <= NEGLIGIBLE * part.bias  # noqa: E731
+            else:
+                if part.fixed >= cheapest_ok:
+                    break
+                if part.bias > 0 and not stop(allocate.Option(part.fixed, part.bias * (1 - 1e-12), None)):
+                    continue  # the mean replacement alone misses the bound
+                sub_stop = lambda o, part=part: stop(part.joint(o))  # noqa: E731
+            part.sub.sweep(sub_stop, goal)
+            self._sync(part)
+            if goal == "error":
+                cheapest_ok = min([cheapest_ok] + [o.bytes for o in self.options if stop(o)])
+
+    def _delegate(self, method: str, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
+        part, sub_best = self._sub[best]
+        sub_ok = lambda o: ok(part.joint(o))  # noqa: E731
+        sub_better = lambda a, b: better(part.joint(a), part.joint(b))  # noqa: E731
+        return self._joint_of(part, getattr(part.sub, method)(sub_best, sub_ok, sub_better))
+
+    def refine(self, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
+        """The kept set's mu bisection at ``best``'s keep fraction."""
+        return self._delegate("refine", best, ok, better)
+
+    def refine_z(self, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
+        """The kept set's Z / uniform-steps bisection at ``best``'s keep fraction."""
+        return self._delegate("refine_z", best, ok, better)
+
+    def exact(self, o: allocate.Option) -> allocate.Option:
+        part, sub = self._sub[o]
+        e = part.joint(part.sub.exact(sub))
+        self._sub[e] = (part, sub)
+        return e
+
+    def unreachable(self, max_error: float) -> str:
+        if self.p.keep is not None:
+            part = self.part(self.p.keep)
+            floor = allocate.relative_error(part.bias, self.norm2)
+            if floor >= max_error:
+                return (f"max_error={max_error:g} is out of reach for bmucsc with keep={self.p.keep:g}: replacing "
+                        f"the other {self.x.size - part.k} elements by their mean alone gives relative error "
+                        f"{floor:.3g} (raise keep, or leave it unset so that max_error chooses it)")
+        if not self.options:
+            part = self.part(self.keeps[-1])
+            return (f"max_error={max_error:g} is out of reach for bmucsc: the mean replacement alone gives "
+                    f"relative error {allocate.relative_error(part.bias, self.norm2):.3g} at keep={part.keep:g}")
+        best = min(self.options, key=lambda o: o.J)
+        return (f"max_error={max_error:g} is out of reach for bmucsc: the best relative error is "
+                f"{allocate.relative_error(best.J, self.norm2):.3g} (keep = {best.key.keep:g}, Z = {best.key.z})")
+
+    def floor_note(self, o: allocate.Option) -> str:
+        part, sub = self._sub[o]
+        return (f"; at keep={part.keep:g} (k = {part.k}): positions {part.indx} bytes, the mean 4 bytes, the "
+                f"kept values' cheapest coding {sub.bytes} bytes, the rest framing")

@@ -366,7 +366,17 @@ class _Group:
                                          levels_by="ecsq" if o.key.steps is None else "uniform")
         return dataclasses.replace(o, bytes=group_bytes(sections, self.level))
 
-    def sweep(self, stop: Callable[[allocate.Option], bool]) -> None:
+    def unreachable(self, max_error: float) -> str:
+        """The error message when no option meets ``max_error``."""
+        best = min(self.options, key=lambda o: o.J)
+        return (f"max_error={max_error:g} is out of reach: the best relative error is "
+                f"{allocate.relative_error(best.J, self.norm2):.3g} (Z = {best.key.z})")
+
+    def floor_note(self, o: allocate.Option) -> str:
+        """What the smallest message is made of, beyond the framing (nothing to add for mucsc)."""
+        return ""
+
+    def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
         """The Z ladder (packed IDs, unless id_coding="rans") and the mu grid (rANS-coded IDs, unless
         id_coding="packed"), each from the fewest bits up until ``stop``."""
         p = self.p
@@ -523,79 +533,10 @@ class Mucsc(Codec):
         mucsc.codec.allocate) and max_error= (per group, the smallest message meeting the bound) to
         one fixed encoding per group: J-optimal levels for a Z of the ladder, or entropy-constrained
         levels (mucsc.codec.ecsq) with rANS-coded IDs, whichever does better."""
-        p = self.params
-        if p.target == "z":
+        if self.params.target == "z":
             return None
-        level = ctx.zstd_level
-        groups = [_Group(x, p, (lambda i=i: ctx.rngs(i)), level) for i, x in enumerate(xs)]
-        if p.target == "max_error":
-            out = []
-            for g in groups:
-                meets = lambda o, g=g: allocate.relative_error(o.J, g.norm2) <= p.max_error  # noqa: E731
-                g.sweep(meets)
-                best = allocate.cheapest_within(g.options, g.norm2, p.max_error)
-                if best is None:
-                    best = min(g.options, key=lambda o: o.J)
-                    raise ParameterError(
-                        f"max_error={p.max_error:g} is out of reach: the best relative error is "
-                        f"{allocate.relative_error(best.J, g.norm2):.3g} (Z = {best.key.z})")
-                cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
-                best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
-                out.append(self.resolved(best.key))
-            return out
-        total = p.size if p.target == "size" else math.floor(p.bits * ctx.elements / 8)
-        what = f"size={p.size}" if p.target == "size" else f"bits={p.bits:g}"
-        for g in groups:
-            g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes)
-
-        def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
-            return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key.params) for o in chosen])
-                    + sum(o.bytes for o in chosen))
-
-        def split(total: int) -> list[allocate.Option]:
-            curves = [g.options for g in groups]
-            cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
-            least = cost(cheapest)
-            if least > total:
-                raise ParameterError(f"{what} is below the smallest mucsc message for this input: {least} "
-                                     f"bytes ({8 * least / max(ctx.elements, 1):.3g} bits per element)")
-            # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
-            # HEAD of the last choice, check the exact size, and retry with the difference.
-            best, tried = cheapest, set()
-            budget = total - (least - sum(o.bytes for o in cheapest))
-            while budget not in tried and len(tried) < 8:
-                tried.add(budget)
-                try:
-                    chosen = allocate.split_budget(curves, budget)
-                except ParameterError:
-                    break
-                size = cost(chosen)
-                if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
-                    best = chosen
-                budget += total - size
-            return best
-
-        best = split(total)
-        if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
-            g = groups[0]
-            fits = lambda o: cost([o]) <= total  # noqa: E731
-            g.refine(best[0], fits, lambda a, b: a.J < b.J)
-            g.refine_z(best[0], fits, lambda a, b: a.J < b.J)
-            best = split(total)
-        # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
-        # overshoot until the exact message fits (the cheapest options always fit: checked below).
-        goal = total
-        for _ in range(8):
-            exact = [g.exact(o) for g, o in zip(groups, best)]
-            size = cost(exact)
-            if size <= total:
-                return [self.resolved(o.key) for o in best]
-            goal -= size - total
-            best = split(goal)
-        exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
-        if cost(exact) > total:
-            raise ParameterError(f"{what} is below the smallest mucsc message for this input: {cost(exact)} bytes")
-        return [self.resolved(o.key) for o in exact]
+        groups = [_Group(x, self.params, (lambda i=i: ctx.rngs(i)), ctx.zstd_level) for i, x in enumerate(xs)]
+        return plan_goal(self, groups, ctx)
 
     @property
     def input_limit(self) -> float:
@@ -623,6 +564,87 @@ class Mucsc(Codec):
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype, device) -> Any:
         return decode_clusters_torch(n, params, sections, dtype, device)
+
+
+
+def plan_goal(codec: Codec, groups: Sequence[Any], ctx: PlanContext) -> list[Codec]:
+    """The goal search shared by ``mucsc`` and ``bmucsc``: one fixed codec per group
+    (``codec.resolved(option.key)``) for ``codec.params``' bits= / size= / max_error=.
+
+    ``groups`` measure their options (:class:`_Group` for mucsc; bmucsc's adds positions and the
+    rest's mean): ``options``, ``norm2``, ``sweep(stop, goal)``, ``refine``, ``refine_z``,
+    ``exact``, ``unreachable(max_error)`` (the error message) and ``floor_note(option)`` (what the
+    smallest message is made of, appended to the "below the smallest" error)."""
+    p = codec.params
+    if p.target == "max_error":
+        out = []
+        for g in groups:
+            meets = lambda o, g=g: allocate.relative_error(o.J, g.norm2) <= p.max_error  # noqa: E731
+            g.sweep(meets, "error")
+            best = allocate.cheapest_within(g.options, g.norm2, p.max_error)
+            if best is None:
+                raise ParameterError(g.unreachable(p.max_error))
+            cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
+            best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
+            out.append(codec.resolved(best.key))
+        return out
+    total = p.size if p.target == "size" else math.floor(p.bits * ctx.elements / 8)
+    what = f"size={p.size}" if p.target == "size" else f"bits={p.bits:g}"
+    for g in groups:
+        g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes, "budget")
+
+    def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
+        return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key.params) for o in chosen])
+                + sum(o.bytes for o in chosen))
+
+    def too_small(chosen: list[allocate.Option], size: int) -> ParameterError:
+        note = "".join(g.floor_note(o) for g, o in zip(groups, chosen))
+        return ParameterError(f"{what} is below the smallest {codec.name} message for this input: {size} "
+                              f"bytes ({8 * size / max(ctx.elements, 1):.3g} bits per element){note}")
+
+    def split(total: int) -> list[allocate.Option]:
+        curves = [g.options for g in groups]
+        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
+        least = cost(cheapest)
+        if least > total:
+            raise too_small(cheapest, least)
+        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
+        # HEAD of the last choice, check the exact size, and retry with the difference.
+        best, tried = cheapest, set()
+        budget = total - (least - sum(o.bytes for o in cheapest))
+        while budget not in tried and len(tried) < 8:
+            tried.add(budget)
+            try:
+                chosen = allocate.split_budget(curves, budget)
+            except ParameterError:
+                break
+            size = cost(chosen)
+            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
+                best = chosen
+            budget += total - size
+        return best
+
+    best = split(total)
+    if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
+        g = groups[0]
+        fits = lambda o: cost([o]) <= total  # noqa: E731
+        g.refine(best[0], fits, lambda a, b: a.J < b.J)
+        g.refine_z(best[0], fits, lambda a, b: a.J < b.J)
+        best = split(total)
+    # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
+    # overshoot until the exact message fits (the cheapest options always fit: checked below).
+    goal = total
+    for _ in range(8):
+        exact = [g.exact(o) for g, o in zip(groups, best)]
+        size = cost(exact)
+        if size <= total:
+            return [codec.resolved(o.key) for o in best]
+        goal -= size - total
+        best = split(goal)
+    exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
+    if cost(exact) > total:
+        raise too_small(exact, cost(exact))
+    return [codec.resolved(o.key) for o in exact]
 
 
 def fmt_default_level() -> int:
