@@ -34,6 +34,7 @@ from mucsc.cli.lazy import LazyGroup
 from mucsc.cli.update import (
     BASE_KEY, META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
 )
+from mucsc.optional import require_torch
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 LAZY = {
@@ -383,7 +384,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         has_bf16 = any(r.dtype == "bfloat16" for r in info.records)
         as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
         if as_torch:
-            tensorfiles.require_torch()  # a clear "needs torch" before any decoding
+            require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
         # the same immutable bytes inspect() verified: no second tag check needed
         decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
                                max_expansion=max_expansion, threads=threads)

@@ -19,8 +19,9 @@ from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec import torch_backend
 from mucsc.codec.policy import Planned, Policy, decode_encoded
-from mucsc.codec.tensors import Tensor, from_record, on_host, require_torch, to_device, to_tensors
+from mucsc.codec.tensors import AS_TORCH, Tensor, from_record, on_host, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
+from mucsc.optional import require_torch
 
 DEFAULT_ZSTD_LEVEL = 3
 # Decoding untrusted input (FORMAT.md 3, "Decoder limits"): a message may declare far more output
@@ -495,7 +496,7 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     if device is not None and not as_torch:
         raise ParameterError("device= needs as_torch=True")
     if as_torch:
-        require_torch()  # fail before any work
+        require_torch(AS_TORCH)  # fail before any work
         if device is not None:
             device = torch_backend.device(device)
     auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash

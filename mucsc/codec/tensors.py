@@ -14,6 +14,9 @@ import numpy as np
 from mucsc.codec import kernels
 from mucsc.codec.format import FLOAT_DTYPES, INT_DTYPES
 from mucsc.errors import InputError, ParameterError
+from mucsc.optional import require_torch
+
+AS_TORCH = "as_torch=True"  # what needs torch when a caller asks for torch tensors back
 
 _NUMPY_TO_NAME = {np.dtype(n): n for n in ("float16", "float32", "float64", *INT_DTYPES)}
 
@@ -117,15 +120,6 @@ def to_tensors(data: Any) -> tuple[str, list[Tensor]]:
     return "tensor", [to_tensor("", data)]
 
 
-def require_torch() -> Any:
-    """torch, or a ParameterError saying it is needed (only for ``as_torch=True``)."""
-    try:
-        import torch
-    except ImportError:
-        raise ParameterError("as_torch=True needs PyTorch, which is not installed (pip install torch)") from None
-    return torch
-
-
 def to_device(value: Any, device: Any) -> Any:
     """A decoded torch tensor moved to ``device`` (None: left where it is)."""
     return value if device is None else value.to(device)
@@ -135,18 +129,18 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
     """Give a decoded flat array its record's shape and dtype (numpy, or torch on request; ``array``
     may already be a torch tensor, decoded on a device)."""
     if not isinstance(array, np.ndarray):
-        torch = require_torch()
+        torch = require_torch(AS_TORCH)
         return array.reshape(shape).to(getattr(torch, dtype))
     if dtype == "bfloat16":
         if as_torch:
-            torch = require_torch()
+            torch = require_torch(AS_TORCH)
 
             return torch.from_numpy(np.require(np.asarray(array, np.float32).reshape(shape), requirements="C")
                                     ).to(torch.bfloat16)
         return np.asarray(array, np.float32).reshape(shape)
     out = np.asarray(array).astype(np.dtype(dtype), copy=False).reshape(shape)
     if as_torch:
-        return require_torch().from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
+        return require_torch(AS_TORCH).from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
     return out
 
 

@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 
 from mucsc.codec import kernels
+from mucsc.optional import require_torch
 
 GAMMA = kernels.GAMMA
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -30,14 +31,8 @@ CHUNK = 1 << 22  # elements per device chunk: bounds the int64 temporaries (~8 b
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:
-        from mucsc.errors import ParameterError
-
-        raise ParameterError("the torch backend (MUCSC_BACKEND=torch or a device tensor) needs PyTorch, "
-                             "which is not installed (pip install torch)") from None
-    return torch
+    """torch, or a ParameterError saying the torch backend needs it."""
+    return require_torch("the torch backend (MUCSC_BACKEND=torch or a device tensor)")
 
 
 def is_torch(x) -> bool:

@@ -36,14 +36,13 @@ from mucsc.tensorfiles._common import (
     default_max_bytes,
 )
 from mucsc.tensorfiles.atomic import WriteAll, atomic_open
-from mucsc.tensorfiles.pt import STATE_DICT_KEYS, _load_torch
+from mucsc.tensorfiles.pt import NEEDS_TORCH, STATE_DICT_KEYS, _load_torch
 # re-exported: names callers used from the single-file module
-from mucsc.tensorfiles.pt import require_torch  # noqa: F401
 from mucsc.tensorfiles.safetensors import SAFETENSORS_MAX_HEADER  # noqa: F401
 
 __all__ = [
     "TensorFileError", "Loaded", "load", "save", "atomic_open", "WriteAll", "format_of", "sniff_format",
-    "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes", "load_limit",
+    "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes", "load_limit", "NEEDS_TORCH",
 ]
 
 #: format name -> its module's verbs, in the order suffixes are listed in messages

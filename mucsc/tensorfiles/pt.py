@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from mucsc.optional import require_torch
 from mucsc.tensorfiles._common import BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native
 
 #: keys searched, in order, for a state_dict inside a torch checkpoint dict
@@ -33,24 +34,17 @@ def load(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bo
     return _load_torch(src, label)
 
 
-def require_torch() -> Any:
-    """torch (>= 2.6, for safe loading), or a TensorFileError saying it is needed."""
-    try:
-        import torch
-    except ImportError:
-        raise TensorFileError("torch is needed for .pt files and bfloat16 tensors: "
-                              "pip install 'mucsc[torch]'") from None
-    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-    if (major, minor) < (2, 6):
-        # CVE-2025-32434: weights_only=True could still execute code before torch 2.6
-        raise TensorFileError(f"torch {torch.__version__} is too old to load checkpoints safely "
-                              "(CVE-2025-32434); torch >= 2.6 is required")
-    return torch
+NEEDS_TORCH = ".pt files and bfloat16 tensors"  # what needs torch, in tensorfiles' error messages
+
+
+def _torch() -> Any:
+    """torch, or a TensorFileError saying it is needed."""
+    return require_torch(NEEDS_TORCH, TensorFileError)
 
 
 
 def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
-    torch = require_torch()
+    torch = _torch()
     if t.dtype == torch.bfloat16:
         raise TensorFileError(f"tensor {key!r}: bfloat16 cannot be stored in .{fmt} "
                               "(write .safetensors or .pt)")
@@ -61,7 +55,9 @@ def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
 
 
 def _load_torch(src: str | IO[bytes], label: str) -> Loaded:
-    torch = require_torch()
+    # CVE-2025-32434: torch.load(weights_only=True) could still execute code before torch 2.6
+    torch = require_torch("loading .pt checkpoints safely", TensorFileError, min_version=(2, 6),
+                          why_version="CVE-2025-32434")
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on a CLI
             warnings.simplefilter("ignore")
@@ -102,7 +98,7 @@ def _all_tensors(m: Mapping, torch: Any) -> bool:
 
 def _from_torch(t: Any, label: str, key: str) -> Any:
     """A loaded tensor as a numpy view (no copy), or the tensor itself for bfloat16."""
-    torch = require_torch()
+    torch = _torch()
     if t.layout != torch.strided or t.is_quantized:
         raise TensorFileError(f"{label}: tensor {key!r} is {t.layout} / quantized; only dense "
                               "tensors are supported")
@@ -133,7 +129,7 @@ def _torch_load_problem(exc: BaseException) -> str:
 
 
 def _save_torch(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
-    torch = require_torch()
+    torch = _torch()
     out = {}
     for key, t in tensors.items():
         if not _is_torch(t):

@@ -14,7 +14,7 @@ import numpy as np
 from mucsc.tensorfiles._common import (
     _MAX_RANK, Format, Loaded, TensorFileError, _is_torch, _native, _readinto_exact,
 )
-from mucsc.tensorfiles.pt import _torch_to_numpy, require_torch
+from mucsc.tensorfiles.pt import _torch, _torch_to_numpy
 
 # safetensors: the reference implementation's limit on the JSON header
 SAFETENSORS_MAX_HEADER = 100_000_000
@@ -130,7 +130,7 @@ def _st_entry(key: str, info: Any, label: str) -> tuple[str, tuple[int, ...], tu
 
 
 def _bf16_from_bytes(mv: memoryview, shape: tuple[int, ...]) -> Any:
-    torch = require_torch()
+    torch = _torch()
     raw = torch.frombuffer(mv, dtype=torch.int16) if len(mv) else torch.empty(0, dtype=torch.int16)
     return raw.view(torch.bfloat16).reshape(shape)
 
@@ -155,7 +155,7 @@ def _save_safetensors(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
 
 def _st_bytes(key: str, t: Any) -> tuple[str, tuple[int, ...], memoryview]:
     if _is_torch(t):
-        torch = require_torch()
+        torch = _torch()
         if t.dtype == torch.bfloat16:
             raw = t.detach().contiguous().view(torch.int16).numpy()
             return "BF16", tuple(t.shape), memoryview(raw).cast("B")
