@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import mucsc
 from mucsc import tensorfiles as tf
 from mucsc.cli import report
+from mucsc.progress import StageProgress
 from mucsc.cli.main import main
 
 torch = pytest.importorskip("torch")
@@ -205,12 +206,12 @@ def test_report_helpers():
     assert report.relative_error(4.0, 100.0) == pytest.approx(0.2)
     assert report.relative_error(None, 1.0) is None
     buf = io.StringIO()
-    p = report.Progress(True, buf)
+    p = StageProgress(True, buf)
     p.phase("encoding")
     p.done()
     assert "mucsc: encoding..." in buf.getvalue()
     quiet = io.StringIO()
-    report.Progress(False, quiet).phase("x")
+    StageProgress(False, quiet).phase("x")
     assert quiet.getvalue() == ""
 
 

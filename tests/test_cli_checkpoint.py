@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 import mucsc
 from mucsc import tensorfiles as tf
-from mucsc.cli import report
+from mucsc import progress
+from mucsc.progress import StageProgress
 from mucsc.cli.main import main
 
 
@@ -120,14 +121,14 @@ def test_compress_and_info_json_share_keys(ckpt, tmp_path):
 
 
 def test_progress_line_with_a_terminal_reporting_zero_columns(monkeypatch):
-    monkeypatch.setattr(report.os, "get_terminal_size", lambda fd: __import__("os").terminal_size((0, 0)))
+    monkeypatch.setattr(progress.os, "get_terminal_size", lambda fd: __import__("os").terminal_size((0, 0)))
     monkeypatch.delenv("COLUMNS", raising=False)
 
     class Tty(io.StringIO):
         def fileno(self):
             return 2
 
-    p = report.Progress(True, Tty(), total=10, clock=lambda: 0.0)
+    p = StageProgress(True, Tty(), total=10, clock=lambda: 0.0)
     assert p.columns == 80
     p.phase("loading model.safetensors", 5)
     assert "loading model.safetensors..." in p.render()

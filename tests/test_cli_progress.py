@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from mucsc import tensorfiles as tf
 from mucsc.cli import main as cli_main
-from mucsc.cli import report
+from mucsc.progress import StageProgress
 from mucsc.cli.main import CountingReader, main
 
 CLEAR = "\r\x1b[2K"
@@ -38,7 +38,7 @@ def ticker_alive() -> bool:
 
 def test_bar_moves_through_stage_shares_and_is_cleared():
     buf, clock = io.StringIO(), FakeClock()
-    p = report.Progress(True, buf, total=400, interval=60, columns=100, clock=clock)
+    p = StageProgress(True, buf, total=400, interval=60, columns=100, clock=clock)
     p.phase("loading new.pt", 100, measured=True)
     for _ in range(4):
         clock.t += 1.0
@@ -68,7 +68,7 @@ def test_bar_moves_through_stage_shares_and_is_cleared():
 
 def test_eta_is_timed_from_the_first_read():
     buf, clock = io.StringIO(), FakeClock()
-    p = report.Progress(True, buf, total=100, interval=60, clock=clock)
+    p = StageProgress(True, buf, total=100, interval=60, clock=clock)
     p.phase("loading big.pt", 100, measured=True)
     clock.t += 30.0  # e.g. importing torch: no bytes read yet, no ETA
     p.draw()
@@ -85,7 +85,7 @@ def test_eta_is_timed_from_the_first_read():
 
 def test_cleared_and_ticker_stopped_on_an_exception():
     buf = io.StringIO()
-    p = report.Progress(True, buf, total=10, interval=0.01)
+    p = StageProgress(True, buf, total=10, interval=0.01)
     with pytest.raises(RuntimeError):
         try:
             p.phase("encoding with mucsc", 10)
@@ -103,7 +103,7 @@ def test_cleared_and_ticker_stopped_on_an_exception():
 
 def test_elapsed_time_ticks_while_a_stage_has_no_measure():
     buf = io.StringIO()
-    p = report.Progress(True, buf, total=10, interval=0.02)
+    p = StageProgress(True, buf, total=10, interval=0.02)
     try:
         p.phase("encoding with mucsc", 10)
         time.sleep(0.3)
@@ -115,7 +115,7 @@ def test_elapsed_time_ticks_while_a_stage_has_no_measure():
 
 def test_disabled_writes_nothing_and_starts_no_thread():
     buf = io.StringIO()
-    p = report.Progress(False, buf, total=10, interval=0.01)
+    p = StageProgress(False, buf, total=10, interval=0.01)
     p.phase("loading x", 10, measured=True)
     p.advance(5)
     p.done()
@@ -123,7 +123,7 @@ def test_disabled_writes_nothing_and_starts_no_thread():
 
 
 def test_long_names_fit_the_terminal():
-    p = report.Progress(True, io.StringIO(), total=10, columns=60)
+    p = StageProgress(True, io.StringIO(), total=10, columns=60)
     p.text = "loading " + "x" * 200 + ".safetensors"
     line = p.render()
     assert len(line) == 59 and line.startswith("mucsc: loading xxx") and "0% [" in line
@@ -228,3 +228,42 @@ def test_compress_error_with_the_bar_clears_it_first(tmp_path, monkeypatch):
     assert message == plain.stderr and message.startswith(f"mucsc: {bad}: ")
     assert "mucsc: loading" in bar and not ticker_alive()
     assert not list(tmp_path.glob("*.mucsc*"))
+
+
+# ---- mucsc sim: the sweep's progress (many runs, round by round) -------------------------------------
+
+class Rec:
+    def __init__(self, round, accuracy=None, loss=None):
+        self.round, self.accuracy, self.loss = round, accuracy, loss
+
+
+def test_sweep_progress_eta_bar_and_log_lines():
+    from mucsc.progress import SweepProgress
+
+    buf, clock = io.StringIO(), FakeClock()
+    p = SweepProgress(True, ("none", "mucsc"), 10, stream=buf, columns=200, clock=clock)
+    p.start_run(0)
+    assert "round    0/10 acc   -   0:00 ETA --:--" in buf.getvalue()  # no round done: no ETA
+    for r in range(1, 6):
+        clock.t += 2.0
+        p.round(0, Rec(r, 0.5 + r / 100))
+    # 5 of 20 rounds in 10 s: 15 left at 2 s each
+    assert p.eta() == (0.25, 30.0)
+    line = p.render(0)
+    assert line.startswith("[######                  ] run 1/2 none") and "round    5/10 acc 0.550 0:10 ETA 0:30" in line
+    p.end_run(0)  # stopped early (a target accuracy): the next run is expected to take 5 rounds too
+    assert p.eta()[1] == 10.0
+    p.close()
+    assert buf.getvalue().count(CLEAR) == 6 and buf.getvalue().endswith("\n")
+
+    log, quiet = io.StringIO(), io.StringIO()
+    p = SweepProgress(False, ("none",), 10, log=True, stream=log, clock=clock)
+    p.round(0, Rec(1))  # no evaluation this round: no line
+    p.round(0, Rec(2, 0.75, 0.5))
+    p.close()
+    assert log.getvalue() == "run 1/1 none round 2/10 acc 0.7500 loss 0.5000 elapsed 0:00\n"
+    p = SweepProgress(False, ("none",), 10, stream=quiet)
+    p.start_run(0)
+    p.round(0, Rec(1, 0.5))
+    p.close()
+    assert quiet.getvalue() == ""

@@ -35,6 +35,7 @@ from mucsc.cli.update import (
     BASE_KEY, META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
 )
 from mucsc.optional import require_torch
+from mucsc.progress import StageProgress
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 LAZY = {
@@ -267,9 +268,9 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
     new_size, old_size = _size(input), _size(base)
-    progress = report.Progress(not quiet and _is_terminal(sys.stderr)
-                               and new_size + old_size >= PROGRESS_MIN_BYTES,
-                               total=new_size + old_size + ENCODE_WEIGHT * new_size)
+    progress = StageProgress(not quiet and _is_terminal(sys.stderr)
+                             and new_size + old_size >= PROGRESS_MIN_BYTES,
+                             total=new_size + old_size + ENCODE_WEIGHT * new_size)
     try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
         progress.phase(f"loading {input}", new_size, measured=True)
         loaded = _load(input, progress, max_memory)
@@ -559,7 +560,7 @@ def _format_of(path: str) -> str:
         raise UsageFailure(str(exc)) from None
 
 
-def _load(path: str, progress: report.Progress | None = None,
+def _load(path: str, progress: StageProgress | None = None,
           max_bytes: float | None = None) -> tensorfiles.Loaded:
     if path == "-":
         return tensorfiles.load(sys.stdin.buffer, name="<stdin>", max_bytes=max_bytes)

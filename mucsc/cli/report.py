@@ -7,13 +7,8 @@ Ratios are said one way only: bytes first, then "N.NNx smaller (original/compres
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import sys
-import threading
-import time
-from collections.abc import Callable, Sequence
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import Any
 
 MAX_ROWS = 20  # larger tables show the first rows and one summary row
 WORST_ROWS = 5  # the per-tensor quality table lists this many tensors of largest relative error
@@ -203,113 +198,3 @@ def info_lines(name: str, info: Any) -> list[str]:
         [["-" if s.group is None else str(s.group), s.tag, s.encoding, nbytes(s.stored_bytes),
           nbytes(s.raw_bytes)] for s in info.sections], [True, False, False, True, True])]
     return out
-
-
-class Progress:
-    """One progress line on stderr for long jobs: "mucsc: STAGE... 42% [#####...] 3.1 s".
-
-    The job is a sequence of stages, each a share (``weight``) of ``total``; a stage with a real measure
-    (bytes read) moves the bar through its share via :meth:`advance` and shows an ETA for that stage;
-    a stage without one (encoding: the API has no progress hook) holds the bar at its start while the
-    elapsed time keeps ticking, redrawn every ``interval`` seconds by a daemon thread, so the user sees
-    it is alive.  The line is redrawn with \\r and cleared by :meth:`done` (call it in a ``finally``).
-    Disabled (not a terminal, -q, small input): writes nothing and starts no thread.
-    """
-
-    def __init__(self, enabled: bool, stream: IO[str] | None = None, *, total: float = 0.0,
-                 interval: float = 0.2, columns: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.total = float(total)
-        self.interval = interval
-        self.columns = columns or _columns(self.stream)
-        self.clock = clock
-        self.t0 = clock()
-        self.text = ""
-        self.start = 0.0     # units done before the current stage
-        self.weight = 0.0    # the current stage's share of ``total``
-        self.measured = False
-        self.count = 0.0     # units done inside the current stage (measured stages only)
-        self.mark: tuple[float, float] | None = None  # (time, count) at the stage's first read
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def phase(self, text: str, weight: float = 0.0, measured: bool = False) -> None:
-        """Start a stage (the previous one counts as complete) taking ``weight`` units of the total."""
-        with self._lock:  # the ticker never draws a half-updated stage
-            self.start = min(self.start + self.weight, self.total)
-            self.text, self.weight, self.measured, self.count = text, float(weight), measured, 0.0
-            self.mark = None
-        if self.enabled:
-            self.draw()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._tick, name="mucsc-progress", daemon=True)
-                self._thread.start()
-
-    def advance(self, n: float) -> None:
-        """``n`` more units of the current (measured) stage are done; drawn by the ticker."""
-        self.count += n
-        if self.mark is None:  # the rate is timed from the first read on (not from e.g. importing torch)
-            self.mark = (self.clock(), self.count)
-
-    def fraction(self) -> float | None:
-        """Share of the whole job done, 0..1 (None without a total)."""
-        if self.total <= 0:
-            return None
-        inside = min(self.count, self.weight) if self.measured else 0.0
-        return min((self.start + inside) / self.total, 1.0)
-
-    def render(self) -> str:
-        """The line as drawn (without the leading carriage return), fitted to the terminal width."""
-        now = self.clock()
-        tail = f" {now - self.t0:.1f} s"
-        if self.measured and self.mark is not None and self.count < self.weight:
-            t1, c1 = self.mark
-            if now - t1 >= 1 and self.count > c1:  # an ETA only from a second of measured reading
-                left = (now - t1) * (self.weight - self.count) / (self.count - c1)
-                tail += f", stage ETA {left:.0f} s"
-        frac = self.fraction()
-        if frac is not None:
-            width = 20
-            filled = int(frac * width)
-            tail = f" {int(100 * frac):3d}% [{'#' * filled}{'.' * (width - filled)}]" + tail
-        head = f"mucsc: {self.text}..."
-        room = max(self.columns - 1 - len(tail), 12)
-        if len(head) > room:
-            head = head[: room - 3] + "..."
-        return head + tail
-
-    def draw(self) -> None:
-        if self.enabled:
-            with self._lock:
-                if not self._stop.is_set():
-                    self.stream.write("\r\x1b[2K" + self.render())
-                    self.stream.flush()
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.draw()
-
-    def done(self) -> None:
-        """Stop the ticker and clear the line (on success and on error alike)."""
-        if not self.enabled:
-            return
-        with self._lock:
-            self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.stream.write("\r\x1b[2K")
-        self.stream.flush()
-
-
-def _columns(stream: IO[str]) -> int:
-    """The width of the terminal ``stream`` writes to (stdout may be a pipe while stderr is not)."""
-    try:
-        cols = os.get_terminal_size(stream.fileno()).columns
-    except (AttributeError, ValueError, OSError):
-        cols = 0
-    # some terminals (serial consoles, CI ptys) report 0 columns: use $COLUMNS or 80
-    return cols if cols > 0 else (shutil.get_terminal_size((80, 24)).columns or 80)

@@ -12,12 +12,12 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 
 from mucsc.errors import InputError, MucscError
+from mucsc.progress import SweepProgress
 
 
 def _csv(kind):
@@ -32,71 +32,6 @@ def _csv(kind):
             raise click.BadParameter("the list is empty")
         return items
     return convert
-
-
-class Progress:
-    """Progress on stderr for a sweep whose runs may advance concurrently: on a terminal a one-line
-    bar with ETA; piped (``log``), one plain line per evaluation instead; silent with -q."""
-
-    def __init__(self, enabled: bool, codecs: tuple[str, ...], rounds_limit: int, log: bool = False) -> None:
-        self.enabled, self.codecs, self.limit, self.log = enabled, codecs, rounds_limit, log
-        self.t0 = time.monotonic()
-        self.rounds: dict[int, int] = {}      # run index -> rounds done
-        self.finished: set[int] = set()
-        self.acc: dict[int, float] = {}
-
-    def start_run(self, idx: int) -> None:
-        self.rounds[idx] = 0
-        self._draw(idx)
-
-    def round(self, idx: int, rec) -> None:
-        self.rounds[idx] = rec.round
-        if rec.accuracy is not None:
-            self.acc[idx] = rec.accuracy
-            if self.log:  # not a terminal: one plain line per evaluation instead of the bar
-                loss = "nan" if rec.loss is None else f"{rec.loss:.4f}"
-                sys.stderr.write(f"run {idx + 1}/{len(self.codecs)} {self.codecs[idx]} round {rec.round}/{self.limit} "
-                                 f"acc {rec.accuracy:.4f} loss {loss} "
-                                 f"elapsed {_clock(time.monotonic() - self.t0)}\n")
-                sys.stderr.flush()
-        self._draw(idx)
-
-    def end_run(self, idx: int) -> None:
-        self.finished.add(idx)
-
-    def rounds_of(self, idx: int) -> int:
-        return self.rounds.get(idx, 0)
-
-    def _draw(self, idx: int) -> None:
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.t0
-        done = sum(self.rounds.values())
-        fin = [self.rounds[i] for i in self.finished]
-        per_run = sum(fin) / len(fin) if fin else self.limit
-        left = sum(max(self.limit - r, 0) for i, r in self.rounds.items() if i not in self.finished)
-        left += per_run * (len(self.codecs) - len(self.rounds))
-        eta = elapsed / done * left if done else float("nan")
-        width = 24
-        bar = "#" * int(min(done / max(done + left, 1), 1.0) * width)
-        acc = self.acc.get(idx)
-        acc_s = "  -  " if acc is None else f"{acc:.3f}"
-        line = (f"\r[{bar:<{width}}] run {idx + 1}/{len(self.codecs)} {self.codecs[idx]:<8} round "
-                f"{self.rounds.get(idx, 0):>4}/{self.limit} acc {acc_s} {_clock(elapsed)} ETA {_clock(eta)} ")
-        sys.stderr.write(line)
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def _clock(s: float) -> str:
-    if s != s:  # nan
-        return "--:--"
-    s = int(round(s))
-    return f"{s // 60:d}:{s % 60:02d}"
 
 
 def data_summary(cfg, setup) -> dict[str, object]:
@@ -278,7 +213,7 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
         for s, info in zip(seeds, data_infos):
             click.echo((f"seed {s}: " if many else "") + data_line(info) + f"; device {device}, {workers} worker "
                        f"process{'es' if workers > 1 else ''}", err=True)
-    progress = Progress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
+    progress = SweepProgress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
     writers: dict[int, report.RunWriter] = {}
     done: dict[int, object] = {}
     run_dir = (lambda sp: out / f"seed{sp.cfg.seed}") if many else (lambda sp: out)
