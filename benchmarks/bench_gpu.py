@@ -53,12 +53,46 @@ def host_encode(a: np.ndarray, z: int) -> bytes:
         kernels.TORCH = was
 
 
+def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
+    """Seconds of each step of a device encode, timed alone (best of ``repeat``): what bounds the
+    end-to-end figure.  Uses the backend's internals (this is a benchmark, not API)."""
+    import zlib
+
+    from mucsc.codec import centroids, parallel, quantize
+    from mucsc.codec import torch_backend as tb
+
+    src = tb.TorchSource(x)
+    b = src.bounds()
+    wire = quantize.wire_centroids(centroids.solve(src, z, "optimal", np.random.default_rng(0), bounds=b),
+                                   None, np.float32, bounds=b)
+    key = quantize.draw_key(np.random.default_rng(0))
+    ids, _ = tb.stochastic_round(x, wire, key)
+    width = int(np.ceil(np.log2(wire.size)))
+    packed = tb.pack_tensor(ids, width)
+    host = tb.to_host(packed)
+    one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, 0)
+    return [
+        ("min/max", best_time(lambda: src.bounds(), repeat, torch, dev)),
+        ("solver (summary + host)", best_time(lambda: centroids.solve(src, z, "optimal", np.random.default_rng(0),
+                                                                      bounds=b), repeat, torch, dev)),
+        ("rounding (eq. 7)", best_time(lambda: tb.stochastic_round(x, wire, key), repeat, torch, dev)),
+        ("J pass (stats only)", best_time(lambda: tb.variance_J(x, wire), repeat, torch, dev)),
+        ("packing", best_time(lambda: tb.pack_tensor(ids, width), repeat, torch, dev)),
+        ("copy to host, pinned", best_time(lambda: tb.to_host(packed), repeat, torch, dev)),
+        ("copy to host, pageable", best_time(lambda: packed.cpu(), repeat, torch, dev)),
+        ("zstd, 1 thread", best_time(lambda: one.compress(host), repeat, torch, dev)),
+        ("zstd, all cores", best_time(lambda: every.compress(host), repeat, torch, dev)),
+        ("CRC-32", best_time(lambda: zlib.crc32(host), repeat, torch, dev)),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sizes", default="1e7,1e8,1e9")
     ap.add_argument("--z", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--stages", action="store_true", help="also time each step of the device encode alone")
     args = ap.parse_args()
     import torch
 
@@ -69,26 +103,32 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
     print(f"# device {dev} ({name}), torch {torch.__version__}, host kernels {kernels.BACKEND}, "
           f"mucsc z={args.z}, float32 Gaussian, best of {args.repeat}")
-    print(f"{'d':>12}  {'what':<14} {'seconds':>9} {'GB/s':>7}")
+    print(f"{'d':>14}  {'what':<30} {'seconds':>9} {'GB/s':>8}")
     for d in (int(float(s)) for s in args.sizes.split(",")):
         try:
             g = torch.Generator(device=dev).manual_seed(0)
             x = torch.randn(d, generator=g, device=dev)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            print(f"{d:>12,}  skipped: {str(exc).splitlines()[0][:60]}")
+            print(f"{d:>14,}  skipped: {str(exc).splitlines()[0][:60]}")
             continue
         blob = mucsc.encode(x, "mucsc", z=args.z, seed=0)
         if blob != host_encode(x.cpu().numpy(), args.z):
             raise SystemExit(f"bench_gpu: device and host bytes differ at d = {d}")
+        raw = mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")
         rows = [
             ("device encode", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0)),
+            ("device encode, threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, threads=0)),
+            ("device encode, compress=off", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")),
             ("host encode", lambda: host_encode(x.cpu().numpy(), args.z)),
-            ("device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev)),
-            ("host decode", lambda: mucsc.decode(blob, as_torch=True).to(dev)),
+            ("device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev, max_elements=None)),
+            ("device decode, compress=off", lambda: mucsc.decode(raw, as_torch=True, device=dev, max_elements=None)),
+            ("host decode", lambda: mucsc.decode(blob, as_torch=True, max_elements=None).to(dev)),
         ]
-        for what, fn in rows:
-            t = best_time(fn, args.repeat, torch, dev)
-            print(f"{d:>12,}  {what:<14} {t:>9.4f} {4 * d / t / 1e9:>7.2f}", flush=True)
+        if args.stages:
+            rows = rows[:1] + [(f"  {w}", None, t) for w, t in stages(x, args.z, args.repeat, torch, dev)] + rows[1:]
+        for what, fn, *given in rows:
+            t = given[0] if given else best_time(fn, args.repeat, torch, dev)
+            print(f"{d:>14,}  {what:<30} {t:>9.4f} {4 * d / t / 1e9:>8.2f}", flush=True)
         del x
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -45,6 +45,7 @@ def test_rounding_ids_and_J_equal_the_reference(dtype, z, n):
     ids, J = tb.stochastic_round(torch.from_numpy(x), c, key, return_J=True)
     assert np.array_equal(ids.numpy(), ref_ids.astype(np.int64))
     assert J == pytest.approx(ref_J, rel=1e-9, abs=1e-12)
+    assert tb.variance_J(torch.from_numpy(x), c) == pytest.approx(ref_J, rel=1e-9, abs=1e-12)  # the lazy pass
 
 
 def test_float64_work_for_float32_data_with_float64_levels():
@@ -63,7 +64,7 @@ def test_pack_and_unpack_equal_bitpack(width, n):
     hi = 1 << width if width else 1
     ids = np.random.default_rng(width * 100 + n).integers(0, hi, n)
     packed = tb.pack(torch.from_numpy(ids), width)
-    assert packed == bitpack.pack(ids, width)
+    assert packed.tobytes() == bitpack.pack(ids, width)
     assert np.array_equal(tb.unpack(packed, width, n, "cpu").numpy(), ids)
 
 

@@ -324,7 +324,10 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
     crc = 0
     for p in parts:  # incrementally, so the message is assembled with a single copy
-        crc = zlib.crc32(p, crc)
+        if parallel.current() > 1 and len(p) >= 2 * parallel.CHUNK:  # a large section: in parts, in parallel
+            crc = parallel.crc32_combine(crc, parallel.crc32(memoryview(p).cast("B")), len(p))
+        else:
+            crc = zlib.crc32(p, crc)
     parts.append(TRAILER.pack(crc))
     if auth is not None:
         parts.extend(auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length))

@@ -179,20 +179,92 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     return ids, (float(J) if return_J else None)
 
 
+def variance_J(x, c: np.ndarray) -> float:
+    """J of eq. 8-9 for wire centroids ``c`` (float64, on x's device): the same sum the rounding pass
+    accumulates with ``return_J``, as a separate pass for callers that need J only sometimes."""
+    torch = _torch()
+    n = x.numel()
+    if c.size == 1 or n == 0:
+        return 0.0
+    dev = x.device
+    c64 = torch.from_numpy(c.astype(np.float64)).to(dev)
+    interior = torch.from_numpy(c[1:-1].astype(np.float64)).to(dev)
+    J = torch.zeros((), dtype=torch.float64, device=dev)
+    for s in range(0, n, CHUNK):
+        x64 = x[s:s + CHUNK].to(torch.float64)
+        k = torch.clamp(torch.searchsorted(interior, x64, right=True), max=c.size - 2)
+        J += ((c64[k + 1] - x64) * (x64 - c64[k])).sum()
+    return float(J)
+
+
+# ---- host <-> device transfers through a pinned staging buffer ------------------------------------
+# A pageable copy runs at ~2 GB/s (the driver stages it through its own small pinned buffer); a copy
+# from/to page-locked memory runs at the link's speed.  One staging buffer per device, reused.
+
+STAGE = 1 << 26  # bytes per staged copy (64 MiB)
+_stages: dict = {}
+
+
+def _stage(dev):
+    torch = _torch()
+    buf = _stages.get(dev)
+    if buf is None:
+        buf = _stages[dev] = torch.empty(STAGE, dtype=torch.uint8, pin_memory=True)
+    return buf
+
+
+def to_host(t) -> np.ndarray:
+    """A uint8 device tensor's bytes as a new host array (staged through pinned memory on CUDA)."""
+    torch = _torch()
+    t = t.reshape(-1)
+    if t.device.type != "cuda":
+        return t.cpu().numpy()
+    out = np.empty(t.numel(), np.uint8)
+    buf = _stage(t.device)
+    view = buf.numpy()
+    for s in range(0, t.numel(), STAGE):
+        m = min(STAGE, t.numel() - s)
+        buf[:m].copy_(t[s:s + m])  # synchronous: the buffer is reused next
+        out[s:s + m] = view[:m]
+    return out
+
+
+def to_device(buf, dev):
+    """Host bytes as a uint8 tensor on ``dev`` (staged through pinned memory on CUDA)."""
+    torch = _torch()
+    src = np.frombuffer(buf, np.uint8)
+    if getattr(dev, "type", str(dev)) != "cuda":
+        return torch.from_numpy(src.copy()).to(dev)
+    out = torch.empty(src.size, dtype=torch.uint8, device=dev)
+    stage = _stage(out.device)
+    view = stage.numpy()
+    for s in range(0, src.size, STAGE):
+        m = min(STAGE, src.size - s)
+        view[:m] = src[s:s + m]
+        out[s:s + m].copy_(stage[:m])
+        torch.cuda.current_stream(out.device).synchronize()  # before the buffer is refilled
+    return out
+
+
 # ---- bit packing (bitpack.pack / unpack on the device) -------------------------------------------
 # Element i occupies stream bits [i*w, (i+1)*w), LSB-first (FORMAT.md 4.2).  Groups of 8 elements fill
 # exactly w bytes, so value j of a group starts at bit j*w, i.e. byte (j*w)//8, offset (j*w)%8, and
 # spans at most 3 bytes (w <= 16): each of the 8 positions is a few whole-tensor shifts and masks.
 
-def pack(ids, width: int) -> bytes:
-    """LSB-first packing of ``ids`` (int tensor, values < 2**width) into FORMAT.md's IDS_ bytes;
-    only the packed bytes are copied to the host."""
+def pack(ids, width: int) -> np.ndarray:
+    """LSB-first packing of ``ids`` (int tensor, values < 2**width) into FORMAT.md's IDS_ bytes (a
+    host uint8 array); only the packed bytes are copied to the host."""
+    return to_host(pack_tensor(ids, width))
+
+
+def pack_tensor(ids, width: int):
+    """:func:`pack`'s bytes as a uint8 tensor on the ids' device."""
     torch = _torch()
     n = ids.numel()
     if width == 0 or n == 0:
-        return b""
+        return torch.zeros(0, dtype=torch.uint8, device=ids.device)
     if width == 8:
-        return ids.to(torch.uint8).cpu().numpy().tobytes()
+        return ids.to(torch.uint8)
     parts = []
     for s in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks fill whole bytes
         v = ids[s:s + CHUNK].to(torch.int32)
@@ -208,7 +280,7 @@ def pack(ids, width: int) -> bytes:
             acc[:, b + 1] |= (sh >> 8) & 0xFF
             acc[:, b + 2] |= sh >> 16
         parts.append(acc[:, :width].to(torch.uint8).reshape(-1)[: (m * width + 7) // 8])
-    return (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy().tobytes()
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def unpack(buf, width: int, n: int, device):
@@ -217,7 +289,7 @@ def unpack(buf, width: int, n: int, device):
     torch = _torch()
     if width == 0 or n == 0:
         return torch.zeros(n, dtype=torch.int64, device=device)
-    b = torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(device)
+    b = to_device(buf, device)
     if width == 8:
         return b.to(torch.int64)
     out = torch.empty(n, dtype=torch.int64, device=device)

@@ -197,6 +197,8 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
         sections = (cent, Section("IDS_", packed, compressible=True))
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
+        if callable(J):
+            return float(J())
         if J is not None:
             return float(J)
         return float(centroids.variance_J(x, np.asarray(wire, np.float64)))
@@ -218,8 +220,8 @@ def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
         return wire, np.zeros(x.numel(), np.uint8), 0.0
     if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
         return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
-    ids, J = torch_backend.stochastic_round(x, wire, quantize.draw_key(rng), return_J=True)
-    return wire, ids, J
+    ids, _ = torch_backend.stochastic_round(x, wire, quantize.draw_key(rng))
+    return wire, ids, lambda: torch_backend.variance_J(x, wire)  # a separate pass, only when asked
 
 
 def format_minor(params: Mapping[str, Any]) -> int:
