@@ -173,6 +173,32 @@ def test_c_validates_buffers():
         m.dp_levels(v, v, v, v, 3, np.zeros(3, np.int32))
 
 
+@needs_c
+def test_lookup_bytes_is_a_byte_gather():
+    """The decoder's compiled lookup equals numpy's take for every row size it accepts."""
+    m = kernels.c_module()
+    rng = np.random.default_rng(4)
+    packed = rng.integers(0, 256, 1001).astype(np.uint8)
+    for size in (1, 2, 4, 8, 16, 32, 64):
+        rows = rng.integers(0, 256, (256, size)).astype(np.uint8)
+        out = np.empty((packed.size, size), np.uint8)
+        m.lookup_bytes(packed, rows, out)
+        np.testing.assert_array_equal(out, rows[packed])
+        m.lookup_bytes(packed[:0], rows, out[:0])  # nothing to do
+    rows = np.zeros((256, 8), np.uint8)
+    for bad in [(packed.astype(np.int8), rows, np.empty((1001, 8), np.uint8)),  # signed indices
+                (packed, rows[:255], np.empty((1001, 8), np.uint8)),  # 255 rows
+                (packed, np.zeros((256, 3), np.uint8), np.empty((1001, 3), np.uint8)),  # 3-byte rows
+                (packed, rows, np.empty((1000, 8), np.uint8)),  # out one row short
+                (packed[::2], rows, np.empty((501, 8), np.uint8))]:  # not contiguous
+        with pytest.raises(ValueError):
+            m.lookup_bytes(*bad)
+    ro = np.empty((1001, 8), np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        m.lookup_bytes(packed, rows, ro)
+
+
 def test_pure_numpy_env_switch():
     """MUCSC_PURE_NUMPY=1 selects the numpy path at import; the message bytes do not change."""
     code = ("import hashlib, numpy as np, mucsc; from mucsc.codec import kernels; "

@@ -632,12 +632,67 @@ done:
     return res;
 }
 
+/* ---- byte-indexed table gather (the decoder's ID lookup; numpy twin: parallel.unpack_take) ---- */
+
+PyDoc_STRVAR(lookup_bytes_doc,
+"lookup_bytes(packed, rows, out)\n\n"
+"out[i] = rows[packed[i]] for every byte of packed (uint8): rows holds 256 items of S bytes\n"
+"(S = len(rows) / 256: 1, 2, 4, 8, 16, 32 or 64), out len(packed) * S bytes (any item type).\n"
+"numpy's take converts byte indices to intp first; this reads them as they are.  GIL released.");
+
+/* one fixed-size copy per byte: the compiler turns memcpy of a constant size into plain moves */
+#define GATHER_BYTES(S)                                                                  \
+    do {                                                                                 \
+        for (Py_ssize_t i_ = 0; i_ < n; i_++) memcpy(o + i_ * (S), r + (size_t)p[i_] * (S), (S)); \
+    } while (0)
+
+static PyObject *py_lookup_bytes(PyObject *self, PyObject *args)
+{
+    PyObject *po, *ro, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &po, &ro, &oo)) return NULL;
+    Py_buffer pb, rb, ob;
+    if (get_buf(po, &pb, 0, "packed") < 0) return NULL;
+    if (get_buf(ro, &rb, 0, "rows") < 0) { PyBuffer_Release(&pb); return NULL; }
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&pb); PyBuffer_Release(&rb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t S = rb.len / 256, n = pb.len;
+    if (pb.itemsize != 1 || fmt_char(&pb) != 'B' || rb.len != 256 * S || S < 1 || S > 64 || (S & (S - 1))
+        || ob.len / S != n || ob.len % S) {
+        PyErr_SetString(PyExc_ValueError, "lookup_bytes: need uint8 packed, 256 rows of 1..64 (a power of 2) "
+                        "bytes, and out of len(packed) rows");
+        goto done;
+    }
+    {
+        const uint8_t *p = (const uint8_t *)pb.buf, *r = (const uint8_t *)rb.buf;
+        uint8_t *o = (uint8_t *)ob.buf;
+        Py_BEGIN_ALLOW_THREADS
+        switch (S) {
+            case 1: GATHER_BYTES(1); break;
+            case 2: GATHER_BYTES(2); break;
+            case 4: GATHER_BYTES(4); break;
+            case 8: GATHER_BYTES(8); break;
+            case 16: GATHER_BYTES(16); break;
+            case 32: GATHER_BYTES(32); break;
+            default: GATHER_BYTES(64); break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ob);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
+    {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -242,7 +242,7 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     sequential, so this overlap is what lets a zstd-coded section scale); errors are the same as
     when decompressing first: the stream's, else the first bad chunk's.
     """
-    from mucsc.codec import bitpack
+    from mucsc.codec import bitpack, kernels
 
     parts = spans(n)
     progressive = hasattr(buf, "read_to")
@@ -259,6 +259,9 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     # (zeroed by the kernel) on all threads at once
     out = np.empty(n, table.dtype)
     lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
+    # the compiled gather reads the bytes as indices; numpy's take converts them to intp first
+    gather = kernels.c_module().lookup_bytes if (lookup is not None and kernels.use_c()
+                                                 and lookup.bytes.size // 256 in (1, 2, 4, 8, 16, 32, 64)) else None
 
     def ids_of(s: int, e: int) -> np.ndarray:
         ids = bitpack.unpack(packed[s * width // 8: bitpack.packed_size(e, width)], width, e - s)
@@ -277,7 +280,10 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
         pb = packed[s // per: s // per + whole]
         if lookup.bad is not None and lookup.bad[pb].any():
             ids_of(s, e)  # raises with the chunk's largest ID
-        np.take(lookup.rows, pb, out=out[s: s + whole * per].view(lookup.rows.dtype), mode="clip")
+        if gather is not None:
+            gather(pb, lookup.bytes, out[s: s + whole * per])
+        else:
+            np.take(lookup.rows, pb, out=out[s: s + whole * per].view(lookup.rows.dtype), mode="clip")
         if s + whole * per < e:  # the last byte holds fewer IDs, then zero padding bits
             out[s + whole * per: e] = table[ids_of(s + whole * per, e)]
 
@@ -339,6 +345,7 @@ class _ByteTable:
         size = per * table.itemsize
         kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.dtype((np.void, size)))
         self.rows = rows.view(kind).reshape(256)
+        self.bytes = self.rows.view(np.uint8)  # the same table as 256 * size bytes
 
 
 def crc32(data: memoryview) -> int:
