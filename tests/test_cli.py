@@ -519,3 +519,31 @@ def test_bits_max_error_and_size_options(tmp_path):
     run(["compress", src, "-o", tmp_path / "e.mucsc", "--max-error", "0.1", "--per-tensor", "-q"])
     err = run(["compress", src, "-o", tmp_path / "x.mucsc", "--bits", "2", "--z", "8"], code=2).stderr
     assert "give one of z, bits" in err and "Traceback" not in err
+
+
+def test_compress_reports_the_resolved_parameters(tmp_path):
+    """The report's codec line shows what was written: "auto" choices resolved (id_packing by the
+    container, id_coding by each group) and a goal's z per group; never "=auto"."""
+    rng = np.random.default_rng(3)
+    src = tmp_path / "m.npz"
+    tf.save(src, {"a": rng.standard_normal(20000).astype(np.float32),
+                  "b": (8 * rng.standard_normal(5000)).astype(np.float32)})
+    r = run(["compress", src, "-f", "--z", "8"])
+    assert "codec mucsc z=8 solver=optimal centroid_dtype=float32 id_packing=aligned id_coding=packed" in r.stderr
+    r = run(["compress", src, "-f", "--z", "8", "--compress", "off", "--json"])
+    assert json.loads(r.stdout)["params"] == {"z": 8, "solver": "optimal", "centroid_dtype": "float32",
+                                              "id_packing": "tight", "id_coding": "packed"}
+    r = run(["compress", src, "-f", "--bits", "2", "--json"])
+    params = json.loads(r.stdout)["params"]
+    info = mucsc.inspect((tmp_path / "m.npz.mucsc").read_bytes())
+    zs = sorted(g.params["z"] for g in info.groups if g.codec == "mucsc")
+    assert len(zs) == 2 and params["bits"] == 2.0
+    assert params["z"] == (f"{zs[0]}..{zs[1]} (per group)" if zs[0] != zs[1] else zs[0])
+    assert params["id_coding"] in ("packed", "rans", "packed/rans (per group)")
+    r = run(["compress", src, "-f", "--codec", "bmucsc"])  # model mode: z and max_error per tensor
+    line = next(l for l in r.stderr.splitlines() if l.startswith("  codec "))
+    assert "auto" not in line and "positions=" in line and "z=" not in line and "max_error" not in line
+    r = run(["compress", src, "-f", "--codec", "bmucsc", "--z", "64"])
+    assert "bmucsc, one codebook per tensor, Z = 64" in r.stderr and "keep=0.01 z=64" in r.stderr
+    r = run(["compress", src, "-f", "--codec", "bmucsc", "--shared"])
+    assert "keep=0.01 z=256" in r.stderr

@@ -114,3 +114,18 @@ def test_outer_layers_use_only_the_public_api():
         for path in sorted((ROOT / "mucsc" / layer).rglob("*.py")):
             found = internal.findall(path.read_text())
             assert not found, f"{path.relative_to(ROOT)} imports codec internals"
+
+
+def test_group_stats_show_what_each_group_resolved():
+    """GroupStats.config: the group codec's parameters with its encoding's choices filled in (a
+    goal's z, id_coding "auto" -> packed/rans, positions "auto" -> the code used)."""
+    x = np.random.default_rng(5).standard_normal(20000).astype(np.float32)
+    _, st = mucsc.encode_with_stats(x, mucsc.get_codec("mucsc", z=8))
+    assert st.groups[0].config["z"] == 8 and st.groups[0].config["id_coding"] == "packed"
+    blob, st = mucsc.encode_with_stats(x, mucsc.get_codec("mucsc", bits=2))
+    cfg, hdr = st.groups[0].config, mucsc.inspect(blob).groups[0].params
+    assert cfg["z"] == hdr["z"] and cfg["id_coding"] == hdr.get("id_coding", "packed") and cfg["bits"] is None
+    blob, st = mucsc.encode_with_stats(x, "topk", keep=0.05)
+    assert st.groups[0].config["positions"] == mucsc.inspect(blob).groups[0].params["pos"] != "auto"
+    blob, st = mucsc.encode_with_stats(x, "bmucsc", z=16, positions="paper")
+    assert st.groups[0].config["positions"] == "paper" and st.groups[0].config["keep"] == 0.01

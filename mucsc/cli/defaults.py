@@ -55,18 +55,20 @@ TARGETS = ("z", "bits", "size", "max_error")  # codec parameters that choose the
 
 
 def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
-           update: bool) -> tuple[Mode, dict[str, Any]]:
-    """The mode for these options, and the codec parameters to encode with (a per-tensor
-    ``max_error`` moves from the codec to the policy, which applies it tensor by tensor)."""
+           update: bool) -> tuple[Mode, mucsc.Codec]:
+    """The mode for these options (``params``: the codec parameters the user gave), and the codec to
+    encode with: ``codec`` itself, or without its ``max_error``, which then moves to the policy that
+    applies it tensor by tensor."""
     fields = {f.name for f in dataclasses.fields(codec.params)}
     book = "codebook" if "z" in fields else "group"
     given = [t for t in TARGETS if t in params]
     if shared:
         what = f"; {given[0]} = {params[given[0]]} for the whole vector" if given else ""
         return Mode("shared", f"--shared: all float tensors as one vector, one {book} (the paper's "
-                    f"flattened update){what}", True, None, params.get("max_error"), False, update), params
-    params = dict(params)
-    err = params.pop("max_error", None)
+                    f"flattened update){what}", True, None, params.get("max_error"), False, update), codec
+    err = params.get("max_error")
+    if err is not None:
+        codec = codec.replace(max_error=None)
     defaulted = not update and err is None and not given and "max_error" in fields
     if defaulted:
         err = MODEL_MAX_ERROR
@@ -76,7 +78,7 @@ def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
         key = "bits" if "bits" in params else "size"
         target = f"--{key} {params[key]}: one budget for the message, split across the tensors"
     elif "z" in fields:
-        target = f"Z = {getattr(codec.params, 'fixed_z', None) or params.get('z')}"
+        target = f"Z = {getattr(codec.params, 'fixed_z', codec.params.z)}"
     else:
         target = "no error target (the codec has no --max-error)"
     policy = mucsc.Policy(max_error=err, lossy_fp16=not update)
@@ -86,4 +88,4 @@ def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
     else:
         reason = (f"model mode (no --base): {codec.name}, one {book} per tensor, {target}; small and all-zero "
                   "tensors carried losslessly (--shared: the paper's flattened update)")
-    return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), params
+    return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), codec

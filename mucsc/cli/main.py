@@ -248,13 +248,12 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     params = chosen_params(codec, codec_values, CODEC_PARAMS)
     if "max_error" in params:
         params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
-    # bad values: a usage error before any file is read
-    mode, params = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared,
-                                   update=base is not None)
+    # the one codec object of this command (bad values: a usage error before any file is read)
+    mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared,
+                                      update=base is not None)
     level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
-    # the codec encoded with, resolved for the container (mucsc's id_packing="auto"): the report
-    # shows what is written
-    codec_obj = mucsc.get_codec(codec, **params).for_container(compressing=level != "off")
+    # resolved for the container (mucsc's id_packing="auto"), so the report shows what is written
+    codec_obj = codec_obj.for_container(compressing=level != "off")
     out = output or ("-" if input == "-" else input + ".mucsc")
     if out == "-" and as_json:
         raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
@@ -303,9 +302,9 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     finally:
         progress.done()
 
-    effective = {k: v for k, v in codec_obj.get_config().items() if k != "codec" and v is not None}
-    if mode.z_per_tensor:
-        effective.pop("z", None)
+    # the parameters used: "auto" choices and a goal's z as the groups resolved them
+    effective = report.used_params(codec_obj, stats.groups,
+                                   per_tensor=("z", "max_error") if mode.z_per_tensor else ())
     warning = report.quality_warning(stats) if not mode.update else None
     if as_json:
         click.echo(json.dumps(_compress_json(input, out, base, codec, effective, mode, seed, level,

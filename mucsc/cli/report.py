@@ -57,6 +57,29 @@ def record_bytes(dtype: str, shape: Sequence[int]) -> int:
     return math.prod(shape) * ITEMSIZE.get(dtype, 0)
 
 
+def used_params(codec: Any, groups: Sequence[Any], per_tensor: Sequence[str] = ()) -> dict[str, Any]:
+    """The parameters of ``codec`` as the message used them, for the report: those set, with any the
+    encoder resolved per group (an "auto" choice, a goal's z or keep; ``GroupStats.config``) shown as
+    the groups' value, or their range / alternatives when groups differ.  ``per_tensor``: parameters
+    the mode line already describes as chosen per tensor (left out)."""
+    mine = [g.config for g in groups if g.codec == codec.name and g.config]
+    out: dict[str, Any] = {}
+    for key, value in codec.get_config().items():
+        if key == "codec" or key in per_tensor:
+            continue
+        seen = list(dict.fromkeys(c[key] for c in mine if c.get(key) is not None))
+        if not seen or seen == [value]:
+            if value is not None:
+                out[key] = value
+        elif len(seen) == 1:
+            out[key] = seen[0]
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
+            out[key] = f"{min(seen)}..{max(seen)} (per group)"
+        else:
+            out[key] = "/".join(map(str, sorted(seen, key=str))) + " (per group)"
+    return out
+
+
 def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], mode: Any,
                    stats: Any, info: Any, norm2: float, base: str | None) -> list[str]:
     """The human report of ``mucsc compress``: the mode line, one row per group, the worst tensors by

@@ -44,6 +44,9 @@ class GroupStats:
     records: tuple[str, ...]
     elements: int
     stats: dict[str, float]
+    # the group codec's parameters (Codec.get_config without "codec") with what its encoding settled
+    # (EncodedGroup.resolved: a goal's z, an "auto" id_coding as "packed" or "rans")
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +201,9 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
             stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}
             if gcodec.lossless:
                 stats.setdefault("J", 0.0)
+            config = {**{k: v for k, v in gcodec.get_config().items() if k != "codec"}, **enc.resolved}
             gstat = GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
-                               sum(tensors[i].size for i in members), stats)
+                               sum(tensors[i].size for i in members), stats, config)
         del x
         return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, gstat, errs
 

@@ -67,6 +67,9 @@ class EncodedGroup:
     # e.g. {"J": exact expected squared error}; a value may be a zero-argument callable, evaluated
     # only when the caller asks for statistics (J costs a pass over the data).
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # parameters this encoding settled that the codec's own left open (a goal's z, an "auto"
+    # choice), named as the codec's parameters; never sent: reports show what was used
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Codec(ABC):

@@ -34,12 +34,13 @@ from mucsc.codec import allocate, centroids, sparse, torch_backend
 from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
 from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, MucscParams, _Group, _restored,
-                                     cluster_section_sizes, decode_clusters, encode_clusters, fmt_default_level,
-                                     format_minor, group_bytes, plan_goal, resolve_id_packing)
-from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
+                                     cluster_resolved, cluster_section_sizes, decode_clusters, encode_clusters,
+                                     fmt_default_level, format_minor, group_bytes, plan_goal, resolve_id_packing)
+from mucsc.codec.codecs.topk import (
+    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
+)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
-MAX_Z = Z_RANGE[1]
 DEFAULT_KEEP = 0.01  # the paper's d0 = 0.01 d (section VI-A)
 DEFAULT_Z = 256  # the paper's Z for B-MUCSC
 # Keep fractions a goal tries when ``keep`` is not given: about three per decade from 0.1% to all
@@ -251,7 +252,9 @@ class BMUCSC(Codec):
             if torch_backend.is_torch(x):
                 return J_kept() + torch_backend.rest_sq_bias(x, pos, float(mean))
             return J_kept() + rest_bias(x, pos, mean)
-        return EncodedGroup(params, secs, {"J": sq_error, "kept": float(k)})
+        return EncodedGroup(params, secs, {"J": sq_error, "kept": float(k)},
+                            {"keep": self.params.keep_fraction, **cluster_resolved(cparams),
+                             **positions_resolved(self.params.positions, params["pos"])})
 
     def _rest_sections(self, pos: np.ndarray, n: int, mean: np.float32, params: dict) -> tuple[Section, ...]:
         """INDX (the kept positions) and SCAL (the rest's mean); adds the position code to ``params``."""
@@ -265,7 +268,7 @@ class BMUCSC(Codec):
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         header_keep(params)
-        param_int(params, "z", 2, MAX_Z)  # informative (requested Z, solver), but must be well-formed
+        param_int(params, "z", *Z_RANGE)  # informative (requested Z, solver), but must be well-formed
         param_str(params, "solver", HEADER_SOLVERS)
         k = param_int(params, "k", 0, n)
         vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec

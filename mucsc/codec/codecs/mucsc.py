@@ -69,7 +69,7 @@ Z_LADDER = tuple(sorted({*range(2, 9), *(m << e for e in range(1, 14) for m in (
 @dataclasses.dataclass(frozen=True)
 class MucscParams:
     """Exactly one of z / bits / max_error / size chooses the number of centroids (z = 16 when none
-    is given): ``z`` fixes it (2..65536); ``bits`` is a budget in bits per element of the whole
+    is given): ``z`` fixes it (within ``Z_RANGE``); ``bits`` is a budget in bits per element of the whole
     message (framing included); ``size`` a budget in bytes of the whole message; ``max_error`` a
     bound on each group's relative error sqrt(J) / ||x||.  The header records the Z chosen, so
     decoding needs nothing else.  solver: how centroids are chosen for a fixed z (the goals use
@@ -127,6 +127,12 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
         return codec
     packing = "aligned" if compressing else "tight"
     return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
+
+
+def cluster_resolved(header: Mapping[str, Any]) -> dict[str, Any]:
+    """What a clustering settled (``EncodedGroup.resolved``), from its header params: the z recorded
+    and the ID coding used (an "auto" id_coding becomes "packed" or "rans")."""
+    return {"z": header["z"], "id_coding": header.get("id_coding", "packed")}
 
 
 def cluster_section_sizes(n: int, k: int, p: MucscParams, estimate: bool) -> dict[str, int]:
@@ -555,7 +561,7 @@ class Mucsc(Codec):
             (codec,) = self.plan([host], ctx)
             rng = fresh()
         params, sections, J = encode_clusters(x, codec.params, rng, codec._levels, levels_by=codec._levels_by)
-        return EncodedGroup(params, sections, {"J": J})
+        return EncodedGroup(params, sections, {"J": J}, cluster_resolved(params))
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

@@ -17,7 +17,9 @@ import numpy as np
 
 from mucsc.codec import bitpack, sparse
 from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
-from mucsc.codec.codecs.topk import KEEP_LIMITS, check_keep, check_positions, header_keep, positions_size
+from mucsc.codec.codecs.topk import (
+    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
+)
 from mucsc.errors import FormatError
 
 
@@ -68,7 +70,7 @@ class STC(Codec):
         def sq_error() -> float:
             sent = np.where(neg, -float(mu), float(mu))
             return float(np.dot(x, x)) - float(np.dot(kept, kept)) + float(np.sum((sent - kept) ** 2))
-        return EncodedGroup(params, secs, {"J": sq_error})
+        return EncodedGroup(params, secs, {"J": sq_error}, positions_resolved(self.params.positions, coded.method))
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

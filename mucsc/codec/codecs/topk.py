@@ -37,6 +37,11 @@ def check_positions(name: str, positions: str, modes: tuple[str, ...] = sparse.P
         raise ParameterError(f"{name}.positions must be one of {modes}, got {positions!r}")
 
 
+def positions_resolved(requested: str, method: str) -> dict[str, str]:
+    """``EncodedGroup.resolved`` of a ``positions`` parameter: the code "auto" chose for this group."""
+    return {"positions": method} if requested == "auto" else {}
+
+
 def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, estimate: bool) -> int:
     """Bytes of the INDX section of a top-k style codec (``paper_positions`` resolves "paper")."""
     if positions_bytes is not None:
@@ -83,7 +88,7 @@ class TopK(Codec):
         def sq_error() -> float:
             err = float(np.dot(x, x)) - float(np.dot(x[pos], x[pos]))
             return err + float(np.sum((vals.astype(np.float64) - x[pos]) ** 2))
-        return EncodedGroup(params, secs, {"J": sq_error})
+        return EncodedGroup(params, secs, {"J": sq_error}, positions_resolved(self.params.positions, coded.method))
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
