@@ -82,6 +82,10 @@ def test_rate_command_json():
     assert {b["codec"] for b in out["baselines"]} >= {"none", "stc", "qsgd s=15"}
     none = next(b for b in out["baselines"] if b["codec"] == "none")
     assert none["formula_payload"] == 80000 and 80000 < none["measured_off"] < 80000 + 400
+    # every registered codec has its rows, from the registry (no list to edit when a codec is added)
+    assert {name for name, _ in rates.baselines()} == set(mucsc.available_codecs())
+    assert ("dgc", {"positions": "paper"}) in rates.baselines() and ("qsgd", {"s": 255}) in rates.baselines()
+    assert len(out["baselines"]) == len(rates.baselines())
 
 
 def test_rate_command_text():

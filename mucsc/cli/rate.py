@@ -66,7 +66,8 @@ def rate(d, z_u, z_d, kn, keep, z_b, seed, baselines, as_json):
         w2 = max(len(b["codec"]) for b in extra)
         click.echo(f"{'codec':{w2}}  {'formula B':>12}  {'off B':>12}  {'auto B':>12}  {'x vs f32':>9}")
         for b in extra:
-            click.echo(f"{b['codec']:{w2}}  {b['formula_payload']:>12,}  {b['measured_off']:>12,}  "
+            formula = "-" if b["formula_payload"] is None else f"{b['formula_payload']:,}"
+            click.echo(f"{b['codec']:{w2}}  {formula:>12}  {b['measured_off']:>12,}  "
                        f"{b['measured_auto']:>12,}  {b['ratio_vs_float32']:>9.2f}")
     if not math.isfinite(rows[0].rate):
         raise click.ClickException("the rate is undefined for these inputs")

@@ -93,6 +93,8 @@ class Codec(ABC):
     # :class:`mucsc.Compressor` and the simulator.
     memory_options: ClassVar[tuple[str, ...]] = ()
     paper_setup: ClassVar[PaperSetup] = PaperSetup()
+    # Parameter sets that ``mucsc rate --baselines`` lists for this codec, one row each.
+    rate_variants: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     # The largest |x| the codec's wire can carry (None: every finite value).  The API refuses larger
     # input with an InputError naming the tensor and the value, so an encoder never writes a message
     # its own decoder rejects (e.g. a float64 3.5e38 stored as float32 would become infinite).

@@ -18,11 +18,11 @@ import numpy as np
 
 from mucsc.codec import format as fmt
 from mucsc.codec.api import as_codec, encode
-from mucsc.codec.base import H, Codec, get_codec
+from mucsc.codec.base import H, Codec, available_codecs, codec_class, get_codec
 from mucsc.codec.sparse import keep_count
 from mucsc.errors import SizeError
 
-__all__ = ["BASELINES", "H", "RateRow", "allcnn_parameter_count", "baseline_rows", "keep_count", "message_bytes", "paper_bmucsc_bytes",
+__all__ = ["H", "baselines", "RateRow", "allcnn_parameter_count", "baseline_rows", "keep_count", "message_bytes", "paper_bmucsc_bytes",
            "paper_bmucsc_rate", "paper_check", "paper_mucsc_bytes", "paper_mucsc_rate", "paper_rate", "rate",
            "section_sizes"]
 
@@ -149,22 +149,26 @@ def paper_check(d: int, z_u: Sequence[int] = (4, 8, 16), z_d: int = 16, kn: floa
 
 # ---- baselines: one transfer's formula payload next to the measured message --------------------------
 
-BASELINES = (("none", {}), ("fp16", {}), ("signsgd", {}), ("qsgd", {"s": 15}), ("qsgd", {"s": 255}),
-             ("terngrad", {}), ("stc", {}), ("dgc", {}), ("dgc", {"positions": "paper"}), ("topk", {}))
+def baselines() -> list[tuple[str, Mapping]]:
+    """Every registered codec (plugins included) with each of its ``rate_variants``."""
+    return [(name, dict(v)) for name in available_codecs() for v in codec_class(name).rate_variants]
 
 
-def baseline_rows(d: int, seed: int = 0,
-                  codecs: Sequence[tuple[str, Mapping]] = BASELINES) -> list[dict]:
-    """Per codec: the payload its section sizes state (expected Rice positions where they depend on
-    the data) and the measured message bytes of one transfer of a Gaussian vector of size d."""
+def baseline_rows(d: int, seed: int = 0, codecs: Sequence[tuple[str, Mapping]] | None = None) -> list[dict]:
+    """Per codec (default: :func:`baselines`): the payload its section sizes state (an estimate where
+    they depend on the data, None where the codec states none) and the measured message bytes of one
+    transfer of a Gaussian vector of size d."""
     x = np.random.default_rng(seed).standard_normal(d).astype(np.float32)
     out = []
-    for name, params in codecs:
+    for name, params in (baselines() if codecs is None else codecs):
         codec = get_codec(name, **params)
         try:
             formula, note = sum(codec.section_sizes(d).values()), "exact payload"
         except SizeError:
-            formula, note = sum(codec.section_sizes(d, estimate=True).values()), "payload, expected Rice positions"
+            try:
+                formula, note = sum(codec.section_sizes(d, estimate=True).values()), "expected payload"
+            except SizeError:
+                formula, note = None, "the codec states no size"
         compact = len(encode(x, codec, seed=seed))
         out.append({"codec": name + "".join(f" {k}={v}" for k, v in params.items()),
                     "formula_payload": formula, "formula_note": note,

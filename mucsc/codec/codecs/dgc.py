@@ -30,6 +30,7 @@ class DGC(TopK):
     memory_options = ("momentum", "clip_norm", "warmup", "warmup_period")
     # section VI-A: DGC compresses the uplink only, keeping 1%
     paper_setup = PaperSetup(up={"keep": 0.01}, downlink=False)
+    rate_variants = ({}, {"positions": "paper"})  # the library's compact positions and the paper's int32
 
     @dataclasses.dataclass(frozen=True)
     class Params:

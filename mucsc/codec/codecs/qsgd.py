@@ -44,6 +44,7 @@ class QSGD(Codec):
     summary = "QSGD: s-level unbiased stochastic quantisation per bucket (Alistarh et al. 2017)"
     limits = {"s": (1, MAX_S), "bucket": (1, MAX_BUCKET)}
     paper_setup = PaperSetup(downlink=False)  # section VI-A: QSGD compresses the uplink only
+    rate_variants = ({"s": 15}, {"s": 255})
 
     @dataclasses.dataclass(frozen=True)
     class Params:
