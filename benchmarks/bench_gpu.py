@@ -7,6 +7,9 @@
 Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``device encode``: ``mucsc.encode(x_dev)`` -- the solver summary, rounding and packing on the device,
   only the packed IDs copied to the host (the torch backend);
+* ``threads=0`` / ``compress=off``: the same with the host's stages (zstd, CRC-32) on all cores / with
+  the IDs stored fixed-width (no zstd);
+* with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure);
 * ``host encode``: ``mucsc.encode(x_dev.cpu().numpy())`` -- the copy to the host plus the compiled kernels
   (or numpy) on one core: what a user did before the torch backend;
 * ``device decode``: ``mucsc.decode(blob, as_torch=True, device=dev)`` -- unpack and gather on the device;
@@ -70,7 +73,7 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
     width = int(np.ceil(np.log2(wire.size)))
     packed = tb.pack_tensor(ids, width)
     host = tb.to_host(packed)
-    one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, 0)
+    one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, parallel.resolve(0))
     return [
         ("min/max", best_time(lambda: src.bounds(), repeat, torch, dev)),
         ("solver (summary + host)", best_time(lambda: centroids.solve(src, z, "optimal", np.random.default_rng(0),
@@ -119,6 +122,7 @@ def main() -> None:
             ("device encode", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0)),
             ("device encode, threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, threads=0)),
             ("device encode, compress=off", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")),
+            ("  ... and threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off", threads=0)),
             ("host encode", lambda: host_encode(x.cpu().numpy(), args.z)),
             ("device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev, max_elements=None)),
             ("device decode, compress=off", lambda: mucsc.decode(raw, as_torch=True, device=dev, max_elements=None)),

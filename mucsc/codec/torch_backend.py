@@ -148,14 +148,14 @@ def round_supported(x, c: np.ndarray) -> bool:
 
 
 def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
-    """Cluster ids (int64 tensor on x's device) of eq. 7 against wire centroids ``c`` (host, sorted,
+    """Cluster ids (uint8 tensor for <= 256 levels, else int32, on x's device) of eq. 7 against wire centroids ``c`` (host, sorted,
     bracketing x), identical to ``quantize.stochastic_round`` given the same key; and J (float64) of
     eq. 8-9 when ``return_J``.  Every level gap must be finite in the working precision (the
     caller checks :func:`round_supported` first and otherwise uses the reference path)."""
     torch = _torch()
     n = x.numel()
     if c.size == 1 or n == 0:
-        return torch.zeros(n, dtype=torch.int64, device=x.device), (0.0 if return_J else None)
+        return torch.zeros(n, dtype=torch.uint8, device=x.device), (0.0 if return_J else None)
     f32 = work_float32(x, c)
     wdt = torch.float32 if f32 else torch.float64
     cw_np = c.astype(np.float32 if f32 else np.float64)
@@ -164,7 +164,8 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     gw = torch.from_numpy(np.diff(cw_np)).to(dev)  # c_{k+1} - c_k in the working precision
     c64 = torch.from_numpy(c.astype(np.float64)).to(dev)
     interior = cw[1:-1].contiguous()
-    ids = torch.empty(n, dtype=torch.int64, device=dev)
+    # narrow ids (1 byte for Z <= 256): the packing reads them back, so this is memory traffic saved twice
+    ids = torch.empty(n, dtype=torch.uint8 if c.size <= 256 else torch.int32, device=dev)
     J = torch.zeros((), dtype=torch.float64, device=dev)
     step = CHUNK
     for s in range(0, n, step):
@@ -265,6 +266,16 @@ def pack_tensor(ids, width: int):
         return torch.zeros(0, dtype=torch.uint8, device=ids.device)
     if width == 8:
         return ids.to(torch.uint8)
+    if 8 % width == 0:  # 1, 2 or 4 bits: each byte holds 8 / width whole ids, id j at bit j * width
+        per = 8 // width
+        v = ids.to(torch.uint8)
+        if n % per:
+            v = torch.cat((v, torch.zeros((-n) % per, dtype=torch.uint8, device=v.device)))
+        g = v.reshape(-1, per)
+        out = g[:, 0].clone()
+        for j in range(1, per):
+            out |= g[:, j] << (j * width)
+        return out
     parts = []
     for s in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks fill whole bytes
         v = ids[s:s + CHUNK].to(torch.int32)
@@ -292,8 +303,14 @@ def unpack(buf, width: int, n: int, device):
     b = to_device(buf, device)
     if width == 8:
         return b.to(torch.int64)
-    out = torch.empty(n, dtype=torch.int64, device=device)
     mask = (1 << width) - 1
+    if 8 % width == 0:  # whole ids per byte (see pack)
+        per = 8 // width
+        vals = torch.empty((b.numel(), per), dtype=torch.int64, device=device)
+        for j in range(per):
+            vals[:, j] = (b >> (j * width)) & mask
+        return vals.reshape(-1)[:n]
+    out = torch.empty(n, dtype=torch.int64, device=device)
     for s in range(0, n, CHUNK):
         m = min(CHUNK, n - s)
         groups = (m + 7) // 8
