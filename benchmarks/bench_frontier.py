@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Rate-distortion frontier: J / ||x||^2 against message bits per element, every codec.
 
-    python benchmarks/bench_frontier.py [--d 200000] [--fl-rounds 20] [--out docs] [--quick]
+    python benchmarks/bench_frontier.py [--d 200000] [--fl-rounds 20 | --updates DIR] [--out docs] [--quick]
 
 Inputs: Gaussian, Laplace, Student-t(3) and an 80%-near-zero mixture (d elements, float32), and real
-FL updates: one client's update U_i (all LeNet tensors flattened) in round 1 and in round
-``--fl-rounds`` of FedAvg without compression on the shared FEMNIST sample, trained by the
-simulator's own ``LocalTrainer`` (the code ``mucsc sim`` runs; 20 clients, 5 per round, E = 5,
-B = 8, the femnist learning-rate preset).
+FL updates saved by ``mucsc sim --save-updates``: the first participant's update U_i (all LeNet
+tensors flattened, raw, before compression) in round 1 and in round ``--fl-rounds`` of FedAvg
+without compression (codec ``none``) on the shared FEMNIST sample (20 clients, 5 per round, E = 5,
+B = 8, the femnist learning-rate preset, seed 0).  The benchmark runs that ``mucsc sim`` command
+itself (printed) into a temporary directory, or reads a directory it wrote (``--updates DIR``:
+every saved update there becomes an input).
 
 Codecs: mucsc (z sweep, and the bits= goal), bmucsc (keep/z sweep, and the bits= goal), qsgd (every s in 1..127, buckets 128 / 512 / d,
 fixed and Elias coding), terngrad, signsgd, topk, stc.  Sizes are whole messages
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,30 +45,30 @@ def synthetic(d: int, seed: int = 0) -> dict[str, np.ndarray]:
             "near_zero_80": np.where(rng.random(d) < 0.8, rng.normal(size=d) * 0.01, rng.normal(size=d))}
 
 
-def fl_updates(rounds: int, data_dir: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """Client 0's update of round 1 and of round ``rounds`` of plain FedAvg (LeNet, FEMNIST sample)."""
-    from mucsc.fedsim import simulation as S
-    from mucsc.fedsim.config import SimConfig
-    from mucsc.fedsim.models import build_model
+def sim_command(rounds: int, data_dir: str, save_dir: str, seed: int = 0) -> list[str]:
+    """The ``mucsc sim`` run whose saved updates are the real-update inputs."""
+    return [sys.executable, "-m", "mucsc.cli", "sim", "--dataset", "femnist", "--data-dir", data_dir,
+            "--model", "lenet", "-N", "20", "-K", "5", "--codecs", "none", "--rounds", str(rounds),
+            "--target", "0", "--seed", str(seed), "--save-updates", save_dir,
+            "--save-rounds", ",".join(map(str, sorted({1, rounds}))), "--save-clients", "1", "-q"]
 
-    cfg = SimConfig(dataset="femnist", data_dir=data_dir, model="lenet", clients=20, per_round=5, seed=seed)
-    setup = S.prepare(cfg)
-    trainer = S.LocalTrainer(setup.model_name, setup.data, setup.parts, cfg.seed)
-    model = build_model(setup.model_name, setup.data.input_shape, setup.data.num_classes, cfg.seed)
-    w = [p.detach().numpy().copy() for p in model.parameters()]
-    out = {}
-    for r in range(rounds):
-        clients = S.select_clients(cfg, r, setup.sizes.astype(np.float64))
-        ups = []
-        for slot, c in enumerate(clients):
-            u, _ = trainer.train(w, S.client_task(cfg, setup, r, slot, int(c)))
-            ups.append(np.concatenate([v.reshape(-1) for v in u.values()]))
-        if r in (0, rounds - 1):
-            out[f"femnist_lenet_round{r + 1}"] = ups[0].astype(np.float32)
-        mean = np.mean(ups, axis=0)
-        offs = np.cumsum([0] + [a.size for a in w])
-        w = [a - mean[offs[i]:offs[i + 1]].reshape(a.shape) for i, a in enumerate(w)]
-    return out
+
+def fl_updates(rounds: int, data_dir: str, updates_dir: str | None = None) -> dict[str, np.ndarray]:
+    """Real FL updates saved by ``mucsc sim --save-updates``: read from ``updates_dir``, or produced
+    by running :func:`sim_command` into a temporary directory first."""
+    from mucsc.fedsim.updates import read_updates
+
+    with tempfile.TemporaryDirectory(prefix="mucsc-frontier-") as tmp:
+        if updates_dir is None:
+            cmd = sim_command(rounds, data_dir, tmp)
+            print("$ " + " ".join(["mucsc"] + cmd[3:]), file=sys.stderr)
+            subprocess.run(cmd, check=True)
+            updates_dir = tmp
+        out = {}
+        for u in read_updates(updates_dir):
+            e = u.entry
+            out[f"{e['dataset']}_{e['model']}_{e['codec']}_round{e['round']}_client{e['client']}"] = u.flat()
+        return out
 
 
 def measure(x: np.ndarray, codec: str, **params) -> tuple[float, float]:
@@ -168,13 +172,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=200_000)
     ap.add_argument("--fl-rounds", type=int, default=20, help="0: no FL updates")
+    ap.add_argument("--updates", metavar="DIR", help="read the real updates from a directory written by "
+                    "mucsc sim --save-updates instead of running it")
     ap.add_argument("--data-dir", default="/work/shared/data/femnist-sample")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--quick", action="store_true", help="10 QSGD levels s instead of all 127")
     a = ap.parse_args()
     inputs = {k: v.astype(np.float32) for k, v in synthetic(a.d).items()}
-    if a.fl_rounds:
-        inputs.update(fl_updates(a.fl_rounds, a.data_dir))
+    if a.updates or a.fl_rounds:
+        inputs.update(fl_updates(a.fl_rounds, a.data_dir, a.updates))
     results, checks = {}, {}
     for name, x in inputs.items():
         t = time.perf_counter()
@@ -189,6 +195,9 @@ def main() -> int:
             bb = f"{bst['family']} {bst['label']} | {bst['bits']:.3f} | {bst['rel_J']:.4g}" if bst else "none fits | - | -"
             ratio = f"{m['rel_J'] / bst['rel_J']:.3f}" if m and bst else "-"
             print(f"| {r['budget']:g} | {mb} | {bb} | {ratio}{'' if r['pass'] else ' FAIL'} |")
+        bm = [p for p in results[name] if p["family"] == "bmucsc bits"]
+        print("\nbmucsc bits=b: " + "; ".join(f"{p['label']}: {p['bits']:.3f} bits, J/||x||^2 {p['rel_J']:.4g}"
+                                             for p in bm))
         sys.stdout.flush()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

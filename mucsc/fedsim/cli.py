@@ -136,6 +136,13 @@ def machine_info() -> dict[str, object]:
               help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
                    "every update a real Flower Message (pip install 'mucsc[flower]'; RAY_ADDRESS selects a cluster).")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
+@click.option("--save-updates", type=click.Path(file_okay=False), metavar="DIR",
+              help="Save raw client updates U_i (before compression) as .safetensors with a manifest.json, "
+              "one directory per run: DIR/<codec>-seed<S>/ (docs/fedsim.md). Only --save-rounds and "
+              "--save-clients; refused if over 4 GiB or the free space.")
+@click.option("--save-rounds", callback=_csv(int), help="Rounds whose updates --save-updates saves, e.g. 1,20 [1].")
+@click.option("--save-clients", "save_slots", type=int,
+              help="Participants saved per saved round: the first N selected [1].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
 def sim(config_file, out, quiet, params, engine, **flags):
     """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table.
@@ -152,6 +159,8 @@ def sim(config_file, out, quiet, params, engine, **flags):
         cfg = make_config(config_file, **flags)
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
+    if engine == "flower" and cfg.save_updates:
+        raise click.UsageError("--save-updates needs --engine builtin")
     if engine == "flower" and cfg.sampling != "uniform":
         raise click.UsageError("--engine flower needs --sampling uniform (a Flower round sends one message "
                                "per supernode; weighted sampling can pick a client twice)")
@@ -199,6 +208,19 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
         raise click.ClickException(f"data: {exc}") from None
     many = len(seeds) > 1
     specs = [simulation.RunSpec(c, name, st, k) for k, (c, st) in enumerate(zip(cfgs, setups)) for name in cfg.codecs]
+    if cfg.save_updates:  # bounded, and no run directory overwritten: checked before any training
+        from mucsc.fedsim import updates
+
+        try:
+            updates.check_budget(cfg.save_updates, sum(
+                updates.planned_bytes(1, cfg.save_rounds, cfg.save_slots, sp.setup.d, cfg.resolved("rounds"))
+                for sp in specs))
+            for sp in specs:
+                d = updates.run_dir(cfg.save_updates, sp.codec, sp.cfg.seed)
+                if d.exists() and any(d.iterdir()):
+                    raise InputError(f"--save-updates: {d} exists and is not empty (choose a new DIR)")
+        except InputError as exc:
+            raise click.UsageError(str(exc)) from None
     labels = [f"{sp.codec} (seed {sp.cfg.seed})" if many else sp.codec for sp in specs]
     workers = 1 if engine == "flower" else cfg.workers or parallel.default_workers(device)
     concurrent = 1 if workers == 1 else min(workers, len(specs))

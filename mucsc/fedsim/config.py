@@ -94,6 +94,9 @@ class SimConfig:
     device: str = "auto"               # "auto" (cuda when available), "cpu", "cuda"
     workers: int | None = None         # processes training clients / runs; None: cores (1 on cuda)
     auth: str = "off"                  # authenticate every message: "off", "blake2b" or "ed25519"
+    save_updates: str | None = None    # DIR: save raw client updates U_i (mucsc.fedsim.updates)
+    save_rounds: tuple[int, ...] = (1,)  # ... of these rounds (from 1)
+    save_slots: int = 1                # ... of the first this many participants of each such round
 
     def __post_init__(self) -> None:
         _check(self.dataset in DATASET_DEFAULTS, f"unknown data set {self.dataset!r}; "
@@ -118,6 +121,9 @@ class SimConfig:
         _check(self.target is None or 0 <= self.target <= 1, "target accuracy must be in [0, 1]")
         _check(self.eval_every is None or self.eval_every >= 1, "eval period must be >= 1")
         _check(len(self.codecs) >= 1, "give at least one codec")
+        _check(len(self.save_rounds) >= 1 and all(r >= 1 for r in self.save_rounds),
+               "save rounds must be >= 1 (rounds count from 1)")
+        _check(self.save_slots >= 1, "save clients (participants per saved round) must be >= 1")
         _check(len(set(self.codecs)) == len(self.codecs), "a codec is listed twice")
         lo, hi = mucsc.Z_RANGE
         _check(len(self.z_up) >= 1 and all(lo <= z <= hi for z in self.z_up) and lo <= self.z_down <= hi,
@@ -216,7 +222,7 @@ def _check(ok: bool, msg: str) -> None:
         raise InputError(msg)
 
 
-_TUPLE_FIELDS = {"codecs": str, "z_up": int, "seeds": int}
+_TUPLE_FIELDS = {"codecs": str, "z_up": int, "seeds": int, "save_rounds": int}
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

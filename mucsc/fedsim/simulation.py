@@ -33,6 +33,7 @@ from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, num_params
 from mucsc.fedsim.transport import Authenticator, LinkCodec, Sender, check_codec, receive, seal
+from mucsc.fedsim.updates import UpdateSaver
 
 # Independent random streams, so that e.g. a codec's randomness never shifts the batches.
 _S_PARTITION, _S_GROUPS, _S_SELECT, _S_BATCH, _S_NET, _S_UP, _S_DOWN = range(7)
@@ -321,6 +322,12 @@ class _Run:
         self.selected = select_clients(cfg, 0, self.weights)
         self.done = False
         self.auth = Authenticator(cfg.auth, cfg.seed, f"{codec}-seed{cfg.seed}") if cfg.auth != "off" else None
+        self.saver = None
+        if cfg.save_updates:  # --save-updates: raw U_i of the selected rounds and participants
+            self.saver = UpdateSaver(cfg.save_updates, cfg.save_rounds, cfg.save_slots, {
+                "codec": codec, "seed": cfg.seed, "dataset": cfg.dataset, "model": setup.model_name, "d": setup.d,
+                "names": self.names, "clients": cfg.clients, "per_round": cfg.per_round,
+                "local_iters": cfg.local_iters, "batch_size": cfg.batch_size})
 
     def host_weights(self) -> list[np.ndarray]:
         """The global model as the clients receive it: host float32 arrays (copies)."""
@@ -336,6 +343,9 @@ class _Run:
         updates, up_bytes, per_client_time, auth_up = [], [], [], 0
         train_s = enc_s = server_dec = 0.0
         for task, (update, t_train) in zip(tasks, trained):
+            if self.saver is not None and self.saver.wants(rnd + 1, task.slot):  # before any encoding
+                self.saver.save(rnd + 1, task.slot, task.client, update, float(task.lrs[0]),
+                                int(self.sizes[task.client]))
             sender = self.senders.get(task.client)
             if sender is None:
                 sender = self.senders[task.client] = Sender(self.ups[task.client])

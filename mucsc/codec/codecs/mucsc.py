@@ -630,6 +630,8 @@ def plan_goal(codec: Codec, groups: Sequence[Any], ctx: PlanContext) -> list[Cod
             if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
                 best = chosen
             budget += total - size
+            if size > total:  # the HEAD of this choice is larger: make the next split choose less
+                budget = min(budget, sum(o.bytes for o in chosen) - 1)
         return best
 
     best = split(total)
