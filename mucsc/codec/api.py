@@ -548,11 +548,12 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
         flat = flats[gi]
         flats[gi] = None
         offset = 0
+        lossless = codec_class(group.codec).lossless  # known: _decode_group found it
         for ri in group.records:
             rec = header.records[ri]
             part = flat[offset: offset + rec.size]
             offset += rec.size
-            if group.codec == "raw" and rec.dtype == "bfloat16":
+            if lossless and rec.dtype == "bfloat16":  # a lossless group decodes bfloat16 as its bits
                 part = (part.astype(np.uint32) << 16).view(np.float32)
             out[rec.name] = to_device(from_record(part, rec.dtype, rec.shape, as_torch), device)
     ordered = {r.name: out[r.name] for r in header.records}
