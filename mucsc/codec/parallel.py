@@ -228,7 +228,7 @@ def pack(ids: np.ndarray, width: int) -> bytes:
 
 
 def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
-                check: Callable[[int], Exception]) -> np.ndarray:
+                check: Callable[[int], Exception], out: np.ndarray | None = None) -> np.ndarray:
     """``table[bitpack.unpack(buf, width, n)]`` chunk by chunk in parallel, without the full ID array.
 
     Every ID is checked against ``len(table)`` (``check(bad_id)`` builds the exception raised for
@@ -240,7 +240,8 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     ``read_to(pos)``, ``complete()``).  With several threads one of them then decompresses it chunk
     by chunk while the others unpack the chunks already there (zstd decoding of one frame is
     sequential, so this overlap is what lets a zstd-coded section scale); errors are the same as
-    when decompressing first: the stream's, else the first bad chunk's.
+    when decompressing first: the stream's, else the first bad chunk's.  ``out``: an array of n
+    values of ``table``'s dtype to fill (default: a new one).
     """
     from mucsc.codec import bitpack, kernels
 
@@ -257,7 +258,10 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     packed = buf.buffer if progressive else np.frombuffer(buf, np.uint8)
     # each chunk is written by the thread that computes it, so the output's pages are first touched
     # (zeroed by the kernel) on all threads at once
-    out = np.empty(n, table.dtype)
+    if out is None:
+        out = np.empty(n, table.dtype)
+    elif out.shape != (n,) or out.dtype != table.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous array of {n} {table.dtype} values")
     lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
     # the compiled gather reads the bytes as indices; numpy's take converts them to intp first
     gather = kernels.c_module().lookup_bytes if (lookup is not None and kernels.use_c()
@@ -304,29 +308,27 @@ def _pipelined(stream: Any, needs: Sequence[int], one: Callable[[int, int], None
 
     Item 0 of :func:`run` is the producer (it reads the stream part by part, then takes parts like
     any other thread), items 1.. the parts, taken in order; a part whose bytes are not there yet
-    waits for them.  :func:`run` raises the error of the lowest failing item: the stream's first."""
-    ready = [0]  # bytes of the stream that are final; -1 once the producer failed
-    cond = threading.Condition()
+    waits for them on its own event (only its thread wakes when they arrive, however many threads
+    wait).  :func:`run` raises the error of the lowest failing item: the stream's first."""
+    ready = [threading.Event() for _ in parts]
+    failed = False
 
     def produce() -> None:
+        nonlocal failed
         try:
-            for need in needs:
+            for need, event in zip(needs, ready):
                 stream.read_to(need)
-                with cond:
-                    ready[0] = need
-                    cond.notify_all()
+                event.set()
         except BaseException:
-            with cond:
-                ready[0] = -1
-                cond.notify_all()
+            failed = True
+            for event in ready:
+                event.set()
             raise
 
     def consume(i: int) -> None:
-        with cond:
-            while 0 <= ready[0] < needs[i]:
-                cond.wait()
-            if ready[0] < 0:
-                raise _Abandoned
+        ready[i].wait()
+        if failed:
+            raise _Abandoned
         one(*parts[i])
 
     run(lambda i: produce() if i < 0 else consume(i), range(-1, len(parts)))
