@@ -114,6 +114,10 @@ def test_command_line(plugin_path, tmp_path):
     assert r.returncode == 2 and "levels" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _run(ROOT, *cli, "test", str(tmp_path / "x.npy.mucsc"))  # without the plugin: a clear error
     assert r.returncode == 1 and "int8" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # mucsc rate --baselines takes its rows from the registry: the plugin has one, its stated
+    # payload (1000 levels + the float32 scale) next to the measured message sizes
+    r = _run(plugin_path, *cli, "rate", "--dim", "1000", "--baselines", cwd=tmp_path)
+    assert r.returncode == 0 and re.search(r"^int8 +1,004 +[\d,]+ +[\d,]+ ", r.stdout, re.M), r.stdout + r.stderr
 
 
 def test_simulator(plugin_path, tmp_path):
