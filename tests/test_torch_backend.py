@@ -90,7 +90,9 @@ def test_messages_byte_identical(torch_backend_on, monkeypatch, kind, dtype):
 
 @pytest.mark.parametrize("codec,params", [("mucsc", {"z": 8}), ("mucsc", {"z": 256, "centroid_dtype": "float64"}),
                                           ("mucsc", {"z": 4, "id_packing": "tight"}),
-                                          ("bmucsc", {"keep": 0.05}), ("qsgd", {}), ("topk", {})])
+                                          ("bmucsc", {"keep": 0.05}), ("qsgd", {}), ("topk", {}),
+                                          ("signsgd", {}), ("fp16", {}), ("none", {}), ("stc", {}),
+                                          ("dgc", {"positions": "paper"})])
 @pytest.mark.parametrize("shared", [True, False])
 def test_state_dicts_byte_identical(torch_backend_on, monkeypatch, codec, params, shared):
     g = torch.Generator().manual_seed(0)
@@ -184,7 +186,8 @@ def test_cuda_tensor_encodes_to_the_same_bytes_and_decodes_on_the_gpu():
 
 
 @pytest.mark.parametrize("codec,params", [("signsgd", {}), ("topk", {"keep": 0.05}), ("stc", {}),
-                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0}), ("bmucsc", {})])
+                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0}), ("bmucsc", {}),
+                                          ("fp16", {})])
 def test_compressor_state_stays_on_the_device_with_the_same_bytes(torch_backend_on, monkeypatch, codec, params):
     g = torch.Generator().manual_seed(0)
     updates = [{"w": torch.randn(120, 30, generator=g), "b": torch.randn(30, generator=g)} for _ in range(3)]
@@ -205,6 +208,146 @@ def test_compressor_state_stays_on_the_device_with_the_same_bytes(torch_backend_
 
 def torch_backend_is_tensor(v) -> bool:
     return tb.is_torch(v)
+
+
+# ---- the other encoders' device paths: fp16 / none, signsgd, the top-k family ------------------------
+
+SUM_SIZES = [0, 1, 7, 8, 9, 127, 128, 129, 135, 1000, 8191, 8192, 8193, 20_001, 100_003]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", SUM_SIZES)
+def test_pairwise_sum64_is_numpys_sum_bit_for_bit(dtype, n):
+    # magnitudes spread over ~20 decades: any other summation order gives another float64
+    g = np.random.default_rng(n)
+    x = (g.standard_t(1, n) * np.exp(g.normal(0, 8, n))).astype(dtype)
+    for a in (x, np.abs(x)):
+        want = a.sum(dtype=np.float64)
+        got = tb.pairwise_sum64(torch.from_numpy(a))
+        assert got == want and np.signbit(got) == np.signbit(want), (n, dtype)
+
+
+def test_pairwise_sum64_follows_the_buffer_size_and_signed_zeros():
+    x = (np.random.default_rng(1).standard_t(1, 30_001) * 1e6).astype(np.float32)
+    old = np.getbufsize()
+    try:
+        np.setbufsize(4096)  # numpy sums float32 data a buffer at a time
+        assert tb.pairwise_sum64(torch.from_numpy(x)) == x.sum(dtype=np.float64)
+    finally:
+        np.setbufsize(old)
+    for n in (3, 9, 200, 9000):
+        for dtype in (np.float32, np.float64):
+            a = np.full(n, -0.0, dtype)
+            assert np.signbit(tb.pairwise_sum64(torch.from_numpy(a))) == np.signbit(a.sum(dtype=np.float64))
+
+
+def test_to_float16_rounds_once_like_numpy():
+    g = np.random.default_rng(2)
+    tie = 1 + 2.0**-11  # halfway between two float16 values: double rounding via float32 would hit it
+    special = [tie + 2.0**-40, tie - 2.0**-40, -(tie + 2.0**-40), tie, 1 + 3 * 2.0**-11, 65504.0, -65504.0,
+               0.0, -0.0, 2.0**-25, 2.0**-25 + 1e-30, -(2.0**-25 + 1e-30), 3 * 2.0**-26, 1e-300, 6.1e-5]
+    x = np.concatenate([g.normal(size=20_000) * 10.0 ** g.integers(-9, 5, 20_000), special])
+    for dtype in (np.float32, np.float64):
+        xx = x.astype(dtype)
+        got = tb.to_float16(torch.from_numpy(xx)).numpy()
+        assert np.array_equal(got.view(np.uint16), xx.astype(np.float16).view(np.uint16)), dtype
+
+
+OTHER_CODECS = [("fp16", {}), ("none", {}), ("signsgd", {}), ("signsgd", {"scale": "none"}),
+                ("topk", {"keep": 0.05}), ("topk", {"keep": 1.0}), ("dgc", {"positions": "paper"}),
+                ("stc", {}), ("stc", {"positions": "bitmap", "keep": 0.3})]
+
+
+def _with_zeros(kind: str, n: int, dtype, seed: int) -> np.ndarray:
+    x = _data(kind, n, dtype, seed)
+    x[::7] = 0  # exact zeros: signSGD sends them as +, the top-k family never selects them
+    if n > 3:
+        x[3] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("device_sums", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("codec,params", OTHER_CODECS)
+def test_other_codecs_byte_identical(torch_backend_on, monkeypatch, codec, params, dtype, device_sums):
+    """The device paths give the host's bytes; ``device_sums`` runs the float64 scale sums with the
+    GPU's algorithm (numpy's order rebuilt as tensor operations) instead of numpy on the CPU view."""
+    if device_sums:
+        monkeypatch.setattr(tb, "host_sums", lambda t: False)
+    for n in (1, 7, 1001, 70_001):
+        x = _with_zeros("t3", n, dtype, seed=n)
+        got = mucsc.encode(torch.from_numpy(x), codec, seed=5, **params)
+        from_numpy = mucsc.encode(x, codec, seed=5, **params)  # MUCSC_BACKEND=torch takes arrays too
+        monkeypatch.setattr(kernels, "TORCH", False)
+        want = mucsc.encode(x, codec, seed=5, **params)
+        monkeypatch.setattr(kernels, "TORCH", True)
+        assert got == want and from_numpy == want, (codec, params, dtype, n)
+        host = mucsc.decode(want, as_torch=True)
+        dev = mucsc.decode(want, as_torch=True, device="cpu")
+        assert host.dtype == dev.dtype and torch.equal(host, dev), (codec, dtype, n)
+        assert torch.equal(torch.signbit(host), torch.signbit(dev))  # -mu and -0.0 alike
+
+
+@pytest.mark.parametrize("codec", ["topk", "stc", "dgc"])
+def test_top_k_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_on, monkeypatch, codec):
+    x = _data("few", 10_001, np.float32, seed=4)  # three values: ties everywhere
+    assert tb.top_k_positions(torch.from_numpy(x), 1000) is None
+    got = mucsc.encode(torch.from_numpy(x), codec, keep=0.1, seed=1)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    assert got == mucsc.encode(x, codec, keep=0.1, seed=1)
+
+
+def test_top_k_positions_is_the_host_selection():
+    from mucsc.codec import sparse
+
+    x = _with_zeros("gauss", 5003, np.float64, seed=6)
+    for k in (1, 17, 4000, 5003, 6000):  # all non-zeros once k reaches n: top_k never sends a zero
+        got = tb.top_k_positions(torch.from_numpy(x), k)
+        assert got is not None and np.array_equal(got, sparse.top_k(x, min(k, x.size))), k
+
+
+@pytest.mark.parametrize("codec,params", [("fp16", {}), ("signsgd", {}), ("stc", {}), ("topk", {})])
+def test_other_codecs_stats_match_the_host(torch_backend_on, monkeypatch, codec, params):
+    x = _with_zeros("t3", 4099, "float32", seed=8)
+    _, dev = mucsc.encode_with_stats(torch.from_numpy(x), codec, seed=1, **params)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    _, host = mucsc.encode_with_stats(x, codec, seed=1, **params)
+    # the host sums x.x in float32 for float32 groups (numpy's dot), the device in float64
+    assert dev.groups[0].stats["J"] == pytest.approx(host.groups[0].stats["J"], rel=1e-6)
+    assert dev.tensors[0].rel_error == host.tensors[0].rel_error
+
+
+@pytest.mark.parametrize("codec,tamper", [("signsgd", "padding"), ("fp16", "inf"), ("none", "inf"),
+                                          ("stc", "padding"), ("topk", "inf")])
+def test_other_device_decoders_validate_like_the_host(codec, tamper):
+    x = np.linspace(-1, 1, 13, dtype="f4")
+    blob = bytearray(mucsc.encode(x, codec, compress="off", **({"keep": 0.5} if codec in ("stc", "topk") else {})))
+    tag = {"signsgd": "SIGN", "stc": "SIGN", "fp16": "VALS", "none": "VALS", "topk": "VALS"}[codec]
+    pos, _, stored, _ = next(s for s in section_offsets(bytes(blob)) if s[1] == tag)
+    data = pos + fmt.SECTION.size
+    if tamper == "padding":
+        blob[data + stored - 1] |= 0x80  # 13 or 7 bits: the top bit of the last byte is padding
+    elif codec == "fp16":
+        blob[data:data + 2] = np.array([np.inf], "<f2").tobytes()
+    else:
+        blob[data:data + 4] = np.array([np.inf], "<f4").tobytes()
+    bad = recrc(blob)
+    with pytest.raises(mucsc.MucscError) as host:
+        mucsc.decode(bad, as_torch=True)
+    with pytest.raises(type(host.value)):
+        mucsc.decode(bad, as_torch=True, device="cpu")
+
+
+def test_other_codecs_stay_torch_free():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MUCSC_BACKEND"}  # the default backend
+    code = ("import sys, numpy as np, mucsc; "
+            "[mucsc.decode(mucsc.encode(np.ones(9, 'f4'), c)) for c in ('fp16', 'none', 'signsgd', 'topk', 'stc', 'dgc')]; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 # ---- on a GPU: the same checks with CUDA tensors (skipped where torch sees no CUDA device) ---------
@@ -232,7 +375,8 @@ def test_cuda_messages_byte_identical(kind, dtype):
 @needs_cuda
 @pytest.mark.parametrize("codec,params", [("mucsc", {"z": 8}), ("mucsc", {"z": 4, "id_packing": "tight"}),
                                           ("bmucsc", {"keep": 0.05}), ("qsgd", {}), ("topk", {}),
-                                          ("signsgd", {}), ("fp16", {})])
+                                          ("signsgd", {}), ("fp16", {}), ("none", {}), ("stc", {}),
+                                          ("dgc", {"positions": "paper"})])
 def test_cuda_state_dicts(codec, params):
     """Every codec takes a state_dict of CUDA tensors: the bytes are the host's (B-MUCSC: its float64
     mean is reduced in the device's order, FORMAT.md 4.3, so at most that one value differs, by <= 1
@@ -253,7 +397,7 @@ def test_cuda_state_dicts(codec, params):
 
 @needs_cuda
 @pytest.mark.parametrize("codec,params", [("signsgd", {}), ("topk", {"keep": 0.05}), ("stc", {}),
-                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0})])
+                                          ("dgc", {"momentum": 0.9, "clip_norm": 5.0}), ("fp16", {})])
 def test_cuda_compressor_state_stays_on_the_gpu(codec, params):
     g = torch.Generator().manual_seed(0)
     updates = [{"w": torch.randn(120, 30, generator=g), "b": torch.randn(30, generator=g)} for _ in range(3)]
@@ -262,3 +406,31 @@ def test_cuda_compressor_state_stays_on_the_gpu(codec, params):
     assert all(v.is_cuda for t in dev.memory.tables.values() for v in t.values())
     hostc = mucsc.Compressor(codec, seed=3, **params)
     assert got == [hostc.compress(u) for u in updates]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("codec,params", OTHER_CODECS)
+def test_cuda_other_codecs_byte_identical(codec, params, dtype):
+    """fp16/none, signsgd and the top-k family on CUDA tensors: the host's bytes (the scales' float64
+    sums in numpy's order on the GPU), and the decode onto the GPU equals the host decode."""
+    for n in (1, 7, 1001, 70_001):
+        x = _with_zeros("t3", n, dtype, seed=n)
+        want = mucsc.encode(x, codec, seed=5, **params)
+        assert mucsc.encode(torch.from_numpy(x).cuda(), codec, seed=5, **params) == want, (codec, params, dtype, n)
+        back = mucsc.decode(want, as_torch=True, device="cuda")
+        host = mucsc.decode(want, as_torch=True)
+        assert back.is_cuda and torch.equal(back.cpu(), host) and torch.equal(back.cpu().signbit(), host.signbit())
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cuda_pairwise_sum64_and_float16(dtype):
+    for n in SUM_SIZES + [3_000_017]:
+        g = np.random.default_rng(n)
+        a = np.abs((g.standard_t(1, n) * np.exp(g.normal(0, 8, n))).astype(dtype))
+        assert tb.pairwise_sum64(torch.from_numpy(a).cuda()) == a.sum(dtype=np.float64), n
+    x = (np.random.default_rng(3).normal(size=100_000) * 1e3).astype(dtype)
+    x[:3] = [1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 2.0**-25 + 1e-30] if dtype == np.float64 else 1.0
+    got = tb.to_float16(torch.from_numpy(x).cuda()).cpu().numpy()
+    assert np.array_equal(got.view(np.uint16), x.astype(np.float16).view(np.uint16))

@@ -227,6 +227,7 @@ class BMUCSC(Codec):
         n = x.numel()
         k = sparse.keep_count(self.params.keep_fraction, n)
         pos = torch_backend.top_k_positions(x, k)
+        k = k if pos is None else pos.size  # fewer than asked when x has fewer non-zeros (as select)
         if pos is None or torch_backend.host_sums(x):  # ties at the k-th magnitude: the host's choice
             host = x.cpu().numpy()  # (on the CPU this is a view: the reference sum, no copy)
             if pos is None:

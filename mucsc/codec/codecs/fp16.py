@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mucsc.codec import torch_backend
 from mucsc.codec.base import register
 from mucsc.codec.codecs._cast import CastCodec
 
@@ -22,3 +23,6 @@ class FP16(CastCodec):
 
     def cast(self, x: np.ndarray) -> np.ndarray:
         return np.clip(x, -F16_MAX, F16_MAX).astype(self.wire)
+
+    def cast_torch(self, x):
+        return torch_backend.to_float16(x.clamp(-F16_MAX, F16_MAX))

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import torch_backend
 from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
 from mucsc.codec.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
@@ -27,6 +28,7 @@ class SignSGD(Codec):
     name = "signsgd"
     summary = "signSGD: 1 bit per element, scaled by ||U||_1/d (Bernstein et al. 2018)"
     input_limit = F32_MAX  # the scale (float32) is a mean of magnitudes
+    accepts_torch = True  # signs packed and the scale summed (in numpy's order) on the tensor's device
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -41,6 +43,8 @@ class SignSGD(Codec):
         return {"SIGN": (n + 7) // 8, **({"SCAL": 4} if self.params.scale == "l1" else {})}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
+        if torch_backend.applies(x):
+            return self._encode_torch(torch_backend.as_tensor(x))
         neg = np.signbit(x) & (x != 0)  # -0.0 is sent as +
         # compressible: updates with many zeros (sent as +) give long runs of 0 bits
         secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes(), compressible=True)]
@@ -52,9 +56,41 @@ class SignSGD(Codec):
         stats = {"J": lambda: float(np.sum((np.where(neg, -float(mag), float(mag)) - x) ** 2))}
         return EncodedGroup({"scale": self.params.scale}, tuple(secs), stats)
 
+    def _encode_torch(self, x) -> EncodedGroup:
+        """The same sections from x's device: the sign bits packed there, the l1 scale a float64 sum
+        in numpy's order (torch_backend.sum64_like_numpy); only the packed bits cross to the host."""
+        torch = torch_backend._torch()
+        n = x.numel()
+        neg = torch.signbit(x) & (x != 0)
+        secs = [Section("SIGN", torch_backend.pack(neg, 1), compressible=True)]
+        if self.params.scale == "l1":
+            mag = np.float32(torch_backend.sum64_like_numpy(x.abs()) / n) if n else np.float32(0)
+            secs.append(Section("SCAL", np.array([mag], "<f4").tobytes()))
+        else:
+            mag = np.float32(1)
+
+        def sq_error() -> float:
+            sent = torch.where(neg, -float(mag), float(mag)).to(torch.float64)
+            return float(((sent - x.to(torch.float64)) ** 2).sum())
+        return EncodedGroup({"scale": self.params.scale}, tuple(secs), {"J": sq_error})
+
     @classmethod
-    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype) -> np.ndarray:
+    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype, device) -> Any:
+        """:meth:`decode_array` on ``device``: the sign bits are copied over and expanded there."""
+        torch = torch_backend._torch()
+        bits, mag = cls._signs_and_scale(n, params, sections)
+        pos = torch.tensor(mag, dtype=getattr(torch, np.dtype(dtype).name), device=device)
+        out = torch.empty(n, dtype=pos.dtype, device=device)
+        for a in range(0, n, CHUNK):  # chunks of whole bytes: bounded bool temporaries
+            b = min(a + CHUNK, n)
+            neg = torch_backend.unpack_bits(bits[a // 8: -(-b // 8)], b - a, device)
+            out[a:b] = torch.where(neg, -pos, pos)
+        return out
+
+    @classmethod
+    def _signs_and_scale(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+        """The checked SIGN bytes and the scale (FormatError on a malformed section)."""
         scale = param_str(params, "scale", ("l1", "none"))
         bits = np.frombuffer(section(sections, "SIGN", (n + 7) // 8), np.uint8)
         check_padding(bits, n, "signsgd signs")
@@ -64,6 +100,12 @@ class SignSGD(Codec):
                 raise FormatError("signsgd: the scale must be finite and non-negative")
         else:
             mag = 1.0
+        return bits, mag
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        bits, mag = cls._signs_and_scale(n, params, sections)
         out = np.full(n, mag, dtype)
         for a in range(0, n, CHUNK):  # bytes of one chunk unpacked at a time: output-size memory only
             b = min(a + CHUNK, n)

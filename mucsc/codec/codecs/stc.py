@@ -15,22 +15,24 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack, sparse
+from mucsc.codec import bitpack, sparse, torch_backend
 from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
 from mucsc.codec.codecs.topk import (
-    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
+    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size, selection,
+    ScatterDecoder,
 )
 from mucsc.errors import FormatError
 
 
 @register
-class STC(Codec):
+class STC(ScatterDecoder, Codec):
     name = "stc"
     summary = "STC: top-k ternary mu*sign with Golomb-coded positions (Sattler et al. 2019)"
     paper_positions = "golomb"  # positions="paper": the STC paper's Golomb code
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(up={"keep": 0.03}, down={"keep": 0.03})  # section VI-A: both directions
     input_limit = F32_MAX  # mu (float32) is a mean of magnitudes
+    accepts_torch = True  # selection, mu (summed in numpy's order) and signs on the tensor's device
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -50,31 +52,47 @@ class STC(Codec):
         return {"SCAL": 4, "SIGN": (k + 7) // 8, "INDX": positions_size(self, n, k, positions_bytes, estimate)}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        n = x.size
-        k = sparse.keep_count(self.params.keep, n)
-        pos = sparse.top_k(x, k)
-        k = pos.size  # fewer than asked when x has fewer non-zeros
-        kept = x[pos]
-        mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if k else np.float32(0)
+        x, pos = selection(x, self.params.keep)
+        if torch_backend.is_torch(x):
+            return self._encode_torch(x, pos)
+        kept = x[pos]  # fewer than asked when x has fewer non-zeros
+        mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if pos.size else np.float32(0)
+        neg = np.signbit(kept)
+
+        def sq_error() -> float:
+            sent = np.where(neg, -float(mu), float(mu))
+            return float(np.dot(x, x)) - float(np.dot(kept, kept)) + float(np.sum((sent - kept) ** 2))
+        return self._encoded(x.size, pos, mu, np.packbits(neg, bitorder="little").tobytes(), sq_error)
+
+    def _encode_torch(self, x, pos: np.ndarray) -> EncodedGroup:
+        """mu and the sign bits from the kept values on x's device; mu's float64 sum in numpy's order
+        (torch_backend.sum64_like_numpy), so the bytes are the host's."""
+        torch = torch_backend._torch()
+        kept = x[torch.from_numpy(pos).to(x.device)]
+        k = pos.size
+        mu = np.float32(torch_backend.sum64_like_numpy(kept.abs()) / k) if k else np.float32(0)
+        neg = torch.signbit(kept)
+
+        def sq_error() -> float:
+            x64, k64 = x.to(torch.float64), kept.to(torch.float64)
+            sent = torch.where(neg, -float(mu), float(mu)).to(torch.float64)
+            return float(x64 @ x64) - float(k64 @ k64) + float(((sent - k64) ** 2).sum())
+        return self._encoded(x.numel(), pos, mu, torch_backend.pack(neg, 1), sq_error)
+
+    def _encoded(self, n: int, pos: np.ndarray, mu: np.float32, signs, sq_error) -> EncodedGroup:
+        """The group from the selected positions, mu and the packed sign bits."""
         if self.params.positions in ("golomb", "paper"):
             b = sparse.stc_golomb_parameter(self.params.keep) if self.params.keep < 1 else 0
             coded = sparse.encode(pos, n, "rice", rice_parameter=min(b, sparse.max_rice_parameter(n)))
         else:
             coded = sparse.encode(pos, n, self.params.positions)
-        neg = np.signbit(kept)
-        params = {"keep": self.params.keep, "k": k, **sparse.header_params(coded)}
-        secs = (Section("SCAL", np.array([mu], "<f4").tobytes()),
-                Section("SIGN", np.packbits(neg, bitorder="little").tobytes()),
-                Section("INDX", coded.data))
-
-        def sq_error() -> float:
-            sent = np.where(neg, -float(mu), float(mu))
-            return float(np.dot(x, x)) - float(np.dot(kept, kept)) + float(np.sum((sent - kept) ** 2))
+        params = {"keep": self.params.keep, "k": pos.size, **sparse.header_params(coded)}
+        secs = (Section("SCAL", np.array([mu], "<f4").tobytes()), Section("SIGN", signs), Section("INDX", coded.data))
         return EncodedGroup(params, secs, {"J": sq_error}, positions_resolved(self.params.positions, coded.method))
 
     @classmethod
-    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype) -> np.ndarray:
+    def _sent(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+        """(positions, values +-mu) of the sent elements, checked."""
         header_keep(params)
         k = param_int(params, "k", 0, n)
         mu = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
@@ -83,6 +101,4 @@ class STC(Codec):
         sign = np.frombuffer(section(sections, "SIGN", (k + 7) // 8), np.uint8)
         bitpack.check_padding(sign, k, "stc signs")
         pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
-        out = np.zeros(n, dtype)
-        out[pos] = np.where(np.unpackbits(sign, count=k, bitorder="little").astype(bool), -mu, mu)
-        return out
+        return pos, np.where(np.unpackbits(sign, count=k, bitorder="little").astype(bool), -mu, mu)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import sparse
+from mucsc.codec import sparse, torch_backend
 from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
                               param_int, register, section)
 from mucsc.errors import FormatError, ParameterError
@@ -42,6 +42,19 @@ def positions_resolved(requested: str, method: str) -> dict[str, str]:
     return {"positions": method} if requested == "auto" else {}
 
 
+def selection(x: Any, keep: float) -> tuple[Any, np.ndarray]:
+    """(x, the sorted positions of ``sparse.top_k``): selected on the device where the torch backend
+    applies (x is then a torch tensor), else on the host (x a numpy array), which is also where
+    elements tied at the k-th magnitude are decided (which of them are sent is the host's choice)."""
+    if torch_backend.applies(x):
+        t = torch_backend.as_tensor(x)
+        pos = torch_backend.top_k_positions(t, sparse.keep_count(keep, t.numel()))
+        if pos is not None:
+            return t, pos
+        x = t.cpu().numpy()
+    return x, sparse.top_k(x, sparse.keep_count(keep, x.size))
+
+
 def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, estimate: bool) -> int:
     """Bytes of the INDX section of a top-k style codec (``paper_positions`` resolves "paper")."""
     if positions_bytes is not None:
@@ -51,14 +64,34 @@ def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, es
                                  estimate=estimate)
 
 
+class ScatterDecoder:
+    """The decoders of a codec that sends k values at k positions (its ``_sent`` reads and checks
+    them): zeros elsewhere, on the host or, with ``decode_torch``, as a scatter on a device."""
+
+    @classmethod
+    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> np.ndarray:
+        pos, vals = cls._sent(n, params, sections)
+        out = np.zeros(n, dtype)
+        out[pos] = vals
+        return out
+
+    @classmethod
+    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype, device) -> Any:
+        """:meth:`decode_array` on ``device``: the k positions and values are copied over and scattered."""
+        return torch_backend.scatter(n, *cls._sent(n, params, sections), dtype, device)
+
+
 @register
-class TopK(Codec):
+class TopK(ScatterDecoder, Codec):
     name = "topk"
     summary = "top-k: the largest-magnitude fraction as float32 values + compact positions"
     paper_positions: ClassVar[str] = "fixed"  # what positions="paper" means for this codec
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as DGC
     input_limit = F32_MAX  # VALS is float32
+    accepts_torch = True  # the selection and the gather on the tensor's device; positions coded on the host
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -75,30 +108,42 @@ class TopK(Codec):
         return {"VALS": 4 * k, "INDX": positions_size(self, n, k, positions_bytes, estimate)}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        n = x.size
-        k = sparse.keep_count(self.params.keep, n)
-        pos = sparse.top_k(x, k)
-        k = pos.size  # fewer than asked when x has fewer non-zeros
-        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
-        coded = sparse.encode(pos, n, method)
+        x, pos = selection(x, self.params.keep)
+        if torch_backend.is_torch(x):
+            return self._encode_torch(x, pos)
         vals = x[pos].astype("<f4")
-        params = {"keep": self.params.keep, "k": k, **sparse.header_params(coded)}
-        secs = (Section("VALS", vals.tobytes()), Section("INDX", coded.data))
 
         def sq_error() -> float:
             err = float(np.dot(x, x)) - float(np.dot(x[pos], x[pos]))
             return err + float(np.sum((vals.astype(np.float64) - x[pos]) ** 2))
+        return self._encoded(x.size, pos, vals.tobytes(), sq_error)
+
+    def _encode_torch(self, x, pos: np.ndarray) -> EncodedGroup:
+        """The values at the selected positions gathered and cast on x's device; only they cross."""
+        torch = torch_backend._torch()
+        kept = x[torch.from_numpy(pos).to(x.device)]
+        vals = kept.to(torch.float32)
+
+        def sq_error() -> float:
+            x64, k64 = x.to(torch.float64), kept.to(torch.float64)
+            return float(x64 @ x64) - float(k64 @ k64) + float(((vals.to(torch.float64) - k64) ** 2).sum())
+        return self._encoded(x.numel(), pos, torch_backend.bytes_to_host(vals), sq_error)
+
+    def _encoded(self, n: int, pos: np.ndarray, vals, sq_error) -> EncodedGroup:
+        """The group from the selected positions (fewer than asked when x has fewer non-zeros) and
+        their float32 values' bytes."""
+        method = self.paper_positions if self.params.positions == "paper" else self.params.positions
+        coded = sparse.encode(pos, n, method)
+        params = {"keep": self.params.keep, "k": pos.size, **sparse.header_params(coded)}
+        secs = (Section("VALS", vals), Section("INDX", coded.data))
         return EncodedGroup(params, secs, {"J": sq_error}, positions_resolved(self.params.positions, coded.method))
 
     @classmethod
-    def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype) -> np.ndarray:
+    def _sent(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+        """(positions, float32 values) of the sent elements, checked."""
         header_keep(params)
         k = param_int(params, "k", 0, n)
         vals = array_from(section(sections, "VALS", 4 * k), "<f4")
         if not np.all(np.isfinite(vals)):
             raise FormatError(f"{cls.name}: values must be finite")
-        pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
-        out = np.zeros(n, dtype)
-        out[pos] = vals
-        return out
+        return sparse.decode_from_header(params, section(sections, "INDX"), n, k), vals
