@@ -100,12 +100,14 @@ def segment_costs(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray) 
 
 
 def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generator | None = None, *,
-          bounds: tuple[float, float] | None = None) -> np.ndarray:
+          bounds: tuple[float, float] | None = None, cache: dict | None = None) -> np.ndarray:
     """Levels for ``x`` with at most ``z`` entries: float64, strictly increasing, [min x, max x] ends.
 
     ``rng`` is used by the ``paper`` solver's random initialisation (default: seed 0); the other
     solvers are deterministic functions of (x, z).  ``bounds``: (min x, max x) when the caller already
-    has them (saves two passes over x; they must be exact).
+    has them (saves two passes over x; they must be exact).  ``cache``: a dict the caller keeps for
+    one unchanged ``x`` across several ``z`` (a goal's search): the sorted (sub)sample and the
+    distinct-value probes are computed once (the same levels as without it).
     """
     try:
         fn = SOLVERS[solver]
@@ -135,22 +137,24 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
         raise ParameterError("z = 1 cannot bracket a non-constant vector (r_1 = min, r_Z = max)")
     if z == 2:
         return np.array([lo, hi])
-    few = _distinct_if_at_most(x, z)
+    cache = None if cache is None or not isinstance(x, np.ndarray) else cache
+    few = _distinct_if_at_most(x, z, cache)
     if few is not None:
         return few
     if rng is None:
         rng = np.random.default_rng(0)
-    c = fn(x, z, lo, hi, rng)
+    c = _solve_optimal(x, z, lo, hi, rng, cache) if fn is _solve_optimal else fn(x, z, lo, hi, rng)
     return _finish(c, lo, hi)
 
 
-def _distinct_if_at_most(x: np.ndarray, z: int) -> np.ndarray | None:
+def _distinct_if_at_most(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray | None:
     """The sorted distinct values of x when there are at most z of them, else None (cheaply)."""
     if x.size <= FULL_SORT_MAX:
-        u = np.unique(x).astype(np.float64)
+        u = _cached(cache, ("unique",), lambda: np.unique(x).astype(np.float64))
         return u if u.size <= z else None
     step = max(1, x.size // max(4096, 2 * z))
-    probe = np.unique(x[::step] if isinstance(x, np.ndarray) else x.strided(step))  # can show > z values
+    probe = _cached(cache, ("probe", step),  # can show > z values
+                    lambda: np.unique(x[::step] if isinstance(x, np.ndarray) else x.strided(step)))
     if probe.size > z:
         return None
     # Few distinct values in a probe: check every element against them (rare path).
@@ -163,6 +167,15 @@ def _distinct_if_at_most(x: np.ndarray, z: int) -> np.ndarray | None:
         return probe.astype(np.float64)
     u = np.unique(x)
     return u.astype(np.float64) if u.size <= z else None
+
+
+def _cached(cache: dict | None, key: tuple, make):
+    """``make()``, memoised in ``cache`` under ``key`` when a cache is given."""
+    if cache is None:
+        return make()
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def _finish(c: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -484,7 +497,7 @@ def _polish(S: _Sorted, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarra
     return c
 
 
-def _solve_optimal(x, z, lo, hi, rng):
+def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
     """DP over candidates from the (sub)sampled sorted data, then exact coordinate polishing.
 
     For z > DP_MAX_Z each stage starts from the previous stage's levels and never raises J on the
@@ -492,10 +505,13 @@ def _solve_optimal(x, z, lo, hi, rng):
     over those levels plus interior data ranks, then greedy insertion up to z.  So J(z) <= J(DP_MAX_Z)
     and J(z) <= J(DP_REFINE_MAX_Z) for larger z, by construction.
     """
-    xs, w = _sample_sorted(x, lo, hi)
     shift = 0.5 * (lo + hi)
-    S = _Sorted(xs - shift, w)
-    del w  # peak memory: the sample's arrays are a visible share of it at d ~ 1e6
+
+    def sample() -> tuple[np.ndarray, _Sorted]:
+        xs, w = _sample_sorted(x, lo, hi)
+        return xs, _Sorted(xs - shift, w)  # w itself is not kept (peak memory at d ~ 1e6)
+
+    xs, S = _cached(cache, ("sorted", lo, hi), sample)  # read-only below
     zd = min(z, DP_MAX_Z)
     m = int(min(xs.size, max(CAND_MIN, CAND_PER_LEVEL * zd)))
     cand = _candidates(xs, S.W, m) - shift

@@ -77,9 +77,9 @@ def prepare(x: np.ndarray, m: int = INTERIOR_CANDIDATES) -> Prepared:
 
 
 def _rate(n: np.ndarray, total: float) -> np.ndarray:
-    """-n log2(n / total), 0 for n = 0."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = -n * np.log2(n / total)
+    """-n log2(n / total), 0 for n = 0 (call under np.errstate(divide=..., invalid="ignore"): the
+    n = 0 entries are computed, then replaced)."""
+    r = -n * np.log2(n / total)
     return np.where(n > 0, r, 0.0)
 
 
@@ -91,8 +91,28 @@ def solve(P: Prepared, lam: float, level_bits: float = 48.0) -> tuple[np.ndarray
     V = np.full((m, m), INF)  # V[p, k]: best cost with last two levels p < k (k's rate pending)
     back = np.full((m, m), -2, np.int64)  # previous of p; -1: p is the first level
     first_cost = np.where(P.left, lam * level_bits, INF)  # a first level: only its own cost
-    best_total, best_end = INF, None
     interior_ok = ~P.left  # a level after the first must lie above the minimum
+    with np.errstate(divide="ignore", invalid="ignore"):  # once, not per _rate call (same values)
+        best_total, best_end = _dp(P, lam, level_bits, V, back, first_cost, interior_ok)
+    if best_end is None:
+        raise RuntimeError("no level set brackets the data")  # the ends always do: cannot happen
+    p, k = best_end
+    seq = [k]
+    while p >= 0:
+        seq.append(p)
+        p, k = int(back[p, k]), p
+    idx = np.array(seq[::-1])
+    levels = P.cand[idx] + P.shift
+    J = float(sum(P.J[i, j] for i, j in zip(idx[:-1], idx[1:])))
+    return levels, J, (best_total - J) / lam if lam > 0 else float("nan")
+
+
+def _dp(P: Prepared, lam: float, level_bits: float, V: np.ndarray, back: np.ndarray, first_cost: np.ndarray,
+        interior_ok: np.ndarray) -> tuple[float, tuple[int, int] | None]:
+    """The DP of :func:`solve` over the candidates (fills V and back): (best total, its last two levels)."""
+    m = P.cand.size
+    best_total, best_end = np.inf, None
+    interior = np.flatnonzero(interior_ok)  # increasing
     for k in range(m):
         # incoming states for k as the current level: from "start" (k is the first level) or (p, k)
         ps = np.flatnonzero(np.isfinite(V[:k, k]))
@@ -109,8 +129,7 @@ def solve(P: Prepared, lam: float, level_bits: float = 48.0) -> tuple[np.ndarray
             if tot[i] < best_total:
                 best_total, best_end = float(tot[i]), (int(inc_from[i]), k)
             continue  # nothing lies beyond a last level
-        ls = np.arange(k + 1, m)
-        ls = ls[interior_ok[ls]]
+        ls = interior[np.searchsorted(interior, k, side="right"):]  # the interior candidates above k
         if ls.size == 0:
             continue
         cost = (inc_cost[:, None] + lam * _rate(inc_mass[:, None] + P.down[k, ls][None, :], P.total)
@@ -118,14 +137,4 @@ def solve(P: Prepared, lam: float, level_bits: float = 48.0) -> tuple[np.ndarray
         i = np.argmin(cost, axis=0)
         V[k, ls] = cost[i, np.arange(ls.size)]
         back[k, ls] = inc_from[i]
-    if best_end is None:
-        raise RuntimeError("no level set brackets the data")  # the ends always do: cannot happen
-    p, k = best_end
-    seq = [k]
-    while p >= 0:
-        seq.append(p)
-        p, k = int(back[p, k]), p
-    idx = np.array(seq[::-1])
-    levels = P.cand[idx] + P.shift
-    J = float(sum(P.J[i, j] for i, j in zip(idx[:-1], idx[1:])))
-    return levels, J, (best_total - J) / lam if lam > 0 else float("nan")
+    return best_total, best_end

@@ -155,7 +155,7 @@ def paper_mucsc_bytes(d: int, z: int, h: int = H) -> float:
 
 def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
                     levels: np.ndarray | None = None, coding: str | None = None,
-                    estimate: bool = False, levels_by: str = "ecsq") -> tuple[dict, tuple, Any]:
+                    estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None) -> tuple[dict, tuple, Any]:
     """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
     callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
     "packed" or "rans" (default: "rans" only when ``p.id_coding`` says so); ``estimate``: an IDSA
@@ -164,27 +164,47 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
     giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``.
     Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
-    coding = coding or ("rans" if p.id_coding == "rans" else "packed")
-    solver = p.solver if levels is None else levels_by  # informative: who chose the given levels
     if levels is not None and torch_backend.is_torch(x):
         x = x.cpu().numpy()
+    wire, ids, J = round_clusters(x, p, rng, levels, cache)
+    return cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
+
+
+def round_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
+                   levels: np.ndarray | None = None, cache: dict | None = None) -> tuple[np.ndarray, Any, Any]:
+    """The first half of :func:`encode_clusters`: (wire centroids, IDs, J or None) -- the levels
+    (solved for ``p.fixed_z`` unless given) and the stochastic rounding, before any ID coding.
+    ``cache``: kept by a caller that rounds the same ``x`` many times (a goal's search): its bounds
+    and the solver's sorted data are computed once (centroids.solve's ``cache``)."""
     if levels is None and torch_backend.applies(x):
-        wire, ids, J = _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
-    elif x.size == 0:
-        wire = np.zeros(0, CENTROID_DTYPES[p.centroid_dtype])
-        ids = np.zeros(0, np.uint8)
-        J = 0.0
+        return _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
+    if x.size == 0:
+        return np.zeros(0, CENTROID_DTYPES[p.centroid_dtype]), np.zeros(0, np.uint8), 0.0
+    if cache is not None and "bounds" in cache:
+        bounds = cache["bounds"]
     else:
         bounds = parallel.bounds(x)  # once, not once per stage
-        c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds) if levels is None else levels
-        wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
-        # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
-        # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
-        if kernels.use_c():
-            ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
-        else:
-            ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
-            J = None
+        if cache is not None:
+            cache["bounds"] = bounds
+    c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds, cache=cache) if levels is None else levels
+    wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
+    # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
+    # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
+    if kernels.use_c():
+        ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
+    else:
+        ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
+        J = None
+    return wire, ids, J
+
+
+def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J: Any,
+                    levels: np.ndarray | None = None, coding: str | None = None, estimate: bool = False,
+                    levels_by: str = "ecsq") -> tuple[dict, tuple, Any]:
+    """The second half of :func:`encode_clusters`: header params, sections and J for one ID coding
+    of a rounding (two codings of one rounding are what two encodes with the same rng give)."""
+    coding = coding or ("rans" if p.id_coding == "rans" else "packed")
+    solver = p.solver if levels is None else levels_by  # informative: who chose the given levels
     k = int(wire.size)
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
@@ -342,6 +362,8 @@ class _Group:
         self._prepared: dict[int, ecsq.Prepared] = {}
         self.lo, self.hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
         self.options: list[allocate.Option] = []
+        self._stash: dict[tuple[int, str], allocate.Option] = {}  # (Z, ID coding) -> measured, not yet asked
+        self._solve_cache: dict = {}  # bounds and the solver's sorted data of x (round_clusters)
 
     def measure(self, choice_z: int | None = None, mu: float | None = None, coding: str = "packed",
                 fine: bool = False, steps: int | None = None) -> allocate.Option:
@@ -356,13 +378,27 @@ class _Group:
             lam = mu * self.norm2 / max(self.x.size, 1)
             levels = ecsq.solve(self._prepared[m], lam, 8.0 * np.dtype(CENTROID_DTYPES[p.centroid_dtype]).itemsize
                                 + 16.0)[0]
-        params, sections, J = encode_clusters(self.x, p, self.rng(), levels, coding, estimate=True,
-                                              levels_by="ecsq" if steps is None else "uniform")
-        key = Choice(params["z"], None if levels is None else tuple(map(float, levels)), coding, mu,
-                     tuple(sorted(params.items())), steps)
-        o = allocate.Option(group_bytes(sections, self.level), float(J()), key)
+        ladder = levels is None  # J-optimal levels for a Z: measured with both ID codings (sweep)
+        if ladder and (p.fixed_z, coding) in self._stash:
+            o = self._stash.pop((p.fixed_z, coding))
+            self.options.append(o)
+            return o
+        by = "ecsq" if steps is None else "uniform"
+        wire, ids, J = round_clusters(self.x, p, self.rng(), levels, self._solve_cache)
+        o = self._option(p, wire, ids, J, levels, coding, mu, steps, by)
+        if ladder and coding == "packed" and self.p.id_coding == "auto":
+            # The sweep's rANS pass measures this Z again, from a fresh copy of the same generator:
+            # the same levels and rounding, so the same option -- coded from these IDs now instead
+            # of solving and rounding again (and recorded when the sweep asks for it).
+            self._stash[(p.fixed_z, "rans")] = self._option(p, wire, ids, o.J, levels, "rans", mu, steps, by)
         self.options.append(o)
         return o
+
+    def _option(self, p: MucscParams, wire, ids, J, levels, coding: str, mu, steps, by: str) -> allocate.Option:
+        params, sections, J = cluster_message(self.x, p, wire, ids, J, levels, coding, estimate=True, levels_by=by)
+        key = Choice(params["z"], None if levels is None else tuple(map(float, levels)), coding, mu,
+                     tuple(sorted(params.items())), steps)
+        return allocate.Option(group_bytes(sections, self.level), float(J()), key)
 
     def exact(self, o: allocate.Option) -> allocate.Option:
         """``o`` with its exact size (rANS-coded IDs are searched with an estimate)."""
@@ -371,7 +407,8 @@ class _Group:
         p = dataclasses.replace(self.p, z=o.key.z, bits=None, max_error=None, size=None)
         levels = None if o.key.levels is None else np.array(o.key.levels)
         _, sections, _ = encode_clusters(self.x, p, self.rng(), levels, "rans",
-                                         levels_by="ecsq" if o.key.steps is None else "uniform")
+                                         levels_by="ecsq" if o.key.steps is None else "uniform",
+                                         cache=self._solve_cache)
         return dataclasses.replace(o, bytes=group_bytes(sections, self.level))
 
     def unreachable(self, max_error: float) -> str:

@@ -1,0 +1,38 @@
+"""The goal searches' bytes are pinned: a speed-up of the search (e.g. sharing one rounding between
+the packed and rANS options of a Z) must choose exactly what the straightforward search chose.
+The digests were taken before those speed-ups (at 07b6909); both backends give the same bytes."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import mucsc
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_t(3, 30000).astype(np.float32)
+    return x, {"a": x[:20000], "b": rng.normal(size=5000).astype(np.float32), "n": np.arange(5)}
+
+
+CASES = [
+    ("mucsc", True, {'bits': 0.5}, "c7f5133193678c4e"),
+    ("mucsc", True, {'bits': 2.0}, "2d02ff38bc3df475"),
+    ("mucsc", True, {'size': 6000}, "1aee180dc07e1037"),
+    ("mucsc", True, {'max_error': 0.02}, "521ef408cc71a103"),
+    ("mucsc", True, {'bits': 1.5, 'id_coding': 'packed'}, "9b375db52f20eef7"),
+    ("mucsc", False, {'bits': 2.5, 'shared': False}, "18f17afc9bd87978"),
+    ("mucsc", False, {'max_error': 0.05, 'shared': False}, "a1e09ed41ad8ac8b"),
+    ("bmucsc", True, {'bits': 0.3}, "950a6ed4720b1f90"),
+    ("bmucsc", True, {'bits': 2.0}, "b603d6f13438a0b9"),
+    ("bmucsc", True, {'max_error': 0.3}, "a3925ddb992cc520"),
+    ("bmucsc", True, {'keep': 0.05, 'size': 2000}, "584d4299db238c00"),
+]
+
+
+@pytest.mark.parametrize("codec,single,kw,digest", CASES, ids=[f"{c}-{k}" for c, _, k, _ in CASES])
+def test_goal_bytes_are_unchanged(codec, single, kw, digest):
+    x, d = _data()
+    blob = mucsc.encode(x if single else d, codec, **kw)
+    assert hashlib.sha256(blob).hexdigest()[:16] == digest
