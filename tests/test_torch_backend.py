@@ -288,6 +288,21 @@ def test_other_codecs_byte_identical(torch_backend_on, monkeypatch, codec, param
         assert torch.equal(torch.signbit(host), torch.signbit(dev))  # -mu and -0.0 alike
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_bmucsc_device_mean_is_the_host_mean(torch_backend_on, monkeypatch, dtype):
+    """The rest's float64 sum taken as a GPU takes it (numpy's order rebuilt as tensor operations):
+    every byte equals the host encoder's, the mean's float32 included."""
+    monkeypatch.setattr(tb, "host_sums", lambda t: False)
+    for n in (7, 1001, 100_003):
+        x = _with_zeros("t3", n, dtype, seed=n)
+        for keep in (0.01, 0.3, 1.0):
+            got = mucsc.encode(torch.from_numpy(x), "bmucsc", keep=keep, seed=2)
+            monkeypatch.setattr(kernels, "TORCH", False)
+            want = mucsc.encode(x, "bmucsc", keep=keep, seed=2)
+            monkeypatch.setattr(kernels, "TORCH", True)
+            assert got == want, (dtype, n, keep)
+
+
 @pytest.mark.parametrize("codec", ["topk", "stc", "dgc"])
 def test_top_k_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_on, monkeypatch, codec):
     x = _data("few", 10_001, np.float32, seed=4)  # three values: ties everywhere
@@ -434,3 +449,14 @@ def test_cuda_pairwise_sum64_and_float16(dtype):
     x[:3] = [1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 2.0**-25 + 1e-30] if dtype == np.float64 else 1.0
     got = tb.to_float16(torch.from_numpy(x).cuda()).cpu().numpy()
     assert np.array_equal(got.view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_cuda_bmucsc_is_byte_identical(dtype):
+    """B-MUCSC on CUDA tensors, the rest's mean included (its float64 sum in numpy's order)."""
+    for n in (7, 1001, 100_003):
+        x = _with_zeros("t3", n, dtype, seed=n)
+        for keep in (0.01, 0.3, 1.0):
+            want = mucsc.encode(x, "bmucsc", keep=keep, seed=2)
+            assert mucsc.encode(torch.from_numpy(x).cuda(), "bmucsc", keep=keep, seed=2) == want, (dtype, n, keep)

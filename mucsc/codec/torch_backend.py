@@ -375,15 +375,10 @@ def scatter(n: int, pos: np.ndarray, vals: np.ndarray, dtype: np.dtype, device):
 
 
 def host_sums(x) -> bool:
-    """Whether reductions that reach the wire (B-MUCSC's mean) are taken on the host in the
-    reference order: for CPU tensors, where the host sees the data without a copy."""
+    """Whether float64 sums that reach the wire (B-MUCSC's mean, signSGD's and STC's scales) are
+    taken by numpy itself: for CPU tensors, where the host sees the data without a copy (elsewhere
+    :func:`pairwise_sum64` rebuilds numpy's order on the device)."""
     return x.device.type == "cpu"
-
-
-def sum64(x) -> float:
-    """The float64 sum of x's values (order of the device's reduction)."""
-    torch = _torch()
-    return float(x.sum(dtype=torch.float64))
 
 
 def rest_sq_bias(x, pos: np.ndarray, mean: float) -> float:

@@ -221,9 +221,9 @@ class BMUCSC(Codec):
         return self._encode_kept(x, x.size, k, pos, kept, rest_sum, rng)
 
     def _encode_torch(self, x, rng: np.random.Generator) -> EncodedGroup:
-        """On the tensor's device: the top-k selection, the kept values' clustering and rounding.
-        The same bytes as the host path, except the rest's mean on a GPU (FORMAT.md, informative
-        notes: its float64 sum is reduced in another order there)."""
+        """On the tensor's device: the top-k selection, the kept values' clustering and rounding,
+        and the rest's float64 sum in numpy's order (torch_backend.sum64_like_numpy): the same bytes
+        as the host path."""
         n = x.numel()
         k = sparse.keep_count(self.params.keep_fraction, n)
         pos = torch_backend.top_k_positions(x, k)
@@ -236,7 +236,7 @@ class BMUCSC(Codec):
             rest_sum = float(host.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
             return self._encode_kept(host, n, k, pos, torch_backend.as_tensor(kept), rest_sum, rng)
         kept = x[torch_backend.as_tensor(pos).to(x.device)]
-        rest_sum = torch_backend.sum64(x) - torch_backend.sum64(kept)
+        rest_sum = torch_backend.sum64_like_numpy(x) - torch_backend.sum64_like_numpy(kept)
         return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
 
     def _encode_kept(self, x, n: int, k: int, pos: np.ndarray, kept, rest_sum: float,
