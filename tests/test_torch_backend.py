@@ -460,3 +460,18 @@ def test_cuda_bmucsc_is_byte_identical(dtype):
         for keep in (0.01, 0.3, 1.0):
             want = mucsc.encode(x, "bmucsc", keep=keep, seed=2)
             assert mucsc.encode(torch.from_numpy(x).cuda(), "bmucsc", keep=keep, seed=2) == want, (dtype, n, keep)
+
+
+@needs_cuda
+@pytest.mark.parametrize("codec", ["mucsc", "signsgd", "fp16", "topk"])
+def test_cuda_groups_side_by_side_on_threads(codec):
+    """Several small groups encoded and decoded on two threads at once share the pinned staging
+    buffer of the host <-> device copies (one copy at a time): the bytes and values stay the host's."""
+    g = torch.Generator().manual_seed(1)
+    sd = {f"t{i}": torch.randn(100_000 + i, generator=g) for i in range(8)}
+    want = mucsc.encode(sd, codec, seed=3, shared=False)
+    for _ in range(3):
+        assert mucsc.encode({k: v.cuda() for k, v in sd.items()}, codec, seed=3, shared=False, threads=2) == want
+        back = mucsc.decode(want, as_torch=True, device="cuda", threads=2)
+        host = mucsc.decode(want, as_torch=True)
+        assert all(torch.equal(back[k].cpu(), host[k]) for k in host)

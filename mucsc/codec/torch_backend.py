@@ -18,6 +18,7 @@ large ones.  torch is imported only when this module is used.
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -204,6 +205,9 @@ def variance_J(x, c: np.ndarray) -> float:
 
 STAGE = 1 << 26  # bytes per staged copy (64 MiB)
 _stages: dict = {}
+# groups are encoded and decoded side by side on several threads (parallel.run_groups): one copy at a
+# time goes through the shared staging buffer
+_stage_lock = threading.Lock()
 
 
 def _stage(dev):
@@ -221,12 +225,13 @@ def to_host(t) -> np.ndarray:
     if t.device.type != "cuda":
         return t.cpu().numpy()
     out = np.empty(t.numel(), np.uint8)
-    buf = _stage(t.device)
-    view = buf.numpy()
-    for s in range(0, t.numel(), STAGE):
-        m = min(STAGE, t.numel() - s)
-        buf[:m].copy_(t[s:s + m])  # synchronous: the buffer is reused next
-        out[s:s + m] = view[:m]
+    with _stage_lock:
+        buf = _stage(t.device)
+        view = buf.numpy()
+        for s in range(0, t.numel(), STAGE):
+            m = min(STAGE, t.numel() - s)
+            buf[:m].copy_(t[s:s + m])  # synchronous: the buffer is reused next
+            out[s:s + m] = view[:m]
     return out
 
 
@@ -245,13 +250,14 @@ def to_device(buf, dev):
     if getattr(dev, "type", str(dev)) != "cuda":
         return torch.from_numpy(src.copy()).to(dev)
     out = torch.empty(src.size, dtype=torch.uint8, device=dev)
-    stage = _stage(out.device)
-    view = stage.numpy()
-    for s in range(0, src.size, STAGE):
-        m = min(STAGE, src.size - s)
-        view[:m] = src[s:s + m]
-        out[s:s + m].copy_(stage[:m])
-        torch.cuda.current_stream(out.device).synchronize()  # before the buffer is refilled
+    with _stage_lock:
+        stage = _stage(out.device)
+        view = stage.numpy()
+        for s in range(0, src.size, STAGE):
+            m = min(STAGE, src.size - s)
+            view[:m] = src[s:s + m]
+            out[s:s + m].copy_(stage[:m])
+            torch.cuda.current_stream(out.device).synchronize()  # before the buffer is refilled
     return out
 
 
