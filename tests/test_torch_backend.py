@@ -231,8 +231,9 @@ def test_pairwise_sum64_follows_the_buffer_size_and_signed_zeros():
     x = (np.random.default_rng(1).standard_t(1, 30_001) * 1e6).astype(np.float32)
     old = np.getbufsize()
     try:
-        np.setbufsize(4096)  # numpy sums float32 data a buffer at a time
-        assert tb.pairwise_sum64(torch.from_numpy(x)) == x.sum(dtype=np.float64)
+        for size in (4096, 5008):  # numpy sums float32 data a buffer at a time; 5008: an uneven tree
+            np.setbufsize(size)
+            assert tb.pairwise_sum64(torch.from_numpy(x)) == x.sum(dtype=np.float64), size
     finally:
         np.setbufsize(old)
     for n in (3, 9, 200, 9000):

@@ -511,10 +511,28 @@ def _leaf_sums(rows, starts: np.ndarray, lens: np.ndarray):
     return out
 
 
+def _balanced_rows(rows):
+    """:func:`_pairwise_rows` for L = 128 * 2^j (numpy's full float32 buffers): every split halves
+    exactly, so the leaves are the 128-element blocks and the tree adds neighbours level by level."""
+    m, L = rows.shape
+    blocks = rows.reshape(m, L // PW_BLOCK, PW_BLOCK // 8, 8)
+    acc = blocks[:, :, 0, :]
+    for g in range(1, PW_BLOCK // 8):
+        acc = acc + blocks[:, :, g, :]
+    vals = (acc[..., 0] + acc[..., 1] + (acc[..., 2] + acc[..., 3])) \
+        + (acc[..., 4] + acc[..., 5] + (acc[..., 6] + acc[..., 7]))
+    while vals.shape[1] > 1:
+        pairs = vals.reshape(m, -1, 2)
+        vals = pairs[..., 0] + pairs[..., 1]
+    return vals[:, 0]
+
+
 def _pairwise_rows(rows):
     """numpy's pairwise_sum of each row of ``rows`` (m x L float64 tensor): an m float64 tensor."""
     torch = _torch()
     m, L = rows.shape
+    if L >= PW_BLOCK and L % PW_BLOCK == 0 and (L // PW_BLOCK) & (L // PW_BLOCK - 1) == 0:
+        return _balanced_rows(rows)
     if L < 8:  # a sequential sum from +0.0
         res = torch.zeros(m, dtype=torch.float64, device=rows.device)
         for j in range(L):
@@ -544,7 +562,7 @@ def pairwise_sum64(x) -> float:
     buf = int(np.getbufsize())
     sums = []
     full = n // buf
-    rows_per = max(1, CHUNK // buf)
+    rows_per = max(1, (4 * CHUNK) // buf)  # 16M elements a batch: 128 MiB of float64 rows
     for r0 in range(0, full, rows_per):
         r1 = min(full, r0 + rows_per)
         sums.append(_pairwise_rows(x[r0 * buf:r1 * buf].to(torch.float64).reshape(r1 - r0, buf)))
