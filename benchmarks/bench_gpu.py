@@ -3,6 +3,7 @@
 
     python benchmarks/bench_gpu.py                      # CUDA, d = 1e7, 1e8, 1e9 (skips sizes that do not fit)
     python benchmarks/bench_gpu.py --device cpu --sizes 1e6,1e7   # the torch backend on CPU tensors
+    python benchmarks/bench_gpu.py --codecs signsgd,topk,stc,fp16,bmucsc   # other codecs' rows too
 
 Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``device encode``: ``mucsc.encode(x_dev)`` -- the solver summary, rounding and packing on the device,
@@ -14,6 +15,8 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
   (or numpy) on one core: what a user did before the torch backend;
 * ``device decode``: ``mucsc.decode(blob, as_torch=True, device=dev)`` -- unpack and gather on the device;
 * ``host decode``: ``mucsc.decode(blob, as_torch=True).to(dev)``.
+With ``--codecs``, each listed codec (default parameters) gets ``device encode``, ``host encode`` and
+``device decode`` rows of its own, after checking its device and host bytes are identical.
 GB/s counts the float32 input (4 bytes per element); best of --repeat, after one warm-up run.  Both
 encodes must give identical bytes (checked; the benchmark stops otherwise).
 """
@@ -47,13 +50,23 @@ def best_time(fn, repeat, torch, dev):
     return best
 
 
-def host_encode(a: np.ndarray, z: int) -> bytes:
+def host_encode(a: np.ndarray, z: int | None, codec: str = "mucsc") -> bytes:
     """The host path (compiled kernels or numpy), also when the torch backend is selected for CPU."""
     was, kernels.TORCH = kernels.TORCH, False
     try:
-        return mucsc.encode(a, "mucsc", z=z, seed=0)
+        return mucsc.encode(a, codec, seed=0, **({} if z is None else {"z": z}))
     finally:
         kernels.TORCH = was
+
+
+def codec_rows(x, codec: str, dev) -> list[tuple]:
+    """``--codecs`` rows for one codec (its default parameters), after the byte check."""
+    blob = mucsc.encode(x, codec, seed=0)
+    if blob != host_encode(x.cpu().numpy(), None, codec):
+        raise SystemExit(f"bench_gpu: {codec}: device and host bytes differ at d = {x.numel()}")
+    return [(f"{codec}: device encode", lambda: mucsc.encode(x, codec, seed=0)),
+            (f"{codec}: host encode", lambda: host_encode(x.cpu().numpy(), None, codec)),
+            (f"{codec}: device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev, max_elements=None))]
 
 
 def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
@@ -96,6 +109,7 @@ def main() -> None:
     ap.add_argument("--z", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stages", action="store_true", help="also time each step of the device encode alone")
+    ap.add_argument("--codecs", default="", help="also time these codecs (comma-separated, e.g. signsgd,topk)")
     args = ap.parse_args()
     import torch
 
@@ -130,6 +144,8 @@ def main() -> None:
         ]
         if args.stages:
             rows = rows[:1] + [(f"  {w}", None, t) for w, t in stages(x, args.z, args.repeat, torch, dev)] + rows[1:]
+        for codec in filter(None, args.codecs.split(",")):
+            rows += codec_rows(x, codec, dev)
         for what, fn, *given in rows:
             t = given[0] if given else best_time(fn, args.repeat, torch, dev)
             print(f"{d:>14,}  {what:<30} {t:>9.4f} {4 * d / t / 1e9:>8.2f}", flush=True)
