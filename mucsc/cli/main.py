@@ -177,9 +177,9 @@ class MainGroup(LazyGroup):
         try:
             with _unwind_on_signals():
                 return super().invoke(ctx)
-        except BrokenPipeError:
+        except BrokenPipeError:  # the reader went away (`mucsc info x.mucsc | head`): quietly, status 1
             _silence_stdout()
-            raise Failure("<stdout>: broken pipe") from None
+            raise click.exceptions.Exit(1) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
