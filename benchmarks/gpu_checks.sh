@@ -31,7 +31,7 @@ $py -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py \
     "tests/test_fedsim_sim.py::test_device_resident_updates_change_nothing" 2>&1 | tail -25 | tee "$out/tests.txt"
 
 echo "== 2. bench_gpu"
-$py benchmarks/bench_gpu.py --sizes 1e7,1e8,1e9 --repeat 3 2>&1 | tee "$out/bench_gpu.txt"
+$py benchmarks/bench_gpu.py --sizes 1e7,1e8,1e9 --repeat 3 --stages 2>&1 | tee "$out/bench_gpu.txt"
 
 echo "== 3. threads"
 $py benchmarks/bench_codec.py --threads 1,2,4,8,16 --d 3e7 --z 16 --repeat 5 2>&1 | tee "$out/threads.txt"
