@@ -302,6 +302,18 @@ def test_bmucsc_device_mean_is_the_host_mean(torch_backend_on, monkeypatch, dtyp
             want = mucsc.encode(x, "bmucsc", keep=keep, seed=2)
             monkeypatch.setattr(kernels, "TORCH", True)
             assert got == want, (dtype, n, keep)
+            host = mucsc.decode(want, as_torch=True)
+            dev = mucsc.decode(want, as_torch=True, device="cpu")  # the scatter over the mean
+            assert host.dtype == dev.dtype and torch.equal(host, dev), (dtype, n, keep)
+
+
+@pytest.mark.parametrize("params", [{"id_coding": "rans"}, {"z": 3, "id_packing": "tight"}, {"keep": 1.0}])
+def test_bmucsc_device_decode_equals_the_host_decode(params):
+    x = _with_zeros("t3", 20_001, "float64", seed=9)
+    blob = mucsc.encode(x, "bmucsc", seed=1, **params)
+    host = mucsc.decode(blob, as_torch=True)
+    dev = mucsc.decode(blob, as_torch=True, device="cpu")
+    assert host.dtype == dev.dtype and torch.equal(host, dev)
 
 
 @pytest.mark.parametrize("codec", ["topk", "stc", "dgc"])
@@ -334,11 +346,12 @@ def test_other_codecs_stats_match_the_host(torch_backend_on, monkeypatch, codec,
 
 
 @pytest.mark.parametrize("codec,tamper", [("signsgd", "padding"), ("fp16", "inf"), ("none", "inf"),
-                                          ("stc", "padding"), ("topk", "inf")])
+                                          ("stc", "padding"), ("topk", "inf"), ("bmucsc", "inf")])
 def test_other_device_decoders_validate_like_the_host(codec, tamper):
     x = np.linspace(-1, 1, 13, dtype="f4")
-    blob = bytearray(mucsc.encode(x, codec, compress="off", **({"keep": 0.5} if codec in ("stc", "topk") else {})))
-    tag = {"signsgd": "SIGN", "stc": "SIGN", "fp16": "VALS", "none": "VALS", "topk": "VALS"}[codec]
+    keep = {"keep": 0.5} if codec in ("stc", "topk", "bmucsc") else {}
+    blob = bytearray(mucsc.encode(x, codec, compress="off", **keep))
+    tag = {"signsgd": "SIGN", "stc": "SIGN", "fp16": "VALS", "none": "VALS", "topk": "VALS", "bmucsc": "SCAL"}[codec]
     pos, _, stored, _ = next(s for s in section_offsets(bytes(blob)) if s[1] == tag)
     data = pos + fmt.SECTION.size
     if tamper == "padding":
@@ -361,7 +374,8 @@ def test_other_codecs_stay_torch_free():
 
     env = {k: v for k, v in os.environ.items() if k != "MUCSC_BACKEND"}  # the default backend
     code = ("import sys, numpy as np, mucsc; "
-            "[mucsc.decode(mucsc.encode(np.ones(9, 'f4'), c)) for c in ('fp16', 'none', 'signsgd', 'topk', 'stc', 'dgc')]; "
+            "[mucsc.decode(mucsc.encode(np.ones(9, 'f4'), c)) "
+            " for c in ('fp16', 'none', 'signsgd', 'topk', 'stc', 'dgc', 'bmucsc')]; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

@@ -34,8 +34,9 @@ from mucsc.codec import allocate, centroids, sparse, torch_backend
 from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
 from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, MucscParams, _Group, _restored,
-                                     cluster_resolved, cluster_section_sizes, decode_clusters, encode_clusters,
-                                     fmt_default_level, format_minor, group_bytes, plan_goal, resolve_id_packing)
+                                     cluster_resolved, cluster_section_sizes, decode_clusters, decode_clusters_torch,
+                                     encode_clusters, fmt_default_level, format_minor, group_bytes, plan_goal,
+                                     resolve_id_packing)
 from mucsc.codec.codecs.topk import (
     KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
 )
@@ -268,18 +269,43 @@ class BMUCSC(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        k = cls._kept_count(n, params)
+        vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
+        pos, mean = cls._rest(n, k, params, sections)
+        out = np.full(n, mean, dtype)
+        out[pos] = vals
+        return out
+
+    @classmethod
+    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype, device) -> Any:
+        """:meth:`decode_array` on ``device``: the kept values unpacked and gathered there (as the
+        mucsc codec's), the positions decoded on the host and the values scattered over the mean."""
+        torch = torch_backend._torch()
+        k = cls._kept_count(n, params)
+        vals = decode_clusters_torch(k, params, sections, dtype, device)
+        pos, mean = cls._rest(n, k, params, sections)
+        out = torch.full((n,), float(mean), dtype=getattr(torch, np.dtype(dtype).name), device=device)
+        if k:
+            out[torch.from_numpy(pos).to(device)] = vals.to(out.dtype)
+        return out
+
+    @staticmethod
+    def _kept_count(n: int, params: Mapping[str, Any]) -> int:
+        """k from the untrusted header, after checking its informative keys are well-formed."""
         header_keep(params)
         param_int(params, "z", *Z_RANGE)  # informative (requested Z, solver), but must be well-formed
         param_str(params, "solver", HEADER_SOLVERS)
-        k = param_int(params, "k", 0, n)
-        vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
+        return param_int(params, "k", 0, n)
+
+    @staticmethod
+    def _rest(n: int, k: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):
+        """(the k kept positions, the rest's float32 mean), checked."""
         pos = sparse.decode_from_header(params, section(sections, "INDX"), n, k)
         mean = array_from(section(sections, "SCAL", 4), "<f4")[0]
         if not np.isfinite(mean):
             raise FormatError("bmucsc: the mean of the rest must be finite")
-        out = np.full(n, mean, dtype)
-        out[pos] = vals
-        return out
+        return pos, mean
 
 
 @dataclasses.dataclass(frozen=True)
