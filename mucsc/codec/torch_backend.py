@@ -603,10 +603,9 @@ def to_float16(x):
     return bits.view(torch.float32).to(torch.float16)
 
 
-def unpack_bits(buf, n: int, device):
-    """``n`` LSB-first bits of host bytes ``buf`` as a bool tensor on ``device`` (the caller has checked
-    the length and padding)."""
+def unpack_bits(b, n: int):
+    """The first ``n`` LSB-first bits of the uint8 tensor ``b`` as a bool tensor on its device (the
+    caller has checked the length and padding)."""
     torch = _torch()
-    b = to_device(buf, device)
-    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    shifts = torch.arange(8, dtype=torch.uint8, device=b.device)
     return ((b.unsqueeze(1) >> shifts) & 1).reshape(-1)[:n].bool()

@@ -77,15 +77,18 @@ class SignSGD(Codec):
     @classmethod
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype, device) -> Any:
-        """:meth:`decode_array` on ``device``: the sign bits are copied over and expanded there."""
+        """:meth:`decode_array` on ``device``: the sign bits are copied over (once) and expanded there."""
         torch = torch_backend._torch()
         bits, mag = cls._signs_and_scale(n, params, sections)
         pos = torch.tensor(mag, dtype=getattr(torch, np.dtype(dtype).name), device=device)
         out = torch.empty(n, dtype=pos.dtype, device=device)
-        for a in range(0, n, CHUNK):  # chunks of whole bytes: bounded bool temporaries
-            b = min(a + CHUNK, n)
-            neg = torch_backend.unpack_bits(bits[a // 8: -(-b // 8)], b - a, device)
-            out[a:b] = torch.where(neg, -pos, pos)
+        if n == 0:
+            return out
+        dbits = torch_backend.to_device(bits, device)
+        step = torch_backend.CHUNK  # a multiple of 8: chunks of whole bytes, bounded bool temporaries
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            out[a:b] = torch.where(torch_backend.unpack_bits(dbits[a // 8: -(-b // 8)], b - a), -pos, pos)
         return out
 
     @classmethod
