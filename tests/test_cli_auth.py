@@ -8,21 +8,12 @@ import os
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import mucsc
-from mucsc.cli.main import main
+from clitools import run
 
 pytest.importorskip("cryptography")
 SECRET = bytes(range(32))
-
-
-def run(args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    return result
 
 
 def one_line(result, *fragments):

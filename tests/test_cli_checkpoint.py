@@ -8,21 +8,12 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import mucsc
 from mucsc import tensorfiles as tf
 from mucsc import progress
 from mucsc.progress import StageProgress
-from mucsc.cli.main import main
-
-
-def run(args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    return result
+from clitools import run
 
 
 def model(seed=0):

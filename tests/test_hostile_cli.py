@@ -12,20 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from mucsc import tensorfiles as tf
-from mucsc.cli.main import main
+from clitools import run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    return result
 
 
 # ---- 10. SIGTERM / SIGHUP while writing ---------------------------------------------------------------

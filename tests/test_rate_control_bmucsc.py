@@ -8,18 +8,9 @@ import pytest
 
 import mucsc
 from mucsc.codec.codecs import bmucsc as B
-from click.testing import CliRunner
 
-from mucsc.cli.main import main
+from clitools import run
 from mucsc.errors import ParameterError
-
-
-def run(args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    return result
 
 
 def heavy(n, seed=0):

@@ -26,17 +26,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from mucsc.codec import allocate, centroids, sparse, torch_backend
 from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
-from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, MucscParams, _Group, _restored,
-                                     cluster_resolved, cluster_section_sizes, decode_clusters, decode_clusters_torch,
-                                     encode_clusters, fmt_default_level, format_minor, group_bytes, plan_goal,
-                                     resolve_id_packing)
+from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, GoalTarget, MucscParams, _Group,
+                                     _restored, cluster_resolved, cluster_section_sizes, decode_clusters,
+                                     decode_clusters_torch, encode_clusters, fmt_default_level, format_minor,
+                                     group_bytes, plan_goal, resolve_id_packing)
 from mucsc.codec.codecs.topk import (
     KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
 )
@@ -99,7 +99,7 @@ class BMUCSC(Codec):
     paper_setup = PaperSetup(up={"z": 256, "keep": 0.01}, down={"z": 256, "keep": 0.01})
 
     @dataclasses.dataclass(frozen=True)
-    class Params:
+    class Params(GoalTarget):
         """keep: the fraction of elements clustered (None: 1% with a fixed z, chosen by a goal);
         exactly one of z (the kept set's centroids, 256 when none is given) / bits (per element of
         the whole message) / size (bytes of the message) / max_error (sqrt(J) / ||x|| per group,
@@ -116,6 +116,7 @@ class BMUCSC(Codec):
         max_error: float | None = None
         size: int | None = None
         id_coding: str = "auto"  # as the mucsc codec's: "rans" (format 1.1) for the kept set's IDs
+        default_z: ClassVar[int] = DEFAULT_Z
 
         def __post_init__(self) -> None:
             if self.keep is not None:
@@ -127,15 +128,6 @@ class BMUCSC(Codec):
                             id_coding=self.id_coding)
             except ParameterError as exc:
                 raise ParameterError(f"bmucsc: {exc}") from None
-
-        @property
-        def target(self) -> str:
-            """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
-            return next((t for t in TARGETS if getattr(self, t) is not None), "z")
-
-        @property
-        def fixed_z(self) -> int:
-            return DEFAULT_Z if self.z is None else self.z
 
         @property
         def keep_fraction(self) -> float:

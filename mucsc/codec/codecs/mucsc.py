@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -66,8 +66,25 @@ Z_LADDER = tuple(sorted({*range(2, 9), *(m << e for e in range(1, 14) for m in (
                          MAX_Z}))
 
 
+class GoalTarget:
+    """What mucsc's and bmucsc's parameters share about their goal fields (z / bits / max_error /
+    size, at most one given): which one drives the choice, and Z in the fixed-Z mode."""
+
+    default_z: ClassVar[int] = DEFAULT_Z
+
+    @property
+    def target(self) -> str:
+        """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
+        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+
+    @property
+    def fixed_z(self) -> int:
+        """The number of centroids in the fixed-Z mode."""
+        return self.default_z if self.z is None else self.z
+
+
 @dataclasses.dataclass(frozen=True)
-class MucscParams:
+class MucscParams(GoalTarget):
     """Exactly one of z / bits / max_error / size chooses the number of centroids (z = 16 when none
     is given): ``z`` fixes it (within ``Z_RANGE``); ``bits`` is a budget in bits per element of the whole
     message (framing included); ``size`` a budget in bytes of the whole message; ``max_error`` a
@@ -109,17 +126,6 @@ class MucscParams:
             raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
         if self.id_coding not in ID_CODINGS:
             raise ParameterError(f"id_coding must be one of {', '.join(ID_CODINGS)}")
-
-    @property
-    def target(self) -> str:
-        """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
-        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
-
-    @property
-    def fixed_z(self) -> int:
-        """The number of centroids in the fixed-Z mode."""
-        return DEFAULT_Z if self.z is None else self.z
-
 
 def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
     """``for_container`` of codecs with an ``id_packing`` parameter: resolve "auto"."""
