@@ -34,9 +34,9 @@ from mucsc.codec import allocate, centroids, sparse, torch_backend
 from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
 from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, GoalTarget, MucscParams, _Group,
-                                     _restored, cluster_resolved, cluster_section_sizes, decode_clusters,
-                                     decode_clusters_torch, encode_clusters, fmt_default_level, format_minor,
-                                     group_bytes, plan_goal, resolve_id_packing)
+                                     cluster_resolved, cluster_section_sizes, decode_clusters, decode_clusters_torch,
+                                     encode_clusters, format_minor, group_bytes, plan_alone, plan_goal,
+                                     resolve_id_packing)
 from mucsc.codec.codecs.topk import (
     KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
 )
@@ -202,12 +202,8 @@ class BMUCSC(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
         if self.params.target != "z":  # called directly (not through the API): budget = this group
-            level = None if self.params.id_packing == "tight" else fmt_default_level()
-            state = rng.bit_generator.state
-            fresh = lambda: _restored(rng, state)  # noqa: E731
-            host = x.cpu().numpy() if torch_backend.is_torch(x) else x  # planning runs on the host
-            (codec,) = self.plan([host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
-            return codec.encode_array(host, fresh())
+            codec, host, rng = plan_alone(self, x, rng)
+            return codec.encode_array(host, rng)
         if torch_backend.is_torch(x):
             return self._encode_torch(x, rng)
         k, pos, kept, rest_sum = select(x, self.params.keep_fraction)

@@ -596,13 +596,7 @@ class Mucsc(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
         if self.params.target != "z":  # called directly (not through the API): budget = this group
-            level = None if self.params.id_packing == "tight" else fmt_default_level()
-            state = rng.bit_generator.state
-            fresh = lambda: _restored(rng, state)  # noqa: E731
-            host = x.cpu().numpy() if torch_backend.is_torch(x) else x  # planning runs on the host
-            ctx = PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0)
-            (codec,) = self.plan([host], ctx)
-            rng = fresh()
+            codec, x, rng = plan_alone(self, x, rng)
         params, sections, J = encode_clusters(x, codec.params, rng, codec._levels, levels_by=codec._levels_by)
         return EncodedGroup(params, sections, {"J": J}, cluster_resolved(params))
 
@@ -698,6 +692,18 @@ def plan_goal(codec: Codec, groups: Sequence[Any], ctx: PlanContext) -> list[Cod
     if cost(exact) > total:
         raise too_small(exact, cost(exact))
     return [codec.resolved(o.key) for o in exact]
+
+
+def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, np.ndarray, np.random.Generator]:
+    """A goal codec's ``encode_array`` called directly (not through the API, which plans a whole
+    message): plan ``x`` as a message of its own -> (the planned codec, x on the host, where
+    planning runs, and a generator in ``rng``'s state, so the encode draws what the plan drew)."""
+    level = None if codec.params.id_packing == "tight" else fmt_default_level()
+    state = rng.bit_generator.state
+    fresh = lambda: _restored(rng, state)  # noqa: E731
+    host = x.cpu().numpy() if torch_backend.is_torch(x) else x
+    (planned,) = codec.plan([host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
+    return planned, host, fresh()
 
 
 def fmt_default_level() -> int:
