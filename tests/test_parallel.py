@@ -445,3 +445,13 @@ def test_crc32_in_parts_equals_one_pass(small_chunks):
     for t in THREADS:
         with pytest.raises(mucsc.ChecksumError):
             mucsc.decode(bytes(blob), threads=t)
+
+
+def test_crc32_continues_a_running_crc_in_parallel_parts(small_chunks):
+    """The writer feeds each large section to parallel.crc32 with the CRC of what came before."""
+    import zlib
+
+    data = np.random.default_rng(4).integers(0, 256, 5 * SMALL_CHUNK + 7, dtype=np.uint8).tobytes()
+    for t in (1, 2, 3):
+        with parallel.using(t):
+            assert parallel.crc32(memoryview(data), 0xDEADBEEF) == zlib.crc32(data, 0xDEADBEEF)

@@ -14,7 +14,6 @@ import json
 import math
 import re
 import struct
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -323,11 +322,8 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         flags, minor = flags | FLAG_AUTH, max(minor, 1)
     parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
     crc = 0
-    for p in parts:  # incrementally, so the message is assembled with a single copy
-        if parallel.current() > 1 and len(p) >= 2 * parallel.CHUNK:  # a large section: in parts, in parallel
-            crc = parallel.crc32_combine(crc, parallel.crc32(memoryview(p).cast("B")), len(p))
-        else:
-            crc = zlib.crc32(p, crc)
+    for p in parts:  # incrementally, so the message is assembled with a single copy; large parts in parallel
+        crc = parallel.crc32(memoryview(p).cast("B"), crc)
     parts.append(TRAILER.pack(crc))
     if auth is not None:
         parts.extend(auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length))

@@ -350,15 +350,16 @@ class _ByteTable:
         self.bytes = self.rows.view(np.uint8)  # the same table as 256 * size bytes
 
 
-def crc32(data: memoryview) -> int:
-    """``zlib.crc32(data)``, over ``current()`` equal parts in parallel for large data (zlib
-    releases the GIL), the parts' CRCs joined with :func:`crc32_combine`."""
+def crc32(data: memoryview, crc: int = 0) -> int:
+    """``zlib.crc32(data, crc)`` (``crc``: the running CRC of what came before), over ``current()``
+    equal parts in parallel for large data (zlib releases the GIL), the parts' CRCs joined with
+    :func:`crc32_combine`."""
     t = current()
     if t <= 1 or len(data) < 2 * CHUNK:
-        return zlib.crc32(data)
+        return zlib.crc32(data, crc)
     step = -(-len(data) // t)
     cuts = range(0, len(data), step)
-    crcs = run(lambda s: zlib.crc32(data[s: s + step]), cuts, t)
+    crcs = run(lambda s: zlib.crc32(data[s: s + step], crc if s == 0 else 0), cuts, t)
     crc = crcs[0]
     for s, c in zip(cuts[1:], crcs[1:]):
         crc = crc32_combine(crc, c, min(step, len(data) - s))

@@ -149,8 +149,9 @@ def round_supported(x, c: np.ndarray) -> bool:
 
 
 def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
-    """Cluster ids (uint8 tensor for <= 256 levels, else int32, on x's device) of eq. 7 against wire centroids ``c`` (host, sorted,
-    bracketing x), identical to ``quantize.stochastic_round`` given the same key; and J (float64) of
+    """Cluster ids (on x's device: uint8 for <= 256 levels, else int32) of eq. 7 against wire
+    centroids ``c`` (host, sorted, bracketing x), identical to ``quantize.stochastic_round`` given
+    the same key; and J (float64) of
     eq. 8-9 when ``return_J``.  Every level gap must be finite in the working precision (the
     caller checks :func:`round_supported` first and otherwise uses the reference path)."""
     torch = _torch()

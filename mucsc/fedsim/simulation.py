@@ -233,9 +233,9 @@ class LocalTrainer:
             update = {n: w - p.detach() for n, w, p in zip(self.names, start, self.params)}
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the training time includes the device's work
-        else:
+        else:  # .cpu() waits for the device
             update = {n: (w - p.detach()).cpu().numpy() for n, w, p in zip(self.names, start, self.params)}
-        return update, time.perf_counter() - t0  # .cpu() waited for the device
+        return update, time.perf_counter() - t0
 
     def evaluate(self, weights: list[np.ndarray]) -> tuple[float, float]:
         """Test accuracy and mean cross-entropy of ``weights`` (batches of 1024)."""
