@@ -11,6 +11,9 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``threads=0`` / ``compress=off``: the same with the host's stages (zstd, CRC-32) on all cores / with
   the IDs stored fixed-width (no zstd);
 * with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure);
+* with ``--selection KEEP``, each step of the top-k family's and B-MUCSC's device selection of the
+  largest KEEP fraction timed alone: ``torch.topk`` against the radix select the backend uses, the
+  positions' copy, the values' gather, the positions' coding on the host, the rest's float64 sum;
 * ``host encode``: ``mucsc.encode(x_dev.cpu().numpy())`` -- the copy to the host plus the compiled kernels
   (or numpy) on one core: what a user did before the torch backend;
 * ``device decode``: ``mucsc.decode(blob, as_torch=True, device=dev)`` -- unpack and gather on the device;
@@ -102,6 +105,37 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
     ]
 
 
+def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str, float]]:
+    """Seconds of each step of a device top-k selection of ``keep`` (the top-k family and B-MUCSC),
+    timed alone (best of ``repeat``), with ``torch.topk`` as the reference for the radix select."""
+    from mucsc.codec import sparse
+    from mucsc.codec import torch_backend as tb
+
+    k = sparse.keep_count(keep, x.numel())
+    a = x.abs()
+    t, _, _ = tb.kth_largest_abs(a, k)
+    if t != float(torch.topk(a, k, sorted=False).values.min()):
+        raise SystemExit("bench_gpu: the radix select and torch.topk disagree on the k-th magnitude")
+    pos = tb.top_k_positions(x, k)
+    if pos is None:
+        raise SystemExit("bench_gpu: ties at the k-th magnitude (the host decides): no device selection to time")
+    pos_dev = torch.from_numpy(pos).to(dev)
+    return [
+        (f"|x| (k = {k:,})", best_time(lambda: x.abs(), repeat, torch, dev)),
+        ("k-th |x|: torch.topk", best_time(lambda: float(torch.topk(a, k, sorted=False).values.min()),
+                                           repeat, torch, dev)),
+        ("k-th |x|: radix select", best_time(lambda: tb.kth_largest_abs(a, k), repeat, torch, dev)),
+        ("positions + copy to host", best_time(lambda: torch.nonzero(a >= t).reshape(-1).cpu().numpy(),
+                                               repeat, torch, dev)),
+        ("whole selection", best_time(lambda: tb.top_k_positions(x, k), repeat, torch, dev)),
+        ("values: gather + copy", best_time(lambda: tb.bytes_to_host(x[torch.from_numpy(pos).to(dev)]),
+                                            repeat, torch, dev)),
+        ("positions coded (host, auto)", best_time(lambda: sparse.encode(pos, x.numel(), "auto"), repeat, torch, dev)),
+        ("float64 sum, numpy's order", best_time(lambda: tb.sum64_like_numpy(x), repeat, torch, dev)),
+        ("kept values' float64 sum", best_time(lambda: tb.sum64_like_numpy(x[pos_dev]), repeat, torch, dev)),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -109,6 +143,8 @@ def main() -> None:
     ap.add_argument("--z", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stages", action="store_true", help="also time each step of the device encode alone")
+    ap.add_argument("--selection", type=float, default=None, metavar="KEEP",
+                    help="also time each step of a device top-k selection of this fraction (e.g. 0.01)")
     ap.add_argument("--codecs", default="", help="also time these codecs (comma-separated, e.g. signsgd,topk)")
     args = ap.parse_args()
     import torch
@@ -144,6 +180,8 @@ def main() -> None:
         ]
         if args.stages:
             rows = rows[:1] + [(f"  {w}", None, t) for w, t in stages(x, args.z, args.repeat, torch, dev)] + rows[1:]
+        if args.selection is not None:
+            rows += [(f"  {w}", None, t) for w, t in selection_stages(x, args.selection, args.repeat, torch, dev)]
         for codec in filter(None, args.codecs.split(",")):
             rows += codec_rows(x, codec, dev)
         for what, fn, *given in rows:

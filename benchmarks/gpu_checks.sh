@@ -8,6 +8,7 @@
 #  1. the torch backend's tests with CUDA tensors (tests/test_torch_backend.py: the CUDA cases run
 #     only where torch sees a GPU) and the simulator's device-resident path;
 #  2. benchmarks/bench_gpu.py: CUDA tensor -> message -> CUDA tensor at d = 1e7, 1e8, 1e9 vs the host path;
+#     2b. the top-k selection's steps (radix select vs torch.topk) and topk/stc/bmucsc end to end at 1e8;
 #  3. benchmarks/bench_codec.py --threads: one message's encode/decode with 1..16 threads (issue 14);
 #  4. mucsc sim on the FEMNIST sample (LeNet, 1.33M parameters), --device cuda vs --device cpu:
 #     the per-round encode/decode time with updates encoded where they live.
@@ -32,6 +33,8 @@ $py -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py \
 
 echo "== 2. bench_gpu"
 $py benchmarks/bench_gpu.py --sizes 1e7,1e8,1e9 --repeat 3 --stages 2>&1 | tee "$out/bench_gpu.txt"
+echo "== 2b. the top-k family's and B-MUCSC's device selection, step by step, and their end-to-end rows"
+$py benchmarks/bench_gpu.py --sizes 1e8 --repeat 3 --selection 0.01 --codecs topk,stc,bmucsc 2>&1 | tee "$out/bench_selection.txt"
 
 echo "== 3. threads"
 $py benchmarks/bench_codec.py --threads 1,2,4,8,16 --d 3e7 --z 16 --repeat 5 2>&1 | tee "$out/threads.txt"

@@ -104,9 +104,15 @@ def test_state_dicts_byte_identical(torch_backend_on, monkeypatch, codec, params
     assert got == mucsc.encode(sd, codec, seed=2, shared=shared, **params)
 
 
-def test_bmucsc_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_on, monkeypatch):
-    x = _data("zeros", 20_000, np.float32, seed=3)  # ~10% non-zero, keep 20%: ties at 0
-    assert tb.top_k_positions(torch.from_numpy(x), 4000) is None
+@pytest.mark.parametrize("kind", ["few", "zeros"])
+def test_bmucsc_ties_at_the_kth_magnitude_give_the_host_selection(torch_backend_on, monkeypatch, kind):
+    """Ties at a non-zero k-th magnitude: the host chooses (None); ~10% non-zero with keep 20% ties
+    at 0, where the selection is all the non-zeros, on the device as on the host."""
+    from mucsc.codec import sparse
+
+    x = _data(kind, 20_000, np.float32, seed=3)
+    got = tb.top_k_positions(torch.from_numpy(x), 4000)
+    assert got is None if kind == "few" else np.array_equal(got, sparse.top_k(x, 4000))
     got = mucsc.encode(torch.from_numpy(x), "bmucsc", keep=0.2, seed=1)
     monkeypatch.setattr(kernels, "TORCH", False)
     assert got == mucsc.encode(x, "bmucsc", keep=0.2, seed=1)
@@ -327,6 +333,22 @@ def test_top_k_positions_is_the_host_selection():
     for k in (1, 17, 4000, 5003, 6000):  # all non-zeros once k reaches n: top_k never sends a zero
         got = tb.top_k_positions(torch.from_numpy(x), k)
         assert got is not None and np.array_equal(got, sparse.top_k(x, min(k, x.size))), k
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_kth_largest_abs_is_the_partition_value(dtype):
+    rng = np.random.default_rng(11)
+    x = (rng.standard_t(3, 20_011) * 10.0 ** rng.integers(-6, 4, 20_011)).astype(dtype)
+    x[:50] = np.finfo(dtype).tiny / 4  # subnormals
+    x[50:60] = np.finfo(dtype).max
+    x[60:3000] = 0.0
+    x[3000:3100] = x[3100]  # a run of ties
+    a = np.abs(x)
+    for k in (1, 2, 10, 11, 97, 5000, 17_000, 20_010):
+        t, tied, need = tb.kth_largest_abs(torch.from_numpy(a), k)
+        want = np.partition(a, a.size - k)[a.size - k]
+        assert t == want and tied == int((a == want).sum()), (k, t, want)
+        assert need == k - int((a > want).sum()), k
 
 
 @pytest.mark.parametrize("codec,params", [("fp16", {}), ("signsgd", {}), ("stc", {}), ("topk", {})])

@@ -352,10 +352,44 @@ def gather(values: np.ndarray, ids):
 
 # ---- B-MUCSC's selection ----------------------------------------------------------------------------
 
+RADIX_BITS = 11  # bits per pass of the k-th magnitude select: 2048 counters per histogram
+_BITS = {2: "int16", 4: "int32", 8: "int64"}  # itemsize -> the integer type that views |x|'s bits
+
+
+def kth_largest_abs(a, k: int) -> tuple[float, int, int]:
+    """(t, m, need) for non-negative finite ``a`` and 1 <= k <= n: t the k-th largest value of a,
+    m how many elements equal t, need how many of those the top k take (need <= m).
+
+    A radix select on the bit patterns (for non-negative IEEE floats their order is the integers'):
+    a histogram of the top RADIX_BITS bits picks the digit holding the k-th largest, the elements
+    with that digit are kept, and the next bits are counted among them.  Each pass is a bincount and
+    a compaction, so the work is a few streaming passes; ``torch.topk`` with a large k on one huge
+    slice is a sort-like multi-pass select.  Exact: t is a value of a, whatever the distribution."""
+    torch = _torch()
+    itype = getattr(torch, _BITS[a.element_size()])
+    cand = a.reshape(-1).view(itype)
+    need, prefix = k, 0
+    shift = 8 * a.element_size() - 1  # value bits below the (clear) sign bit
+    while shift > 0:
+        width = min(RADIX_BITS, shift)
+        shift -= width
+        digit = (cand >> shift) & ((1 << width) - 1)
+        counts = torch.bincount(digit.to(torch.int64) if itype == torch.int16 else digit,
+                                minlength=1 << width).cpu().numpy()
+        above = np.cumsum(counts[::-1])[::-1]  # above[v]: elements with a digit >= v
+        v = int(np.flatnonzero(above >= need)[-1])  # the largest digit whose ">= v" count reaches need
+        need -= int(above[v] - counts[v])
+        prefix = (prefix << width) | v
+        cand = cand[digit == v]
+    t = float(torch.tensor(prefix, dtype=torch.int64).to(itype).view(a.dtype))
+    return t, int(cand.numel()), need
+
+
 def top_k_positions(x, k: int) -> np.ndarray | None:
     """``sparse.top_k(x, k)`` computed on x's device: sorted positions (host int64) of the k elements
-    of largest |x| (all the non-zeros when k >= n: top_k never sends a zero), when that set is unique;
-    None when elements tied at the k-th magnitude make it a choice (the host's ``sparse.top_k`` decides)."""
+    of largest |x| (all the non-zeros when k >= n or when x has fewer than k: top_k never sends a
+    zero), when that set is unique; None when elements tied at the k-th magnitude make it a choice
+    (the host's ``sparse.top_k`` decides)."""
     torch = _torch()
     n = x.numel()
     if k >= n:
@@ -363,11 +397,12 @@ def top_k_positions(x, k: int) -> np.ndarray | None:
     if k == 0:
         return np.zeros(0, np.int64)
     a = x.abs()
-    t = torch.topk(a, k, sorted=False).values.min()
-    above = a >= t
-    if int(above.sum()) != k:
+    t, tied, need = kth_largest_abs(a, k)
+    if t == 0.0:  # fewer than k non-zeros: all of them, as the host sends
+        return torch.nonzero(a).reshape(-1).cpu().numpy().astype(np.int64)
+    if tied != need:
         return None
-    return torch.nonzero(above).reshape(-1).cpu().numpy().astype(np.int64)
+    return torch.nonzero(a >= t).reshape(-1).cpu().numpy().astype(np.int64)
 
 
 def scatter(n: int, pos: np.ndarray, vals: np.ndarray, dtype: np.dtype, device):
