@@ -6,6 +6,7 @@
     MUCSC_PURE_NUMPY=1 python benchmarks/bench_codec.py   # the numpy fallback instead of the C kernels
     python benchmarks/bench_codec.py --threads 1,2 --d 3e7 --z 16 --repeat 5   # thread scaling
     python benchmarks/bench_codec.py --stages --d 3e7 --z 16 --repeat 5        # decode, stage by stage
+    python benchmarks/bench_codec.py --assembly --d 3e7 --z 16 --repeat 5      # the writer's share of an encode
 
 Throughput is MB/s of float32 input (4 bytes per element), best of --repeat runs, one thread.
 With --threads: encode and decode of one d-element vector with each thread count, the thread
@@ -167,6 +168,42 @@ def decode_stages(d, z, repeat):
         print(f"| {name} | {t * 1e3:.1f} | {x.nbytes / t / 1e9:.1f} | {faults(fn)} |")
 
 
+def assembly(d, z, repeat):
+    """The message writer's share of an encode (issue 16's host work): the whole encode and
+    ``format.write_message`` alone on the same sections, for compress off / default and 1 / 2
+    threads, best of ``repeat``, with the minor page faults of one write and a digest of the
+    message (equal digests: equal bytes, e.g. before and after a change of the writer)."""
+    import hashlib
+    import resource
+
+    from mucsc.codec import format as fmt
+    from mucsc.codec import parallel
+
+    x = np.random.default_rng(0).normal(size=d).astype(np.float32)
+    print(f"# {cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}, kernels backend {kernels.BACKEND}; "
+          f"d = {d:.0e} float32 N(0,1), Z = {z}, best of {repeat}")
+    print("| compress | threads | whole encode ms | write_message ms | write faults | message MB | sha256 |")
+    print("|---|---|---|---|---|---|---|")
+    for compress, level in (("off", None), ("default", 3)):
+        kw = {"compress": "off"} if level is None else {}
+        enc = mucsc.get_codec("mucsc", z=z).encode_array(x, np.random.default_rng([0, 0]))
+        secs = [(0, s.tag, s.tobytes(), s.compressible) for s in enc.sections]
+        header = fmt.read_message(mucsc.encode(x, z=z, **kw)).header
+        for t in (1, 2):
+            def write():
+                with parallel.using(t):
+                    return fmt.write_message(header, secs, zstd_level=level, threads=t)
+            blob = mucsc.encode(x, z=z, threads=t, **kw)
+            te = best_time(lambda: mucsc.encode(x, z=z, threads=t, **kw), repeat)
+            write()
+            tw = best_time(write, repeat)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            write()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            print(f"| {compress} | {t} | {te * 1e3:.1f} | {tw * 1e3:.1f} | {faults} | {len(blob) / 1e6:.1f} | "
+                  f"{hashlib.sha256(blob).hexdigest()[:12]} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -175,7 +212,11 @@ def main():
     ap.add_argument("--d", type=float, default=3e7, help="vector length of the scaling table")
     ap.add_argument("--z", type=int, default=16, help="Z of the scaling table")
     ap.add_argument("--stages", action="store_true", help="time the decode's stages one by one (--d, --z)")
+    ap.add_argument("--assembly", action="store_true", help="time the message writer's share of an encode (--d, --z)")
     args = ap.parse_args()
+    if args.assembly:
+        assembly(int(args.d), args.z, args.repeat)
+        return
     if args.stages:
         decode_stages(int(args.d), args.z, args.repeat)
         return

@@ -2,6 +2,7 @@
 
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import zstandard
 
 import mucsc
 from mucsc.codec import format as fmt
+from mucsc.codec import kernels, parallel
 from mucsc.errors import (ChecksumError, FormatError, LimitError, MucscError, TruncatedError,
                           VersionError)
 from msgtools import build, recrc, section_offsets
@@ -182,3 +184,69 @@ def test_inspect_counts_every_byte():
         fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes) for s in info.sections) == len(blob)
     json.dumps(info.to_dict())
     assert [r.name for r in info.records] == ["w", "b"]
+
+
+# ---- the writer's single buffer (issue 16: one copy of each payload, its CRC taken in the same pass) ----
+
+class HostPayload:
+    """A ``format.Payload`` over host bytes: the writer's path for payloads left on a device."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.nbytes, self.hosted = data, len(data), 0
+
+    def host(self):
+        self.hosted += 1
+        return np.frombuffer(self.data, np.uint8)
+
+    def write_into(self, out) -> int:
+        np.frombuffer(out, np.uint8)[:] = np.frombuffer(self.data, np.uint8)
+        return zlib.crc32(self.data)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_writer_fills_one_buffer_with_the_reference_bytes(monkeypatch, compiled, threads):
+    """The message is written into one buffer (the returned bytes object itself with the compiled
+    kernels, a numpy array otherwise), copied and checksummed in parallel parts: the bytes equal the
+    independent writer of tests/msgtools.py for payloads of odd lengths given as bytes, arrays,
+    memoryviews and Payloads."""
+    if compiled and getattr(kernels.c_module(), "new_bytes", None) is None:
+        pytest.skip("compiled kernels not built")
+    monkeypatch.setattr(kernels, "BACKEND", "c" if compiled else "numpy")
+    monkeypatch.setattr(parallel, "CHUNK", 1 << 12)  # parallel parts from 8 KiB on
+    monkeypatch.setattr(parallel, "COPY_PIECE", 1000)
+    rng = np.random.default_rng(7)
+    data = [rng.bytes(n) for n in (0, 1, 13, 9000, 40_001, 3)]
+    header = fmt.Header((), ())
+    given = [data[0], np.frombuffer(data[1], np.uint8), memoryview(data[2]), HostPayload(data[3]),
+             HostPayload(data[4]), np.frombuffer(data[5], np.uint8).view(np.dtype("S3"))]
+    with parallel.using(threads):
+        blob = fmt.write_message(header, [(i % 2, f"DAT{i}", d, False) for i, d in enumerate(given)],
+                                 zstd_level=None)
+    assert type(blob) is bytes
+    assert blob == build(header.to_json(), [(i % 2, f"DAT{i}", d) for i, d in enumerate(data)])
+
+
+def test_writer_compresses_a_payload_from_its_host_bytes(monkeypatch):
+    """A compressible Payload is brought to the host once and stored as zstd when smaller, raw
+    (those host bytes) when not: the same message as for the host bytes themselves."""
+    header = fmt.Header((), ())
+    small, noise = bytes(5000), np.random.default_rng(1).bytes(3000)
+    lazy = [HostPayload(small), HostPayload(noise)]
+    got = fmt.write_message(header, [(0, "ZERO", lazy[0], True), (0, "RAND", lazy[1], True)], minor=1)
+    assert got == fmt.write_message(header, [(0, "ZERO", small, True), (0, "RAND", noise, True)], minor=1)
+    assert [p.hosted for p in lazy] == [1, 1]
+    assert [got[pos + 8] for pos, *_ in section_offsets(got)] == [fmt.ENC_RAW, fmt.ENC_ZSTD, fmt.ENC_RAW]  # HEAD, ZERO, RAND
+
+
+def test_new_bytes_gives_a_filled_bytes_object():
+    new_bytes = getattr(kernels.c_module(), "new_bytes", None)
+    if new_bytes is None:
+        pytest.skip("compiled kernels not built")
+    blob, writable = new_bytes(5)
+    view = np.frombuffer(writable, np.uint8)
+    view[:] = np.arange(65, 70)
+    del writable
+    assert type(blob) is bytes and blob == b"ABCDE" and len({blob, b"ABCDE"}) == 1
+    with pytest.raises(ValueError):
+        new_bytes(1)

@@ -455,3 +455,33 @@ def test_crc32_continues_a_running_crc_in_parallel_parts(small_chunks):
     for t in (1, 2, 3):
         with parallel.using(t):
             assert parallel.crc32(memoryview(data), 0xDEADBEEF) == zlib.crc32(data, 0xDEADBEEF)
+
+
+@pytest.mark.parametrize("crc", [0, 0xDEADBEEF, None])
+def test_copy_crc32_copies_and_checksums_in_one_pass(small_chunks, monkeypatch, crc):
+    """The writer's copy: the bytes land in the output and the CRC is zlib's (continued from a
+    running CRC, or none), in pieces and equal parts whose boundaries fall anywhere."""
+    import zlib
+
+    monkeypatch.setattr(parallel, "COPY_PIECE", 1000)
+    for n in (0, 1, 999, 5 * SMALL_CHUNK + 7):
+        src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+        for t in THREADS:
+            out = bytearray(n)
+            with parallel.using(t):
+                got = parallel.copy_crc32(memoryview(src), memoryview(out), crc)
+            assert bytes(out) == src.tobytes()
+            assert got == (None if crc is None else zlib.crc32(src, crc))
+    with pytest.raises(ValueError, match="3 bytes into a buffer of 2"):
+        parallel.copy_crc32(b"abc", bytearray(2))
+
+
+def test_pack_fills_one_array_with_bitpacks_bytes(small_chunks):
+    from mucsc.codec import bitpack
+
+    for width in (1, 3, 4, 8, 11, 16):
+        ids = np.random.default_rng(width).integers(0, 1 << width, 3 * SMALL_CHUNK + 5)
+        for t in THREADS:
+            with parallel.using(t):
+                got = parallel.pack(ids, width)
+            assert got.dtype == np.uint8 and got.tobytes() == bitpack.pack(ids, width), (width, t)

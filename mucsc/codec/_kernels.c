@@ -6,6 +6,7 @@
  *            order, same leftmost-argmin tie rule), bit-identical to the numpy path.
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
+ * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
  *
  * Build flags (setup.py): -O3 -ffp-contract=off.  No fused multiply-add, no fast-math: every float
  * operation here is the IEEE operation numpy performs, in the same precision and order.
@@ -686,7 +687,66 @@ done:
     return res;
 }
 
+/* ---- a bytes object written in place (the message writer's single buffer) ---------------------- */
+
+/* A new bytes object's contents are uninitialised and it is not shared yet: CPython's own code fills
+ * such objects in place.  new_bytes(n) returns one with a writable buffer over it (an exporter that
+ * holds a reference to the bytes, so no view can outlive them), so the writer can copy every
+ * section straight into the message it returns instead of joining parts into it afterwards. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *bytes;
+} WritableObject;
+
+static int writable_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    PyObject *b = ((WritableObject *)self)->bytes;
+    return PyBuffer_FillInfo(view, self, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), 0, flags);
+}
+
+static void writable_dealloc(PyObject *self)
+{
+    Py_XDECREF(((WritableObject *)self)->bytes);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs writable_as_buffer = {writable_getbuffer, NULL};
+
+static PyTypeObject WritableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mucsc.codec._kernels.Writable",
+    .tp_basicsize = sizeof(WritableObject),
+    .tp_dealloc = writable_dealloc,
+    .tp_as_buffer = &writable_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A writable buffer over a new bytes object (see new_bytes).",
+};
+
+PyDoc_STRVAR(new_bytes_doc,
+"new_bytes(n) -> (bytes, writable)\n\n"
+"A new bytes object of n >= 2 uninitialised bytes and a writable buffer over it: fill every byte\n"
+"through memoryview(writable), drop the writable, then hand out the bytes.");
+
+static PyObject *py_new_bytes(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 2) {  /* 0 and 1 byte objects may be shared singletons */
+        PyErr_SetString(PyExc_ValueError, "new_bytes: need n >= 2");
+        return NULL;
+    }
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n);
+    if (b == NULL) return NULL;
+    WritableObject *w = PyObject_New(WritableObject, &WritableType);
+    if (w == NULL) { Py_DECREF(b); return NULL; }
+    Py_INCREF(b);
+    w->bytes = b;
+    return Py_BuildValue("(NN)", b, (PyObject *)w);
+}
+
 static PyMethodDef methods[] = {
+    {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
@@ -704,5 +764,6 @@ static struct PyModuleDef moddef = {
 
 PyMODINIT_FUNC PyInit__kernels(void)
 {
+    if (PyType_Ready(&WritableType) < 0) return NULL;
     return PyModule_Create(&moddef);
 }

@@ -195,7 +195,7 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
         x = _for_codec(gcodec, x)
         enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
         errs = _member_errors(gcodec, enc, x, members, tensors) if want_stats else {}
-        secs = [(gi, s.tag, s.tobytes(), s.compressible) for s in enc.sections]
+        secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
         gstat = None
         if want_stats:
             stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}

@@ -48,14 +48,23 @@ class Section:
     """One typed payload of a group.  ``tag`` is 4 ASCII characters, upper-case first letter (critical)."""
 
     tag: str
-    data: bytes | bytearray | memoryview | np.ndarray
+    # host bytes, or a payload still on a device (``torch_backend.DeviceBytes``, see format.Payload)
+    data: Any
     compressible: bool = False  # the container may store it zstd-compressed when that is smaller
 
     def tobytes(self) -> bytes | memoryview:
+        """The payload as host bytes (a device payload is copied to the host once, then kept)."""
         d = self.data
+        if hasattr(d, "write_into"):
+            d = d.host()
         if isinstance(d, np.ndarray):
             return memoryview(np.ascontiguousarray(d)).cast("B")
         return d
+
+    def payload(self) -> Any:
+        """The payload as the message writer takes it: host bytes as :meth:`tobytes` gives them, a
+        device payload as it is (the writer copies it straight into the message)."""
+        return self.data if hasattr(self.data, "write_into") else self.tobytes()
 
 
 @dataclasses.dataclass(frozen=True)

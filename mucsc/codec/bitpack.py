@@ -37,16 +37,20 @@ def packed_size(n: int, width: int) -> int:
 
 def pack(values: np.ndarray, width: int) -> bytes:
     """Pack non-negative integers < 2**width (width 0..16) into bytes; width 0 gives b''."""
+    return pack_array(values, width).tobytes()
+
+
+def pack_array(values: np.ndarray, width: int) -> np.ndarray:
+    """:func:`pack`'s bytes as a 1-D uint8 array (for a caller that copies them on anyway: no
+    bytes object of their own; for widths 8 and 16 it may be a view of ``values``)."""
     if not 0 <= width <= MAX_WIDTH:
         raise ValueError(f"bit width must be in 0..{MAX_WIDTH}, got {width}")
     v = np.ascontiguousarray(values).reshape(-1)
     n = v.size
     if width == 0 or n == 0:
-        return b""
-    if width == 8:
-        return v.astype(np.uint8, copy=False).tobytes()
-    if width == 16:
-        return v.astype("<u2", copy=False).tobytes()
+        return np.zeros(0, np.uint8)
+    if width in (8, 16):
+        return v.astype(np.uint8 if width == 8 else "<u2", copy=False).view(np.uint8)
     if width in (1, 2, 4):
         per = 8 // width
         v = v.astype(np.uint8, copy=False)
@@ -57,8 +61,8 @@ def pack(values: np.ndarray, width: int) -> bytes:
         out = g[:, 0].copy()
         for j in range(1, per):
             out |= g[:, j] << np.uint8(j * width)
-        return out.tobytes()
-    return _pack_generic(v, width)
+        return out
+    return np.frombuffer(_pack_generic(v, width), np.uint8)
 
 
 def _pack_generic(v: np.ndarray, width: int) -> bytes:

@@ -279,10 +279,25 @@ def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
     return SECTION.size + stored + padding(stored)
 
 
+class Payload(Protocol):
+    """A section payload that is not host bytes yet, e.g. packed IDs on a GPU
+    (``torch_backend.DeviceBytes``): the writer copies it straight into the message, and brings it
+    to the host as bytes of its own only when it compresses it."""
+
+    nbytes: int
+
+    def host(self) -> Any:
+        """The bytes on the host (a buffer of ``nbytes`` bytes)."""
+
+    def write_into(self, out: memoryview) -> int:
+        """Copy the bytes into ``out`` (``nbytes`` long); return their CRC-32 (as ``zlib.crc32``)."""
+
+
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
                   zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None,
                   minor: int = 0, threads: int = 1) -> bytes:
-    """Serialise a message.  ``sections`` yields (group, tag, payload, compressible).
+    """Serialise a message.  ``sections`` yields (group, tag, payload, compressible); a payload is
+    bytes-like or a :class:`Payload`.
 
     ``minor``: the version to declare, the oldest that can represent the message (a message using
     no 1.1 feature is written as 1.0, byte-identical to what a 1.0 writer produces).
@@ -292,43 +307,102 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
     message is 1.1 with an authentication trailer.  Writers emit the oldest version that fits.
     ``threads``: zstd worker threads (the bytes do not depend on it, see ``parallel.zstd_compressor``).
+
+    The message is allocated once at its final size and every part is copied into it once, its
+    CRC-32 taken in the same pass (``parallel.copy_crc32``; a :class:`Payload` brings its own CRC).
     """
-    if not 0 <= minor <= MINOR:
-        raise ValueError(f"format minor version {minor} is not in 0..{MINOR}")
     if flags:
         raise ValueError("flags are set by the writer, not by its caller")
     if not 0 <= minor <= MINOR:
         raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
-    parts: list[bytes | memoryview] = []
-    count = 0
+    parts: list[bytes | memoryview | Payload] = []
     for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", header.to_json(), True), *sections]:
         _check_tag(tag)
-        raw = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        enc, stored = ENC_RAW, raw
-        if compressible and cctx is not None and len(raw) > 0:
-            z = cctx.compress(raw)
-            if len(z) < len(raw):
-                enc, stored = ENC_ZSTD, z
-        parts.append(SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, len(stored), len(raw)))
-        parts.append(stored)
-        if padding(len(stored)):
-            parts.append(bytes(padding(len(stored))))
-        count += 1
+        raw_len, enc, stored = _stored(data, compressible, cctx)
+        size = _length(stored)
+        parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
+                  bytes(padding(size))]
+    count = len(parts) // 3
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
-    total = PREAMBLE.size + sum(len(p) for p in parts) + TRAILER.size
+    total = PREAMBLE.size + sum(_length(p) for p in parts) + TRAILER.size
+    tail: list[bytes] = []
     if auth is not None:
         flags, minor = flags | FLAG_AUTH, max(minor, 1)
-    parts.insert(0, PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
-    crc = 0
-    for p in parts:  # incrementally, so the message is assembled with a single copy; large parts in parallel
-        crc = parallel.crc32(memoryview(p).cast("B"), crc)
-    parts.append(TRAILER.pack(crc))
+        tail = auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length)
+    out = _MessageBuffer(total + sum(map(len, tail)) + (auth.tag_length if auth is not None else 0))
+    out.put(PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total))
+    for p in parts:
+        out.put(p)
+    out.put(TRAILER.pack(out.crc))
     if auth is not None:
-        parts.extend(auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length))
-        parts.append(auth.tag(parts))
-    return b"".join(parts)
+        for p in tail:
+            out.put(p)
+        tag = auth.tag([out.view[: out.pos]])
+        if len(tag) != auth.tag_length:
+            raise ValueError(f"the signer made a tag of {len(tag)} bytes, not {auth.tag_length}")
+        out.put(tag)
+    return out.finish()
+
+
+def _byte_view(data: Any) -> bytes | memoryview:
+    """Host bytes as themselves or a flat unsigned-byte view (no copy)."""
+    return data if isinstance(data, bytes) else memoryview(data).cast("B")
+
+
+def _length(part: Any) -> int:
+    return part.nbytes if hasattr(part, "write_into") else len(part)
+
+
+def _stored(data: Any, compressible: bool, cctx: Any) -> tuple[int, int, Any]:
+    """(raw length, encoding, payload as stored) of one section: zstd when that is strictly
+    smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed."""
+    lazy = hasattr(data, "write_into")
+    raw = data if lazy else _byte_view(data)
+    raw_len = _length(raw)
+    if not (compressible and cctx is not None and raw_len > 0):
+        return raw_len, ENC_RAW, raw
+    host = _byte_view(data.host()) if lazy else raw
+    z = cctx.compress(host)
+    return (raw_len, ENC_ZSTD, z) if len(z) < raw_len else (raw_len, ENC_RAW, host)
+
+
+class _MessageBuffer:
+    """The message being written: one buffer of its final size, filled front to back, with the
+    running CRC-32 of what was put so far.  With the compiled kernels the buffer is the ``bytes``
+    object returned (``_kernels.new_bytes``); otherwise a numpy array copied into one at the end."""
+
+    def __init__(self, size: int) -> None:
+        from mucsc.codec import kernels
+
+        new_bytes = getattr(kernels.c_module(), "new_bytes", None) if kernels.use_c() else None
+        if new_bytes is not None:
+            self._bytes, writable = new_bytes(size)
+        else:
+            self._bytes = None
+            writable = self._array = np.empty(size, np.uint8)
+        self.view = memoryview(writable).cast("B")
+        self.pos, self.crc, self.size = 0, 0, size
+
+    def put(self, part: Any) -> None:
+        """Append ``part`` (bytes-like or a :class:`Payload`), extending the running CRC."""
+        n = _length(part)
+        if self.pos + n > self.size:
+            raise ValueError(f"message buffer overrun: {self.pos} + {n} > {self.size} bytes")
+        dest = self.view[self.pos: self.pos + n]
+        if hasattr(part, "write_into"):
+            self.crc = parallel.crc32_combine(self.crc, part.write_into(dest), n)
+        else:
+            self.crc = parallel.copy_crc32(part, dest, self.crc)
+        self.pos += n
+
+    def finish(self) -> bytes:
+        """The message, once every byte was put (the writer drops its view of it)."""
+        if self.pos != self.size:
+            raise ValueError(f"message buffer holds {self.pos} of {self.size} bytes")
+        self.view = None
+        return self._bytes if self._bytes is not None else self._array.tobytes()
 
 
 def auth_trailer_head(algorithm: int, key_id: str, tag_length: int) -> list[bytes]:

@@ -34,7 +34,7 @@ import numpy as np
 from mucsc.errors import ParameterError
 
 __all__ = ["CHUNK", "GROUP_PARALLEL_MAX", "resolve", "using", "current", "spans", "run", "run_spans",
-           "run_groups", "bounds", "pack", "unpack_take", "crc32", "crc32_combine", "zstd_compressor"]
+           "run_groups", "bounds", "pack", "unpack_take", "crc32", "crc32_combine", "copy_crc32", "zstd_compressor"]
 
 T = TypeVar("T")
 
@@ -217,14 +217,20 @@ def bounds(x: np.ndarray) -> tuple[float, float]:
     return out
 
 
-def pack(ids: np.ndarray, width: int) -> bytes:
-    """``bitpack.pack(ids, width)`` over the fixed chunks in parallel (the same bytes: every chunk
-    but the last holds a multiple of 8 values, i.e. whole bytes for any width)."""
+def pack(ids: np.ndarray, width: int) -> np.ndarray:
+    """``bitpack.pack(ids, width)`` as a uint8 array, over the fixed chunks in parallel (the same
+    bytes: every chunk but the last holds a multiple of 8 values, i.e. whole bytes for any width),
+    each chunk's bytes put straight into the one output array (no bytes objects, no join)."""
     from mucsc.codec import bitpack
 
     if ids.size <= CHUNK or current() <= 1 or width == 0:
-        return bitpack.pack(ids, width)
-    return b"".join(run_spans(lambda s, e: bitpack.pack(ids[s:e], width), ids.size))
+        return bitpack.pack_array(ids, width)
+    out = np.empty(bitpack.packed_size(ids.size, width), np.uint8)
+
+    def one(s: int, e: int) -> None:
+        out[s * width // 8: bitpack.packed_size(e, width)] = bitpack.pack_array(ids[s:e], width)
+    run_spans(one, ids.size)
+    return out
 
 
 def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
@@ -354,15 +360,27 @@ def crc32(data: memoryview, crc: int = 0) -> int:
     """``zlib.crc32(data, crc)`` (``crc``: the running CRC of what came before), over ``current()``
     equal parts in parallel for large data (zlib releases the GIL), the parts' CRCs joined with
     :func:`crc32_combine`."""
+    return _crc_parts(len(data), crc, lambda a, b, c: zlib.crc32(data[a:b], c))
+
+
+def _crc_parts(n: int, crc: int | None, span: Callable[[int, int, int | None], int | None],
+               align: int = 1) -> int | None:
+    """``span(a, b, init)`` over ``current()`` equal parts [a, b) of ``range(n)`` (multiples of
+    ``align`` bytes), each returning the CRC of its bytes continued from ``init`` (the running
+    ``crc`` for the first part, 0 for the others; None throughout when ``crc`` is None), joined
+    in order with :func:`crc32_combine`.  Small inputs or one thread: a single span."""
     t = current()
-    if t <= 1 or len(data) < 2 * CHUNK:
-        return zlib.crc32(data, crc)
-    step = -(-len(data) // t)
-    cuts = range(0, len(data), step)
-    crcs = run(lambda s: zlib.crc32(data[s: s + step], crc if s == 0 else 0), cuts, t)
+    if t <= 1 or n < 2 * CHUNK:
+        return span(0, n, crc)
+    step = -(-n // t)
+    step += (-step) % align
+    cuts = range(0, n, step)
+    crcs = run(lambda a: span(a, min(a + step, n), None if crc is None else (crc if a == 0 else 0)), cuts, t)
+    if crc is None:
+        return None
     crc = crcs[0]
-    for s, c in zip(cuts[1:], crcs[1:]):
-        crc = crc32_combine(crc, c, min(step, len(data) - s))
+    for a, c in zip(cuts[1:], crcs[1:]):
+        crc = crc32_combine(crc, c, min(step, n - a))
     return crc
 
 
@@ -388,16 +406,53 @@ for _ in range(31):
     _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
 
 
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The CRC-32 of A followed by B from crc1 = crc(A), crc2 = crc(B) and B's length (zlib's
-    ``crc32_combine``, which Python's zlib does not expose)."""
-    p, n, k = 1 << 31, len2, 3  # x^(8 len2) = product of x^(2^k) over the set bits of len2, k >= 3
+def x8n(n: int) -> int:
+    """x^(8 n) modulo P: what a CRC register is multiplied by when n zero bytes follow."""
+    p, k = 1 << 31, 3  # the product of x^(2^k) over the set bits of n, k >= 3
     while n:
         if n & 1:
             p = _multmodp(_X2N[k & 31], p)
         n >>= 1
         k += 1
-    return _multmodp(p, crc1) ^ crc2
+    return p
+
+
+def crc32_shift(crc: int, n: int) -> int:
+    """The CRC-32 register ``crc`` advanced over n zero bytes (no pre- or post-inversion): the
+    linear map that moves a part's CRC past the bytes that follow it."""
+    return _multmodp(x8n(n), crc)
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of A followed by B from crc1 = crc(A), crc2 = crc(B) and B's length (zlib's
+    ``crc32_combine``, which Python's zlib does not expose)."""
+    return crc32_shift(crc1, len2) ^ crc2
+
+
+# Bytes copied, then checksummed while they are still in the core's cache (L2 holds 512 KiB or more).
+COPY_PIECE = 1 << 18
+
+
+def _copy_span(src: np.ndarray, out: np.ndarray, crc: int | None) -> int | None:
+    """``out[:] = src`` piece by piece, each piece's CRC taken right after it was copied."""
+    for a in range(0, src.size, COPY_PIECE):
+        piece = out[a: a + COPY_PIECE]
+        piece[...] = src[a: a + COPY_PIECE]
+        if crc is not None:
+            crc = zlib.crc32(piece, crc)
+    return crc
+
+
+def copy_crc32(src: Any, out: Any, crc: int | None = 0) -> int | None:
+    """Copy the bytes of ``src`` into the writable buffer ``out`` (the same length) and return
+    ``zlib.crc32(src, crc)``, in one pass: each 256 KiB piece is checksummed right after it was
+    copied, while it is in cache (the message writer's copy and CRC were two passes before).
+    ``crc=None``: copy only, returns None.  Large buffers go in equal parts on ``current()``
+    threads (a copy into fresh memory also faults its pages in on all of them)."""
+    s, o = np.frombuffer(src, np.uint8), np.frombuffer(out, np.uint8)
+    if s.size != o.size:
+        raise ValueError(f"copy_crc32: {s.size} bytes into a buffer of {o.size}")
+    return _crc_parts(s.size, crc, lambda a, b, c: _copy_span(s[a:b], o[a:b], c), COPY_PIECE)
 
 
 def zstd_compressor(level: int, threads: int):
