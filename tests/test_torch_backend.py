@@ -63,8 +63,8 @@ def test_float64_work_for_float32_data_with_float64_levels():
 def test_pack_and_unpack_equal_bitpack(width, n):
     hi = 1 << width if width else 1
     ids = np.random.default_rng(width * 100 + n).integers(0, hi, n)
-    packed = tb.pack(torch.from_numpy(ids), width)
-    assert packed.tobytes() == bitpack.pack(ids, width)
+    packed = tb.pack(torch.from_numpy(ids), width).tobytes()  # a payload left on the device: its bytes
+    assert packed == bitpack.pack(ids, width)
     assert np.array_equal(tb.unpack(packed, width, n, "cpu").numpy(), ids)
 
 
@@ -397,6 +397,81 @@ def test_other_codecs_stay_torch_free():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
+# ---- the message's host side: payloads left on the device, the CRC-32 computed there ----------------
+
+CRC_LENGTHS = (0, 1, 2, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 64 * 37 + 11, 100_003)
+
+
+@pytest.mark.parametrize("batch", [tb.CRC_BATCH, 256, 300])
+def test_device_crc32_equals_zlib(monkeypatch, batch):
+    """The CRC-32 in parts (per-position byte tables, an XOR tree, then the blocks joined by
+    shifting) is zlib's for empty, one-byte and odd lengths, around block and batch boundaries,
+    continued from a running CRC; no batch holds more than CRC_BATCH bytes."""
+    import zlib
+
+    monkeypatch.setattr(tb, "CRC_BATCH", batch)
+    seen = []
+    registers = tb._block_registers
+    monkeypatch.setattr(tb, "_block_registers", lambda b, *a: seen.append(b.numel()) or registers(b, *a))
+    for n in CRC_LENGTHS + (batch - 1, batch, batch + 1, 3 * batch + 64 + 5):
+        a = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+        t = torch.from_numpy(a)
+        assert tb.crc32(t) == zlib.crc32(a), n
+        assert tb.crc32(t, 0xDEADBEEF) == zlib.crc32(a, 0xDEADBEEF), n
+        assert tb.crc32_finish(int(tb.crc32_register(t)), n) == zlib.crc32(a), n
+    assert max(seen) <= max(batch, tb.CRC_BLOCK)
+    x = torch.linspace(-3, 3, 1001, dtype=torch.float64)[::3].half()  # raw bytes of a strided view
+    assert tb.crc32(x) == zlib.crc32(x.contiguous().numpy().tobytes())
+
+
+@pytest.mark.parametrize("device_crc", [False, True])
+@pytest.mark.parametrize("level", [None, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_device_payload_writes_the_host_bytes(monkeypatch, device_crc, level, threads):
+    """A DeviceBytes payload goes through the writer into the same message as its host bytes; its
+    CRC comes from the device when asked and the payload is not compressed (a compressed one is
+    checksummed as stored, on the host)."""
+    from mucsc.codec import parallel
+
+    registers = []
+    register = tb.crc32_register
+    monkeypatch.setattr(tb, "crc32_register", lambda t: registers.append(t.numel()) or register(t))
+    header = fmt.Header((), ())
+    data = [np.random.default_rng(n).integers(0, 4, n, dtype=np.uint8) for n in (0, 1, 4099, 300_001)]
+    with parallel.using(threads):
+        want = fmt.write_message(header, [(0, f"D{i:03}", d, True) for i, d in enumerate(data)],
+                                 zstd_level=level)
+        lazy = [tb.DeviceBytes(torch.from_numpy(d), device_crc=device_crc) for d in data]
+        got = fmt.write_message(header, [(0, f"D{i:03}", p, True) for i, p in enumerate(lazy)], zstd_level=level)
+    assert got == want
+    # compressed or not, a payload zstd was tried on is on the host: only the empty one stays lazy
+    assert registers == (([0, 1, 4099, 300_001] if level is None else [0]) if device_crc else [])
+
+
+@pytest.mark.parametrize("codec,params", [("mucsc", {"z": 16}), ("mucsc", {"z": 5, "id_packing": "tight"}),
+                                          ("signsgd", {}), ("stc", {}), ("fp16", {}), ("none", {})])
+@pytest.mark.parametrize("compress", ["off", "auto"])
+def test_messages_with_the_device_crc_are_byte_identical(torch_backend_on, monkeypatch, codec, params, compress):
+    """Payloads written with their CRC-32 computed by torch ops (what a GPU encode does) give the
+    compiled kernels' bytes, authenticated messages included."""
+    calls = []
+
+    class DeviceCrc(tb.DeviceBytes):
+        def __init__(self, t, device_crc=None):
+            super().__init__(t, device_crc=True)
+            calls.append(self.nbytes)
+
+    monkeypatch.setattr(tb, "DeviceBytes", DeviceCrc)
+    x = _data("t3", 20_011, np.float32, seed=4)
+    key = {"key": bytes(range(32)), "key_id": "c1", "context": b"round-3"}
+    for extra in ({}, key):
+        got = mucsc.encode(torch.from_numpy(x), codec, seed=5, compress=compress, **params, **extra)
+        monkeypatch.setattr(kernels, "TORCH", False)
+        assert got == mucsc.encode(x, codec, seed=5, compress=compress, **params, **extra), extra
+        monkeypatch.setattr(kernels, "TORCH", True)
+    assert calls and max(calls) > 0
+
+
 # ---- on a GPU: the same checks with CUDA tensors (skipped where torch sees no CUDA device) ---------
 
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -503,3 +578,30 @@ def test_cuda_groups_side_by_side_on_threads(codec):
         back = mucsc.decode(want, as_torch=True, device="cuda", threads=2)
         host = mucsc.decode(want, as_torch=True)
         assert all(torch.equal(back[k].cpu(), host[k]) for k in host)
+
+
+@needs_cuda
+def test_cuda_crc32_and_staged_copies(monkeypatch):
+    """On the GPU: the device CRC-32 is zlib's; a payload crosses through the pinned buffer's two
+    halves in turn (a small buffer: many chunks) into the message, with the device CRC or the host's
+    CRC of each chunk, and the message equals the host bytes' message."""
+    import zlib
+
+    from mucsc.codec import parallel
+
+    for n in CRC_LENGTHS:
+        a = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+        assert tb.crc32(torch.from_numpy(a).cuda()) == zlib.crc32(a), n
+    monkeypatch.setattr(tb, "STAGE", 1 << 12)
+    monkeypatch.setattr(tb, "_stages", {})
+    a = np.random.default_rng(0).integers(0, 256, 10 * 4096 + 17, dtype=np.uint8)
+    out = np.zeros_like(a)
+    assert tb.copy_out(torch.from_numpy(a).cuda(), out, 7) == zlib.crc32(a, 7) and np.array_equal(out, a)
+    assert np.array_equal(tb.to_host(torch.from_numpy(a).cuda()), a)
+    header = fmt.Header((), ())
+    want = fmt.write_message(header, [(0, "DATA", a, True)], zstd_level=None)
+    for device_crc in (False, True):
+        for threads in (1, 2):
+            with parallel.using(threads):
+                p = tb.DeviceBytes(torch.from_numpy(a).cuda(), device_crc=device_crc)
+                assert fmt.write_message(header, [(0, "DATA", p, True)], zstd_level=None) == want

@@ -18,12 +18,13 @@ large ones.  torch is imported only when this module is used.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
 import numpy as np
 
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
 from mucsc.optional import require_torch
 
 GAMMA = kernels.GAMMA
@@ -204,7 +205,7 @@ def variance_J(x, c: np.ndarray) -> float:
 # A pageable copy runs at ~2 GB/s (the driver stages it through its own small pinned buffer); a copy
 # from/to page-locked memory runs at the link's speed.  One staging buffer per device, reused.
 
-STAGE = 1 << 26  # bytes per staged copy (64 MiB)
+STAGE = 1 << 26  # bytes per staged copy (64 MiB); copies to the host use it as two halves in turn
 _stages: dict = {}
 # groups are encoded and decoded side by side on several threads (parallel.run_groups): one copy at a
 # time goes through the shared staging buffer
@@ -219,20 +220,46 @@ def _stage(dev):
     return buf
 
 
+def copy_out(t, out: np.ndarray, crc: int | None = None) -> int | None:
+    """Copy the uint8 CUDA tensor ``t`` into the host uint8 array ``out`` (as long) through the
+    pinned staging buffer, and return ``zlib.crc32`` of the bytes continued from ``crc`` (None:
+    no CRC).  The buffer's two halves are used in turn: the DMA of one chunk runs while the host
+    copies the previous chunk on into ``out`` (on ``parallel.current()`` threads), taking its
+    CRC while it is in cache."""
+    torch = _torch()
+    n, half = t.numel(), STAGE // 2
+    spans = [(s, min(half, n - s)) for s in range(0, n, half)]
+    with _stage_lock:
+        buf = _stage(t.device)
+        halves, views = (buf[:half], buf[half:]), (buf[:half].numpy(), buf[half:].numpy())
+        stream = torch.cuda.current_stream(t.device)
+        landed = (torch.cuda.Event(), torch.cuda.Event())
+
+        def drain(i: int, crc: int | None) -> int | None:
+            s, m = spans[i]
+            landed[i % 2].synchronize()
+            return parallel.copy_crc32(views[i % 2][:m], out[s:s + m], crc)
+
+        try:
+            for i, (s, m) in enumerate(spans):  # half i % 2 was drained two steps ago: free again
+                halves[i % 2][:m].copy_(t[s:s + m], non_blocking=True)
+                landed[i % 2].record(stream)
+                if i:
+                    crc = drain(i - 1, crc)
+            if spans:
+                crc = drain(len(spans) - 1, crc)
+        finally:
+            stream.synchronize()  # on an error too: no DMA may still write the buffer once it is released
+    return crc
+
+
 def to_host(t) -> np.ndarray:
     """A uint8 device tensor's bytes as a new host array (staged through pinned memory on CUDA)."""
-    torch = _torch()
     t = t.reshape(-1)
     if t.device.type != "cuda":
         return t.cpu().numpy()
     out = np.empty(t.numel(), np.uint8)
-    with _stage_lock:
-        buf = _stage(t.device)
-        view = buf.numpy()
-        for s in range(0, t.numel(), STAGE):
-            m = min(STAGE, t.numel() - s)
-            buf[:m].copy_(t[s:s + m])  # synchronous: the buffer is reused next
-            out[s:s + m] = view[:m]
+    copy_out(t, out)
     return out
 
 
@@ -242,6 +269,152 @@ def bytes_to_host(t) -> np.ndarray:
     if t.numel() == 0:
         return np.zeros(0, np.uint8)
     return to_host(t.contiguous().reshape(-1).view(torch.uint8))
+
+
+class DeviceBytes:
+    """A section payload left on its device (``format.Payload``): a tensor's raw (native,
+    little-endian) bytes.  The message writer copies them straight into the message through the
+    pinned staging buffer (:func:`copy_out`), with their CRC-32 computed on the device when
+    ``device_crc`` (the default off the CPU: only 4 bytes cross, see :func:`crc32`); they are
+    brought to the host as an array of their own only when something needs them there (zstd,
+    rate control, a decode of the encoding), once."""
+
+    def __init__(self, t, device_crc: bool | None = None) -> None:
+        torch = _torch()
+        self.tensor = t.contiguous().reshape(-1).view(torch.uint8)
+        self.nbytes = self.tensor.numel()
+        self.device_crc = self.tensor.device.type != "cpu" if device_crc is None else device_crc
+        self._host: np.ndarray | None = None
+
+    def host(self) -> np.ndarray:
+        """The bytes as a host uint8 array (a view for a CPU tensor; copied once elsewhere)."""
+        if self._host is None:
+            self._host = to_host(self.tensor)
+        return self._host
+
+    def tobytes(self) -> bytes:
+        return self.host().tobytes()
+
+    def write_into(self, out) -> int:
+        """Copy the bytes into the writable buffer ``out`` (``nbytes`` long); their CRC-32."""
+        dest = np.frombuffer(out, np.uint8)
+        # the device CRC is queued before the copy and read after it: the copy does not wait on the host
+        reg = crc32_register(self.tensor) if self.device_crc and self._host is None else None
+        host_crc = 0 if reg is None else None
+        if self._host is None and self.tensor.device.type == "cuda":
+            crc = copy_out(self.tensor, dest, host_crc)
+        else:
+            crc = parallel.copy_crc32(self.host(), dest, host_crc)
+        return crc if reg is None else crc32_finish(int(reg), self.nbytes)
+
+
+# ---- CRC-32 on the device ---------------------------------------------------------------------------
+# zlib's CRC-32 (reflected, polynomial 0xEDB88320) is affine over GF(2): crc32(m) = crc32(0^L) ^ R(m),
+# with 0^L the L zero bytes and R(m) the register after m from state 0 without the inversions (R is
+# linear in m's bits).  R of a block of B bytes is an XOR of one table entry per byte,
+# T_j[b] = R(byte b followed by B-1-j zero bytes); R of consecutive spans joins as
+# R(A B) = shift(R(A), len B) ^ R(B), where shift (the register run over len B zero bytes) is linear in
+# R(A)'s 32 bits: an XOR of 4 byte-table entries.  So the blocks' registers are one gather per byte
+# and an XOR-halving tree, then a binary tree joins the blocks (zero blocks in front change nothing:
+# R(0^k m) = R(m)), and only the final register leaves the device.  Temporaries are int32, a few per
+# byte of one batch: memory is bounded by CRC_BATCH, never a bit per byte of the data.
+
+CRC_BLOCK = 64  # bytes per block: a 64 x 256 int32 position table (64 KiB) stays in cache
+CRC_BATCH = 1 << 24  # bytes of data per batch of blocks (~10 bytes of int32 temporaries per byte)
+_crc_tables: dict = {}  # (device, what) -> table tensor
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_table() -> np.ndarray:
+    """R(b) of each single byte b: zlib's table (uint32)."""
+    t = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> 1) ^ np.uint32(0xEDB88320), t >> 1).astype(np.uint32)
+    return t
+
+
+@functools.lru_cache(maxsize=4)
+def _position_table(block: int) -> np.ndarray:
+    """T_j[b] for j < ``block`` as int32 bit patterns, flat: entry j * 256 + b."""
+    t = _byte_table()
+    rows = [t]
+    for _ in range(block - 1):  # one zero byte more after b: the register's step with byte 0
+        rows.append((rows[-1] >> 8) ^ t[rows[-1] & 0xFF])
+    return np.stack(rows[::-1]).reshape(-1).view(np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_table(n: int) -> np.ndarray:
+    """shift(v, n) = XOR over v's bytes i of entry i * 256 + byte i (int32 bit patterns, flat)."""
+    basis = np.array([parallel.crc32_shift(1 << k, n) for k in range(32)], np.uint32).reshape(4, 8)
+    bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)  # byte value x bit
+    table = np.bitwise_xor.reduce(np.where(bits[None], basis[:, None, :], np.uint32(0)), axis=2)
+    return table.reshape(-1).view(np.int32)
+
+
+def _device_table(dev, key, make):
+    """``make()`` (a numpy table) on ``dev``, copied there once."""
+    torch = _torch()
+    t = _crc_tables.get((dev, key))
+    if t is None:
+        t = _crc_tables[(dev, key)] = torch.from_numpy(make()).to(dev)
+    return t
+
+
+def _block_registers(blocks, table, offsets):
+    """R of each row of ``blocks`` (k x CRC_BLOCK uint8) as int32: one table entry per byte, XORed
+    by halving the row."""
+    vals = table.index_select(0, offsets.add(blocks).reshape(-1)).reshape(blocks.shape)
+    while vals.shape[1] > 1:
+        h = vals.shape[1] // 2
+        vals = vals[:, :h] ^ vals[:, h:]
+    return vals[:, 0]
+
+
+def crc32_register(t):
+    """R(the bytes of the uint8 tensor ``t``) as a 0-d int32 tensor on its device (the work is
+    queued; reading it waits for it).  :func:`crc32_finish` makes zlib's CRC-32 of it."""
+    torch = _torch()
+    dev, n, B = t.device, t.numel(), CRC_BLOCK
+    head, full = n % B, n // B
+    count = full + (head > 0)
+    if count == 0:
+        return torch.zeros((), dtype=torch.int32, device=dev)
+    table = _device_table(dev, ("position", B), lambda: _position_table(B))
+    offsets = torch.arange(0, 256 * B, 256, dtype=torch.int32, device=dev)
+    regs = torch.zeros(1 << (count - 1).bit_length(), dtype=torch.int32, device=dev)  # a power of 2
+    first = regs.numel() - full
+    if head:  # the first, short block, with zero bytes in front
+        block = torch.cat((torch.zeros(B - head, dtype=torch.uint8, device=dev), t[:head])).reshape(1, B)
+        regs[first - 1] = _block_registers(block, table, offsets)[0]
+    per = max(1, CRC_BATCH // B)
+    for s in range(0, full, per):
+        e = min(s + per, full)
+        regs[first + s: first + e] = _block_registers(t[head + s * B: head + e * B].reshape(-1, B), table,
+                                                      offsets)
+    span, byte_offsets = B, torch.arange(0, 1024, 256, dtype=torch.int32, device=dev)
+    while regs.numel() > 1:  # pairs (A, B) of spans of ``span`` bytes: shift(R(A), span) ^ R(B)
+        shift = _device_table(dev, ("shift", span), lambda: _shift_table(span))
+        left = regs.view(torch.uint8).reshape(-1, 8)[:, :4]  # little-endian bytes of each pair's first
+        parts = shift.index_select(0, byte_offsets.add(left).reshape(-1)).reshape(-1, 4)
+        regs = (parts[:, 0] ^ parts[:, 1]) ^ (parts[:, 2] ^ parts[:, 3]) ^ regs.reshape(-1, 2)[:, 1]
+        span *= 2
+    return regs[0]
+
+
+def crc32_finish(register: int, n: int, crc: int = 0) -> int:
+    """zlib's CRC-32 of ``n`` bytes whose register R is ``register``, continued from ``crc`` (the
+    CRC of what came before, as ``zlib.crc32(data, crc)``)."""
+    own = 0xFFFFFFFF ^ parallel.crc32_shift(0xFFFFFFFF, n) ^ (register & 0xFFFFFFFF)
+    return parallel.crc32_combine(crc, own, n)
+
+
+def crc32(t, crc: int = 0) -> int:
+    """``zlib.crc32`` of a tensor's raw bytes, continued from ``crc``, computed on its device: only the
+    4-byte register crosses to the host."""
+    torch = _torch()
+    b = t.contiguous().reshape(-1).view(torch.uint8)
+    return crc32_finish(int(crc32_register(b)), b.numel(), crc)
 
 
 def to_device(buf, dev):
@@ -267,10 +440,10 @@ def to_device(buf, dev):
 # exactly w bytes, so value j of a group starts at bit j*w, i.e. byte (j*w)//8, offset (j*w)%8, and
 # spans at most 3 bytes (w <= 16): each of the 8 positions is a few whole-tensor shifts and masks.
 
-def pack(ids, width: int) -> np.ndarray:
-    """LSB-first packing of ``ids`` (int tensor, values < 2**width) into FORMAT.md's IDS_ bytes (a
-    host uint8 array); only the packed bytes are copied to the host."""
-    return to_host(pack_tensor(ids, width))
+def pack(ids, width: int) -> DeviceBytes:
+    """LSB-first packing of ``ids`` (int tensor, values < 2**width) into FORMAT.md's IDS_ bytes, as
+    a payload left on the ids' device (the writer copies only the packed bytes to the host)."""
+    return DeviceBytes(pack_tensor(ids, width))
 
 
 def pack_tensor(ids, width: int):

@@ -43,11 +43,11 @@ class CastCodec(Codec):
                             {"J": lambda: float(np.sum((v.astype(np.float64) - x) ** 2))})
 
     def _encode_torch(self, x) -> EncodedGroup:
-        """The cast on x's device; only the wire bytes are copied to the host."""
+        """The cast on x's device; only the wire bytes are copied to the host, by the writer straight
+        into the message."""
         torch = torch_backend._torch()
         v = self.cast_torch(x)
-        vals = torch_backend.bytes_to_host(v)
-        return EncodedGroup({}, (Section("VALS", vals),),
+        return EncodedGroup({}, (Section("VALS", torch_backend.DeviceBytes(v)),),
                             {"J": lambda: float(((v.to(torch.float64) - x.to(torch.float64)) ** 2).sum())})
 
     @classmethod
