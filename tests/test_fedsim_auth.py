@@ -9,23 +9,14 @@ from click.testing import CliRunner
 import mucsc
 from mucsc.fedsim import simulation, transport
 from mucsc.fedsim.cli import sim
-from mucsc.fedsim.config import SimConfig
-from mucsc.fedsim.datasets import load_digits
+from simtools import DIGITS, tiny
 
 pytest.importorskip("cryptography")
-DIGITS = load_digits(seed=0)
-
-
-def tiny(**kw) -> SimConfig:
-    base = dict(dataset="digits", model="logreg", clients=6, per_round=3, local_iters=2, batch_size=4,
-                rounds=2, target=0.0, eval_every=1, samples_per_client=20, codecs=("mucsc",))
-    base.update(kw)
-    return SimConfig(**base)
 
 
 @pytest.mark.parametrize("alg, tag", [("blake2b", 32), ("ed25519", 64)])
 def test_auth_adds_exactly_the_trailers_and_changes_nothing_else(alg, tag):
-    plain_cfg, auth_cfg = tiny(), tiny(auth=alg)
+    plain_cfg, auth_cfg = tiny(codecs=("mucsc",)), tiny(codecs=("mucsc",), auth=alg)
     setup = simulation.prepare(plain_cfg, DIGITS)
     plain = simulation.run(plain_cfg, "mucsc", setup)
     authed = simulation.run(auth_cfg, "mucsc", setup)

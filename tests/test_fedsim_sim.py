@@ -12,17 +12,8 @@ import mucsc.codec.state
 from mucsc.errors import InputError
 from mucsc.fedsim import network, report, simulation
 from mucsc.fedsim.config import SimConfig, make_config, parse_param
-from mucsc.fedsim.datasets import load_digits
 from mucsc.fedsim.models import build_model
-
-DIGITS = load_digits(seed=0)
-
-
-def tiny(**kw) -> SimConfig:
-    base = dict(dataset="digits", model="logreg", clients=6, per_round=3, local_iters=2, batch_size=4,
-                rounds=2, target=0.0, eval_every=1, samples_per_client=20, codecs=("none",))
-    base.update(kw)
-    return SimConfig(**base)
+from simtools import DIGITS, tiny
 
 
 def _softmax_grad(w, b, x, y, classes):

@@ -34,6 +34,19 @@ def _csv(kind):
     return convert
 
 
+def _workers(ctx, param, value):
+    """``--workers``: a count >= 1 or ``auto``."""
+    if value is None or value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a number >= 1 or 'auto', got {value!r}") from None
+    if n < 1:
+        raise click.BadParameter("must be >= 1 (or 'auto')")
+    return n
+
+
 def data_summary(cfg, setup) -> dict[str, object]:
     """The data actually loaded and how it is used: samples, classes, writers, clients, model, d."""
     info = setup.data.describe()
@@ -130,8 +143,11 @@ def machine_info() -> dict[str, object]:
 @click.option("--threads", type=int, help="torch threads per process [1].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where models train and aggregate: auto = cuda when available [auto].")
-@click.option("--workers", type=int, help="Processes training a round's clients (and independent runs) "
-              "concurrently; results do not depend on it [cores; 1 on cuda].")
+@click.option("--workers", callback=_workers, metavar="N|auto",
+              help="Processes training a round's clients (and independent runs) concurrently; results do "
+              "not depend on it. auto: times round 1's first clients in one process, and with several "
+              "workers when a client takes >= 50 ms; keeps the workers only if >= 1.2x as fast [auto; "
+              "1 on cuda].")
 @click.option("--engine", type=click.Choice(["builtin", "flower"]), default="builtin",
               help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
                    "every update a real Flower Message (pip install 'mucsc[flower]'; RAY_ADDRESS selects a cluster).")
@@ -222,20 +238,31 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
         except InputError as exc:
             raise click.UsageError(str(exc)) from None
     labels = [f"{sp.codec} (seed {sp.cfg.seed})" if many else sp.codec for sp in specs]
-    workers = 1 if engine == "flower" else cfg.workers or parallel.default_workers(device)
+    try:  # --engine flower: Ray runs the clients, so no worker processes of ours
+        executor, choice = (None, parallel.WorkerChoice(1, "--engine flower")) if engine == "flower" else \
+            parallel.start_executor(cfg, setups, runs=len(specs))
+    except (MucscError, OSError, RuntimeError) as exc:
+        raise click.ClickException(f"workers: {exc}") from None
+    workers = choice.workers
     concurrent = 1 if workers == 1 else min(workers, len(specs))
-    machine = machine_info()
-    machine.update(device=device, workers=workers, concurrent_runs=concurrent, engine=engine)
-    if device == "cuda":
-        machine["gpu"] = torch.cuda.get_device_name()
     tty = sys.stderr.isatty()
     show = not quiet and tty
-    data_infos = [data_summary(c, st) for c, st in zip(cfgs, setups)]
-    if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
-        for s, info in zip(seeds, data_infos):
-            click.echo((f"seed {s}: " if many else "") + data_line(info) + f"; device {device}, {workers} worker "
-                       f"process{'es' if workers > 1 else ''}", err=True)
-    progress = SweepProgress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
+    try:  # the pool is closed below; until then, here
+        machine = machine_info()
+        machine.update(device=device, workers=workers, workers_reason=choice.reason, concurrent_runs=concurrent,
+                       engine=engine)
+        if device == "cuda":
+            machine["gpu"] = torch.cuda.get_device_name()
+        data_infos = [data_summary(c, st) for c, st in zip(cfgs, setups)]
+        if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
+            for s, info in zip(seeds, data_infos):
+                click.echo((f"seed {s}: " if many else "") + data_line(info) + f"; device {device}, {workers} "
+                           f"worker process{'es' if workers > 1 else ''} ({choice.reason})", err=True)
+        progress = SweepProgress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
     writers: dict[int, report.RunWriter] = {}
     done: dict[int, object] = {}
     run_dir = (lambda sp: out / f"seed{sp.cfg.seed}") if many else (lambda sp: out)
@@ -257,10 +284,6 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
         done[i] = res
 
     failure, failed = None, None
-    try:  # --engine flower: Ray runs the clients, so no worker processes of ours
-        executor = None if engine == "flower" else parallel.make_executor(cfg, setups, workers)
-    except (MucscError, OSError, RuntimeError) as exc:
-        raise click.ClickException(f"workers: {exc}") from None
     try:
         if executor is None:
             from mucsc.flower.sim import sweep_runs as flower_sweep_runs

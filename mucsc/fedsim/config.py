@@ -92,7 +92,8 @@ class SimConfig:
     seeds: tuple[int, ...] = ()        # several seeds: every codec runs with each (empty: just ``seed``)
     threads: int = 1                   # torch threads per process (main and each worker)
     device: str = "auto"               # "auto" (cuda when available), "cpu", "cuda"
-    workers: int | None = None         # processes training clients / runs; None: cores (1 on cuda)
+    workers: int | str = "auto"        # processes training clients / runs; "auto" (or None): measured,
+                                       # mucsc.fedsim.parallel.start_executor (1 on cuda)
     auth: str = "off"                  # authenticate every message: "off", "blake2b" or "ed25519"
     save_updates: str | None = None    # DIR: save raw client updates U_i (mucsc.fedsim.updates)
     save_rounds: tuple[int, ...] = (1,)  # ... of these rounds (from 1)
@@ -114,7 +115,10 @@ class SimConfig:
                "bad learning-rate schedule: need lr0 > 0, lr-decay > 0, lr-min >= 0")
         _check(self.normalize in ("auto", "off"), "normalize must be 'auto' or 'off'")
         _check(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}")
-        _check(self.workers is None or self.workers >= 1, "workers must be >= 1")
+        if self.workers is None:  # the Python API's old spelling of "auto"
+            object.__setattr__(self, "workers", "auto")
+        _check(self.workers == "auto" or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
+                                          and self.workers >= 1), "workers must be 'auto' or an integer >= 1")
         _check(all(x >= 0 for x in self.seeds) and len(set(self.seeds)) == len(self.seeds),
                "seeds must be distinct and >= 0")
         _check(self.rounds is None or self.rounds >= 1, "rounds must be >= 1")

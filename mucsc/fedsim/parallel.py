@@ -9,6 +9,11 @@ The training and test arrays travel once, through shared memory, not once per wo
 
 Processes come from a fork server that has imported torch but run nothing (forking a process
 whose torch thread pools or CUDA context are live is unsafe); where there is none, spawn.
+
+How many workers: an explicit count wins; ``"auto"`` (the default) measures instead of assuming that
+every core is free (:func:`start_executor`): workers pay for moving the model to them and every
+update back, and on a shared machine their cores may be busy, so they only win when a client's
+training is long (docs/fedsim.md, measured).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import statistics
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import shared_memory
@@ -25,7 +32,9 @@ import numpy as np
 
 from mucsc.errors import InputError
 from mucsc.fedsim.config import SimConfig
-from mucsc.fedsim.simulation import ClientTask, Executor, InProcess, LocalTrainer, Setup, resolve_device
+from mucsc.fedsim.models import build_model
+from mucsc.fedsim.simulation import (ClientTask, Executor, InProcess, LocalTrainer, Setup, client_task,
+                                     resolve_device, select_clients)
 
 
 def default_workers(device: str) -> int:
@@ -170,7 +179,126 @@ class WorkerPool(Executor):
         self._shms = []
 
 
-def make_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int | None = None) -> Executor:
-    """In-process for one worker, else a :class:`WorkerPool`; ``None``: ``cfg.workers`` or the default."""
-    n = workers or cfg.workers or default_workers(resolve_device(cfg.device))
-    return InProcess(cfg, setups) if n == 1 else WorkerPool(cfg, setups, n)
+# ---- "auto": how many workers ----------------------------------------------------------------------
+
+# A client whose local training takes less than this in one process is not worth a worker pool: the
+# pool cannot win it back (measured on this project's 2-core machine, docs/fedsim.md: LeNet on
+# FEMNIST at 30-50 ms per client and the digits CNN at 3-20 ms lost with 2 workers, 0.55x-0.8x).
+MIN_CLIENT_S = 0.05
+# The trial's workers must train clients at least this much faster than one process (seconds per
+# client, transfers included), so that noise on a shared machine does not decide for a pool.
+MIN_SPEEDUP = 1.2
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerChoice:
+    """How many processes train, and why (one line for the run header and summary.json)."""
+
+    workers: int
+    reason: str
+
+
+def needs_trial(candidate: int, serial_s: float) -> bool:
+    """Whether a trial of ``candidate`` workers is worth starting, given one client's local training
+    time in this process: only with several cores and a client long enough to pay for the transfers."""
+    return candidate > 1 and serial_s >= MIN_CLIENT_S
+
+
+def auto_choice(candidate: int, serial_s: float, parallel_s: float | None = None) -> WorkerChoice:
+    """What ``--workers auto`` settles on from its measurements (seconds per client): ``serial_s`` in
+    this process, ``parallel_s`` with ``candidate`` workers (wall time of the trial / its clients;
+    None: no trial, see :func:`needs_trial`).  Pure, so that the rule is testable without timing."""
+    ms = f"{serial_s * 1e3:.0f} ms"
+    if candidate <= 1:
+        return WorkerChoice(1, "auto: one usable core (or cuda)")
+    if parallel_s is None or not needs_trial(candidate, serial_s):
+        return WorkerChoice(1, f"auto: a client trains in {ms}, under the {MIN_CLIENT_S * 1e3:.0f} ms "
+                               f"that worker processes need to pay for the transfers")
+    speedup = serial_s / parallel_s
+    if speedup >= MIN_SPEEDUP:
+        return WorkerChoice(candidate, f"auto: {candidate} workers trained clients {speedup:.2f}x as fast as one "
+                                       f"process ({parallel_s * 1e3:.0f} vs {ms} per client)")
+    return WorkerChoice(1, f"auto: {candidate} workers trained clients only {speedup:.2f}x as fast as one process "
+                           f"({parallel_s * 1e3:.0f} vs {ms} per client; {MIN_SPEEDUP}x needed): cores busy")
+
+
+def probe_tasks(cfg: SimConfig, setup: Setup, n: int) -> tuple[list[np.ndarray], list[ClientTask]]:
+    """The initial global weights and ``n`` tasks of round 1's participants (cycled, on distinct
+    slots): real work of the run's size for timing it.  The trainers keep no state, so the probe
+    changes no result."""
+    model = build_model(setup.model_name, setup.data.input_shape, setup.data.num_classes, cfg.seed)
+    weights = [p.detach().numpy().copy() for p in model.parameters()]
+    selected = select_clients(cfg, 0, setup.sizes / setup.sizes.sum()).tolist()
+    return weights, [client_task(cfg, setup, 0, s, selected[s % len(selected)]) for s in range(n)]
+
+
+def time_serial(trainer: LocalTrainer, weights: list[np.ndarray], tasks: list[ClientTask],
+                budget_s: float = 1.0) -> float:
+    """Median seconds of one client's training in this process: a warm-up call (first-call costs),
+    then up to ``len(tasks) - 1`` timed calls while they fit in ``budget_s``."""
+    trainer.train(weights, tasks[0])
+    times: list[float] = []
+    for task in tasks[1:]:
+        times.append(trainer.train(weights, task)[1])
+        if sum(times) >= budget_s:
+            break
+    return statistics.median(times)
+
+
+def time_parallel(pool: WorkerPool, weights: list[np.ndarray], tasks: list[ClientTask]) -> float:
+    """Wall seconds per client of ``pool`` training ``tasks`` (two per worker), after one warm-up task
+    per worker (its trainer is built and its first call made); the transfers count."""
+    for f in pool.train_all(weights, tasks[:pool.workers]):
+        f.result()
+    timed = tasks[:2 * pool.workers]
+    t0 = time.perf_counter()
+    for f in pool.train_all(weights, timed):
+        f.result()
+    return (time.perf_counter() - t0) / len(timed)
+
+
+def start_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int | str | None = None,
+                   runs: int = 1) -> tuple[Executor, WorkerChoice]:
+    """The executor for a sweep of ``runs`` runs and why it has its worker count.
+
+    ``workers`` (else ``cfg.workers``) as a number is used as given.  ``"auto"``: 1 on cuda or with
+    one core; else round 1's first clients are trained in this process and timed, and only when one
+    takes at least MIN_CLIENT_S are min(cores, K x runs) workers started and timed on the same
+    clients, kept if they train at least MIN_SPEEDUP times as fast, else closed (this process then
+    trains).  The count changes no result, only the wall time.
+    """
+    n = cfg.workers if workers is None else workers
+    if n is None or n == "auto":
+        return _auto(cfg, [setups] if isinstance(setups, Setup) else list(setups), runs)
+    if not isinstance(n, int) or n < 1:
+        raise InputError(f"workers must be 'auto' or an integer >= 1, got {n!r}")
+    choice = WorkerChoice(n, f"--workers {n}")
+    return (InProcess(cfg, setups) if n == 1 else WorkerPool(cfg, setups, n)), choice
+
+
+def _auto(cfg: SimConfig, setups: list[Setup], runs: int) -> tuple[Executor, WorkerChoice]:
+    candidate = min(default_workers(resolve_device(cfg.device)), cfg.per_round * max(runs, 1))
+    local = InProcess(cfg, setups)
+    if candidate <= 1:
+        return local, auto_choice(candidate, 0.0)
+    weights, tasks = probe_tasks(cfg, setups[0], max(4, 2 * candidate))
+    serial_s = time_serial(local.trainer(0), weights, tasks[:4])
+    if not needs_trial(candidate, serial_s):
+        return local, auto_choice(candidate, serial_s)
+    pool = WorkerPool(cfg, setups, candidate)
+    try:
+        choice = auto_choice(candidate, serial_s, time_parallel(pool, weights, tasks))
+    except BaseException:
+        pool.close()
+        raise
+    if choice.workers == 1:
+        pool.close()
+        return local, choice
+    local.close()
+    return pool, choice
+
+
+def make_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int | str | None = None) -> Executor:
+    """In-process for one worker, else a :class:`WorkerPool`; ``None``: ``cfg.workers`` ("auto": see
+    :func:`start_executor`)."""
+    return start_executor(cfg, setups, workers)[0]
