@@ -146,7 +146,7 @@ def machine_info() -> dict[str, object]:
 @click.option("--workers", callback=_workers, metavar="N|auto",
               help="Processes training a round's clients (and independent runs) concurrently; results do "
               "not depend on it. auto: times round 1's first clients in one process, and with several "
-              "workers when a client takes >= 50 ms; keeps the workers only if >= 1.2x as fast [auto; "
+              "workers when a client takes >= 50 ms; keeps the workers only if >= 1.4x as fast [auto; "
               "1 on cuda].")
 @click.option("--engine", type=click.Choice(["builtin", "flower"]), default="builtin",
               help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
