@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--local-iters", type=int, help="E for every setup [5]: longer clients")
     ap.add_argument("--setups", default="digits,femnist,allcnn")
+    ap.add_argument("--codecs", help="comma-separated codecs for every setup [per setup]")
     args = ap.parse_args()
     counts = [w if w == "auto" else int(w) for w in args.workers.split(",")]
     print(f"# {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} usable cores, "
@@ -105,6 +106,8 @@ def main() -> None:
         cfg = all_setups[name]
         if args.local_iters:
             cfg = dataclasses.replace(cfg, local_iters=args.local_iters)
+        if args.codecs:
+            cfg = dataclasses.replace(cfg, codecs=tuple(args.codecs.split(",")))
         setup = simulation.prepare(cfg)
         base, ref = None, None
         for w in counts:
