@@ -22,7 +22,8 @@ def test_no_trial_below_the_minimum_client_time_or_with_one_core():
     assert not parallel.needs_trial(1, 3.0)
     short = parallel.auto_choice(2, 0.003)
     assert short.workers == 1 and "3 ms" in short.reason and f"{t * 1e3:.0f} ms" in short.reason
-    assert parallel.auto_choice(1, 5.0, 0.1).workers == 1  # one core: nothing to gain, whatever was measured
+    one = parallel.auto_choice(1, 5.0, 0.1)  # one core: nothing to gain, whatever was measured
+    assert one.workers == 1 and "side by side" in one.reason
     # a trial result given for a client too short to warrant one does not start workers
     assert parallel.auto_choice(2, t / 2, t / 100).workers == 1
 
@@ -58,6 +59,14 @@ def test_explicit_count_wins_over_auto():
         ex.close()
     with pytest.raises(InputError):
         parallel.start_executor(cfg, setup, 0)
+
+
+def test_one_client_and_one_run_need_no_probe(monkeypatch):
+    monkeypatch.setattr(parallel, "default_workers", lambda device: 4)
+    monkeypatch.setattr(parallel, "probe_tasks", lambda *a: pytest.fail("probed with nothing to parallelise"))
+    cfg = tiny(per_round=1)
+    ex, choice = parallel.start_executor(cfg, simulation.prepare(cfg, DIGITS), runs=1)
+    assert isinstance(ex, simulation.InProcess) and choice.workers == 1 and "side by side" in choice.reason
 
 
 def _run(cfg, setup, executor):

@@ -213,7 +213,7 @@ def auto_choice(candidate: int, serial_s: float, parallel_s: float | None = None
     None: no trial, see :func:`needs_trial`).  Pure, so that the rule is testable without timing."""
     ms = f"{serial_s * 1e3:.0f} ms"
     if candidate <= 1:
-        return WorkerChoice(1, "auto: one usable core (or cuda)")
+        return WorkerChoice(1, "auto: one usable core, or one client a round and one run: nothing to train side by side")
     if parallel_s is None or not needs_trial(candidate, serial_s):
         return WorkerChoice(1, f"auto: a client trains in {ms}, under the {MIN_CLIENT_S * 1e3:.0f} ms "
                                f"that worker processes need to pay for the transfers")
@@ -280,8 +280,10 @@ def start_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int
 
 
 def _auto(cfg: SimConfig, setups: list[Setup], runs: int) -> tuple[Executor, WorkerChoice]:
-    candidate = min(default_workers(resolve_device(cfg.device)), cfg.per_round * max(runs, 1))
     local = InProcess(cfg, setups)
+    if local.device == "cuda":
+        return local, WorkerChoice(1, "auto: cuda, one process trains on the device")
+    candidate = min(default_workers(local.device), cfg.per_round * max(runs, 1))
     if candidate <= 1:
         return local, auto_choice(candidate, 0.0)
     weights, tasks = probe_tasks(cfg, setups[0], max(4, 2 * candidate))
