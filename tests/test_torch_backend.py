@@ -48,6 +48,18 @@ def test_rounding_ids_and_J_equal_the_reference(dtype, z, n):
     assert tb.variance_J(torch.from_numpy(x), c) == pytest.approx(ref_J, rel=1e-9, abs=1e-12)  # the lazy pass
 
 
+@pytest.mark.parametrize("dtype,f64", [(np.float32, False), (np.float32, True), (np.float64, False)])
+def test_a_rounding_samples_its_ids_without_rounding_everything(dtype, f64):
+    x = _data("t3", 5003, dtype, seed=1)
+    c = quantize.wire_centroids(centroids.solve(x, 7), x, np.float32)
+    if f64:  # off the float32 grid (still bracketing x): float64 work
+        c = c + np.linspace(0.0, 1e-9, c.size)
+    ids = tb.stochastic_round(torch.from_numpy(x), c, 77)[0].numpy().astype(np.int64)
+    for step in (1, 3, 8):
+        assert np.array_equal(tb.Rounding(torch.from_numpy(x), c, 77).sample(step).numpy(), ids[::step])
+    assert tb.work_float32(torch.from_numpy(x), c) == (dtype == np.float32 and not f64)
+
+
 def test_float64_work_for_float32_data_with_float64_levels():
     x = _data("gauss", 999, np.float32)
     c = centroids.solve(x, 16) + 1e-9  # not exact in float32: the reference works in float64
@@ -393,7 +405,7 @@ def test_other_codecs_stay_torch_free():
     code = ("import sys, numpy as np, mucsc; "
             "[mucsc.decode(mucsc.encode(np.ones(9, 'f4'), c)) "
             " for c in ('fp16', 'none', 'signsgd', 'topk', 'stc', 'dgc', 'bmucsc')]; "
-            "assert 'torch' not in sys.modules")
+            "assert 'torch' not in sys.modules and 'triton' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 

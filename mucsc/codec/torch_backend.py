@@ -112,7 +112,12 @@ def splitmix64(key: int, start: int, count: int, device):
     """Outputs start+1 .. start+count of SplitMix64 with state ``key`` as int64 bit patterns
     (``kernels.splitmix64``'s numbers, on ``device``).  In place, one temporary."""
     torch = _torch()
-    z = torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device)
+    return _mix(torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device), key)
+
+
+def _mix(z, key: int):
+    """mix(key + z * GAMMA) of FORMAT.md 4.3 for the int64 counters ``z`` (overwritten: returned)."""
+    torch = _torch()
     z.mul_(_i64(GAMMA)).add_(_i64(key))
     t = torch.empty_like(z)
     for shift, mult in ((30, _M1), (27, _M2), (31, None)):
@@ -133,6 +138,15 @@ def uniforms(key: int, start: int, n: int, float32: bool, device):
     w = splitmix64(key, start // 2, words, device)
     t = torch.stack((_srl(w, 8) & 0xFFFFFF, _srl(w, 40)), dim=1).reshape(-1)[:n]
     return t.to(torch.float32) * 2.0**-24
+
+
+def uniforms_at(key: int, idx, float32: bool):
+    """Uniforms of the elements at positions ``idx`` (an int64 tensor): :func:`uniforms`' values there."""
+    torch = _torch()
+    if not float32:
+        return _srl(_mix(idx + 1, key), 11).to(torch.float64) * 2.0**-53
+    w = _mix((idx >> 1) + 1, key)
+    return torch.where((idx & 1) == 0, _srl(w, 8) & 0xFFFFFF, _srl(w, 40)).to(torch.float32) * 2.0**-24
 
 
 def work_float32(x, c: np.ndarray) -> bool:
@@ -174,13 +188,68 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     for s in range(0, n, step):
         xc = x[s:s + step].to(wdt)
         k = torch.searchsorted(interior, xc, right=True)
-        d = xc - cw[k]
-        up = uniforms(key, s, xc.numel(), f32, dev) * gw[k] < d
-        ids[s:s + step] = k + up
+        ids[s:s + step] = k + _up(xc, k, uniforms(key, s, xc.numel(), f32, dev), cw, gw)
         if return_J:
             x64 = x[s:s + step].to(torch.float64)
             J += ((c64[k + 1] - x64) * (x64 - c64[k])).sum()
     return ids, (float(J) if return_J else None)
+
+
+def _up(xw, k, u, cw, gw):
+    """Eq. 7's decision u * (c[k+1] - c[k]) < x - c[k] (FORMAT.md 4.3): one tensor operation per
+    arithmetic step, so each is rounded once in the working precision and none is fused."""
+    d = xw - cw[k]
+    return u * gw[k] < d
+
+
+def round_at(x, c: np.ndarray, key: int, idx):
+    """The ids (int64) that :func:`stochastic_round` gives the elements at positions ``idx`` (an
+    int64 tensor on x's device), computed for those elements only."""
+    f32 = work_float32(x, c)
+    cw_np = c.astype(np.float32 if f32 else np.float64)
+    cw = _torch().from_numpy(cw_np).to(x.device)
+    gw = _torch().from_numpy(np.diff(cw_np)).to(x.device)
+    xw = x[idx].to(cw.dtype)
+    k = _torch().searchsorted(cw[1:-1].contiguous(), xw, right=True)
+    return k + _up(xw, k, uniforms_at(key, idx, f32), cw, gw)
+
+
+class Rounding:
+    """Eq. 7's rounding of ``x`` to wire centroids ``c`` with stream ``key``, done when first needed:
+    :meth:`packed` goes straight to IDS_ bytes with the fused Triton kernel where it runs
+    (:mod:`mucsc.codec.triton_round`: the IDs are never written), anything else reads :meth:`ids`
+    (:func:`stochastic_round`, computed once).  Both give the same bytes."""
+
+    def __init__(self, x, c: np.ndarray, key: int):
+        self.x, self.c, self.key = x, c, key
+        self._ids = None
+
+    def __len__(self) -> int:
+        return self.x.numel()
+
+    def ids(self):
+        """The cluster ids as a tensor on x's device (:func:`stochastic_round`)."""
+        if self._ids is None:
+            self._ids = stochastic_round(self.x, self.c, self.key)[0]
+        return self._ids
+
+    def sample(self, step: int):
+        """``ids()[::step]`` (for an estimate of the ids' entropy), rounding only those elements
+        while the ids are not computed."""
+        if self._ids is not None:
+            return self._ids[::step]
+        idx = _torch().arange(0, len(self), step, dtype=_torch().int64, device=self.x.device)
+        return round_at(self.x, self.c, self.key, idx)
+
+    def packed(self, width: int) -> np.ndarray:
+        """The ids packed ``width`` bits wide (FORMAT.md 4.2), as host bytes."""
+        if self._ids is None:
+            from mucsc.codec import triton_round
+
+            fused = triton_round.round_pack(self.x, self.c, self.key, width)
+            if fused is not None:
+                return to_host(fused)
+        return pack(self.ids(), width)
 
 
 def variance_J(x, c: np.ndarray) -> float:

@@ -49,7 +49,8 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
     w = id_width(k)
     if packing != "aligned" or w not in ALIGNED_WIDTH or len(ids) == 0:
         return w
-    sample = ids[:: max(1, len(ids) // 65536)]
+    step = max(1, len(ids) // 65536)
+    sample = ids.sample(step) if isinstance(ids, torch_backend.Rounding) else ids[::step]
     if torch_backend.is_torch(sample):
         sample = sample.cpu().numpy()
     p = np.bincount(sample, minlength=k) / sample.size
@@ -215,6 +216,8 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
     if coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
+        if isinstance(ids, torch_backend.Rounding):
+            ids = ids.ids()
         if torch_backend.is_torch(ids):
             ids = ids.cpu().numpy()
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "rans", "solver": solver,
@@ -225,7 +228,12 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
         bits = packed_width(ids, k, p.id_packing)
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
                   "z": z}
-        packed = torch_backend.pack(ids, bits) if torch_backend.is_torch(ids) else parallel.pack(ids, bits)
+        if isinstance(ids, torch_backend.Rounding):  # rounded and packed on the device now
+            packed = ids.packed(bits)
+        elif torch_backend.is_torch(ids):
+            packed = torch_backend.pack(ids, bits)
+        else:
+            packed = parallel.pack(ids, bits)
         sections = (cent, Section("IDS_", packed, compressible=True))
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
@@ -240,7 +248,8 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
 
 def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
     """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
-    a small summary from the device, the rounding runs there (ids stay a device tensor)."""
+    a small summary from the device, the rounding runs there (ids: a ``torch_backend.Rounding``, done
+    on the device when the message is written: fused with the packing where the Triton kernel runs)."""
     dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
     if x.numel() == 0:
         return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
@@ -252,7 +261,7 @@ def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
         return wire, np.zeros(x.numel(), np.uint8), 0.0
     if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
         return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
-    ids, _ = torch_backend.stochastic_round(x, wire, quantize.draw_key(rng))
+    ids = torch_backend.Rounding(x, wire, quantize.draw_key(rng))
     return wire, ids, lambda: torch_backend.variance_J(x, wire)  # a separate pass, only when asked
 
 

@@ -1,0 +1,201 @@
+"""The fused Triton rounding + packing kernel (mucsc/codec/triton_round.py) writes the reference's
+bytes: FORMAT.md 4.3's stream and decision, 4.2's packing, for every ID width, data dtype, size,
+key and stream offset; its self-check falls back to the torch path with one warning.  Runs the
+kernel in Triton's interpreter (TRITON_INTERPRET=1) on CPU tensors; skipped without triton."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import bitpack, kernels, quantize
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+from mucsc.codec import torch_backend as tb  # noqa: E402  (after the skips)
+from mucsc.codec import triton_round as tr  # noqa: E402
+from mucsc.errors import ParameterError  # noqa: E402
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """The kernel on CPU tensors through Triton's interpreter (CPU data encoded on the torch backend,
+    as MUCSC_BACKEND=torch selects).  Variants that passed the self-check stay checked."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("MUCSC_TRITON", "1")
+    monkeypatch.setattr(kernels, "TORCH", True)
+    assert tr.disabled_reason() is None
+
+
+@pytest.fixture
+def fresh():
+    """The self-check forgotten (it runs again), and forgotten again afterwards."""
+    tr.reset()
+    yield
+    tr.reset()
+
+
+class KeyRng:
+    """A generator whose only draw (the rounding key, quantize.draw_key) is ``key``."""
+
+    def __init__(self, key: int):
+        self.key = key
+
+    def integers(self, *args, **kwargs):
+        return np.uint64(self.key)
+
+
+def _levels(z: int, seed: int, f64: bool = False) -> np.ndarray:
+    """z sorted distinct centroids, exact in float32 (else nudged off the float32 grid)."""
+    g = np.random.default_rng(seed)
+    c = np.unique(g.normal(size=3 * z).astype(np.float32))[:z].astype(np.float64)
+    return c + np.linspace(0, 1e-9, c.size) if f64 else c
+
+
+def _reference(x: np.ndarray, c: np.ndarray, key: int, width: int) -> bytes:
+    """The compiled kernels' (or the numpy path's) ids, packed by bitpack."""
+    return bitpack.pack(quantize.stochastic_round(x, c, KeyRng(key)), width)
+
+
+def _data(n: int, c: np.ndarray, dtype, seed: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    x = g.uniform(c[0], c[-1], n)
+    x[: n // 5] = g.choice(c, n // 5)  # on the centroids
+    return np.clip(x.astype(dtype), c[0], c[-1]).astype(dtype)
+
+
+# Z = 2..300 at every id width up to 9 bits, the powers of two and one past them; 65536 levels
+# for 16 bits
+@pytest.mark.parametrize("z", [2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 129, 256, 257, 300, 1000, 40000])
+def test_bytes_equal_the_compiled_kernels_at_every_width(interpreter, z):
+    width = (z - 1).bit_length()
+    for dtype, f64, n in ((np.float32, False, 2063), (np.float32, True, 13), (np.float64, False, 7)):
+        c = _levels(z, z, f64)
+        x = _data(n, c, dtype, z + n)
+        key = quantize.draw_key(np.random.default_rng([z, n]))
+        got = tr.launch(torch.from_numpy(x), c, key, width).numpy().tobytes()
+        assert got == _reference(x, c, key, width), (dtype, f64, n)
+
+
+@pytest.mark.parametrize("key", [0, 1, 12345, 2**63, 2**64 - 1])
+def test_keys_and_stream_offsets(interpreter, key):
+    c = _levels(11, 4)
+    x = _data(1001, c, np.float32, 5)
+    full = _reference(x, c, key, 4)
+    for start in (0, 8, 16, 1000):
+        got = tr.launch(torch.from_numpy(x[start:]), c, key, 4, start).numpy().tobytes()
+        assert got == full[start * 4 // 8:], start
+    x64 = x.astype(np.float64)
+    full = _reference(x64, c, key, 7)
+    assert tr.launch(torch.from_numpy(x64[24:]), c, key, 7, 24).numpy().tobytes() == full[24 * 7 // 8:]
+
+
+@pytest.mark.parametrize("dtype,f32", [(np.float32, True), (np.float64, False)])
+def test_the_decision_is_strict(interpreter, dtype, f32):
+    # x = c[0] + u * (c[1] - c[0]) exactly, for each element's own u: u * gap < x - c[0] is false,
+    # so every id is 0 (a <= would send them up)
+    c = np.array([0.0, 1.0])
+    x = tb.uniforms(99, 0, 1001, f32, "cpu").numpy().astype(dtype)
+    got = tr.launch(torch.from_numpy(x), c, 99, 1).numpy().tobytes()
+    assert got == _reference(x, c, 99, 1) == bytes(126)
+
+
+def test_padding_bits_are_zero_and_sizes_exact(interpreter):
+    c = np.array([-1.0, 0.0, 1.0])
+    x = np.ones(13, np.float32)  # on the top centroid: every id is 2 = 0b10
+    out = tr.launch(torch.from_numpy(x), c, 3, 2).numpy()
+    assert out.tolist() == [0b10101010] * 3 + [0b10]  # 26 bits: the last byte's top 6 bits stay 0
+    assert tr.launch(torch.zeros(0), c, 3, 2).numel() == 0
+
+
+@pytest.mark.parametrize("xdtype,f32", [("float32", True), ("float32", False), ("float64", False)])
+def test_the_self_check_probes_pass(interpreter, fresh, xdtype, f32):
+    for span in (2, 4, 8, 16):
+        cases = tr.probes(xdtype, f32, span)
+        assert {w for *_, w, _ in cases} == {w for w in range(1, 17) if tr._span(w) == span}
+        assert all(tb.work_float32(torch.from_numpy(x), c) == f32 for x, c, *_ in cases)  # the variant's
+        assert tr._self_check(torch.device("cpu"), ("cpu", f"torch.{xdtype}", f32, span))
+    assert tr.disabled_reason() is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("z", [7, 300])
+def test_messages_through_the_kernel_equal_the_host_path(interpreter, monkeypatch, dtype, z):
+    called = []
+    launch = tr.launch
+    monkeypatch.setattr(tr, "launch", lambda *a, **k: called.append(1) or launch(*a, **k))
+    x = np.random.default_rng(z).standard_t(3, 1001).astype(dtype)
+    assert mucsc.encode(torch.from_numpy(x), "mucsc", z=z, seed=2) == mucsc.encode(x, "mucsc", z=z, seed=2)
+    assert called  # the kernel wrote the IDs
+    if z == 7:
+        assert mucsc.encode(torch.from_numpy(x), "bmucsc", z=z, seed=2) == mucsc.encode(x, "bmucsc", z=z, seed=2)
+
+
+def test_rans_and_aligned_packing_take_the_ids(interpreter, monkeypatch):
+    x = np.random.default_rng(1).normal(size=2001).astype(np.float32)
+    for params in ({"z": 8, "id_coding": "rans"}, {"z": 8, "id_packing": "aligned"}):
+        assert mucsc.encode(torch.from_numpy(x), "mucsc", seed=3, **params) == mucsc.encode(x, "mucsc", seed=3, **params)
+
+
+def test_a_mismatch_disables_the_kernel_with_one_warning(interpreter, fresh, monkeypatch):
+    real = tr.launch
+
+    def wrong(*args, **kwargs):  # one flipped bit
+        out = real(*args, **kwargs)
+        out[0] ^= 1
+        return out
+
+    monkeypatch.setattr(tr, "launch", wrong)
+    x = np.random.default_rng(2).normal(size=999).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="bytes differ from the torch path"):
+        blob = mucsc.encode(torch.from_numpy(x), "mucsc", z=16, seed=1)
+    assert blob == mucsc.encode(x, "mucsc", z=16, seed=1)
+    assert "differ" in tr.disabled_reason()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning: the kernel stays off in this process
+        assert mucsc.encode(torch.from_numpy(x), "mucsc", z=5, seed=1) == mucsc.encode(x, "mucsc", z=5, seed=1)
+
+
+def test_a_compile_failure_disables_the_kernel(interpreter, fresh, monkeypatch):
+    def broken():
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(tr, "_kernel", broken)
+    x = np.random.default_rng(3).normal(size=100).astype(np.float64)
+    with pytest.warns(RuntimeWarning, match="RuntimeError: no compiler here"):
+        assert mucsc.encode(torch.from_numpy(x), "mucsc", z=4, seed=0) == mucsc.encode(x, "mucsc", z=4, seed=0)
+
+
+@pytest.mark.parametrize("setting", ["0", ""])
+def test_off_and_auto_leave_cpu_tensors_to_the_torch_path(monkeypatch, setting):
+    monkeypatch.setenv("MUCSC_TRITON", setting)
+    monkeypatch.setattr(kernels, "TORCH", True)
+    monkeypatch.setattr(tr, "launch", lambda *a, **k: pytest.fail("the kernel ran"))
+    x = np.random.default_rng(4).normal(size=300).astype(np.float32)
+    assert mucsc.encode(torch.from_numpy(x), "mucsc", seed=0) == mucsc.encode(x, "mucsc", seed=0)
+    assert tr.round_pack(torch.from_numpy(x), np.array([-9.0, 0.0, 9.0]), 1, 2) is None
+
+
+def test_a_bad_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MUCSC_TRITON", "yes")
+    with pytest.raises(ParameterError, match="MUCSC_TRITON must be 0, 1 or auto"):
+        tr.mode()
+
+
+def test_what_the_kernel_does_not_cover_goes_to_the_torch_path(interpreter):
+    t = torch.ones(16, dtype=torch.float32)
+    assert tr.round_pack(t.half(), np.array([0.0, 2.0]), 1, 1) is None  # float16 data
+    assert tr.round_pack(t, np.array([0.0, 2.0]), 1, 1, start=4) is None  # start not a multiple of 8
+    wide = np.array([-3e38, 3e38], np.float32).astype(np.float64)
+    assert tr.round_pack(t, wide, 1, 1) is None  # a gap beyond float32
+
+
+def test_cpu_tensors_do_not_even_look_for_triton(monkeypatch):
+    monkeypatch.delenv("MUCSC_TRITON", raising=False)
+    monkeypatch.setattr(kernels, "TORCH", True)
+    monkeypatch.setattr(tr, "triton_module", lambda: pytest.fail("triton was looked up for a CPU tensor"))
+    x = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    assert mucsc.encode(x, "mucsc", seed=0) == mucsc.encode(x.numpy(), "mucsc", seed=0)
