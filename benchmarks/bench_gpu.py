@@ -10,7 +10,11 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
   only the packed IDs copied to the host (the torch backend);
 * ``threads=0`` / ``compress=off``: the same with the host's stages (zstd, CRC-32) on all cores / with
   the IDs stored fixed-width (no zstd);
-* with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure);
+* ``device encode, MUCSC_TRITON=0``: the same with the fused Triton kernel switched off (the torch
+  path rounds, then packs; the first row's path too where the kernel does not run);
+* with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure),
+  and ``fused round+pack (Triton)``: mucsc/codec/triton_round.py's one kernel for the rounding and
+  packing rows (its bytes checked equal to theirs first), or why it did not run;
 * with ``--selection KEEP``, each step of the top-k family's and B-MUCSC's device selection of the
   largest KEEP fraction timed alone: ``torch.topk`` against the radix select the backend uses, the
   positions' copy, the values' gather, the positions' coding on the host, the rest's float64 sum;
@@ -27,6 +31,8 @@ encodes must give identical bytes (checked; the benchmark stops otherwise).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import platform
 import time
 
@@ -90,7 +96,7 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
     packed = tb.pack_tensor(ids, width)
     host = tb.to_host(packed)
     one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, parallel.resolve(0))
-    return [
+    return [fused_stage(x, wire, key, width, packed, repeat, torch, dev),
         ("min/max", best_time(lambda: src.bounds(), repeat, torch, dev)),
         ("solver (summary + host)", best_time(lambda: centroids.solve(src, z, "optimal", np.random.default_rng(0),
                                                                       bounds=b), repeat, torch, dev)),
@@ -136,6 +142,38 @@ def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str,
     ]
 
 
+def fused_stage(x, wire, key: int, width: int, packed, repeat: int, torch, dev) -> tuple[str, float | str]:
+    """The fused Triton kernel's time for the rounding + packing rows' work, after checking its bytes
+    equal theirs; or why it did not run (no triton, not a CUDA tensor, failed its self-check)."""
+    from mucsc.codec import triton_round
+
+    what = "fused round+pack (Triton)"
+    if triton_round.round_pack(x, wire, key, width) is None:  # runs the self-check on first use
+        return what, f"not run: {triton_round.disabled_reason() or 'triton not importable or not wanted here'}"
+    if not torch.equal(triton_round.launch(x, wire, key, width), packed):
+        raise SystemExit(f"bench_gpu: the fused kernel's bytes differ from the torch path's at d = {x.numel()}")
+    return what, best_time(lambda: triton_round.launch(x, wire, key, width), repeat, torch, dev)
+
+
+@contextlib.contextmanager
+def triton_off():
+    """MUCSC_TRITON=0 inside the block (the torch path rounds and packs)."""
+    was = os.environ.get("MUCSC_TRITON")
+    os.environ["MUCSC_TRITON"] = "0"
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["MUCSC_TRITON"]
+        else:
+            os.environ["MUCSC_TRITON"] = was
+
+
+def encode_unfused(x, z: int) -> bytes:
+    with triton_off():
+        return mucsc.encode(x, "mucsc", z=z, seed=0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -165,11 +203,12 @@ def main() -> None:
             print(f"{d:>14,}  skipped: {str(exc).splitlines()[0][:60]}")
             continue
         blob = mucsc.encode(x, "mucsc", z=args.z, seed=0)
-        if blob != host_encode(x.cpu().numpy(), args.z):
-            raise SystemExit(f"bench_gpu: device and host bytes differ at d = {d}")
+        if blob != host_encode(x.cpu().numpy(), args.z) or blob != encode_unfused(x, args.z):
+            raise SystemExit(f"bench_gpu: device (fused or not) and host bytes differ at d = {d}")
         raw = mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")
         rows = [
             ("device encode", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0)),
+            ("device encode, MUCSC_TRITON=0", lambda: encode_unfused(x, args.z)),
             ("device encode, threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, threads=0)),
             ("device encode, compress=off", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")),
             ("  ... and threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off", threads=0)),
@@ -186,6 +225,9 @@ def main() -> None:
             rows += codec_rows(x, codec, dev)
         for what, fn, *given in rows:
             t = given[0] if given else best_time(fn, args.repeat, torch, dev)
+            if isinstance(t, str):  # a stage that did not run, and why
+                print(f"{d:>14,}  {what:<30} {t}", flush=True)
+                continue
             print(f"{d:>14,}  {what:<30} {t:>9.4f} {4 * d / t / 1e9:>8.2f}", flush=True)
         del x
         if dev.type == "cuda":

@@ -6,8 +6,11 @@
 # Run from the repository root on a machine with a CUDA GPU, torch, numpy, click and zstandard
 # (the package need not be installed: the kernels are built in place and PYTHONPATH points here).
 #  1. the torch backend's tests with CUDA tensors (tests/test_torch_backend.py: the CUDA cases run
-#     only where torch sees a GPU) and the simulator's device-resident path;
-#  2. benchmarks/bench_gpu.py: CUDA tensor -> message -> CUDA tensor at d = 1e7, 1e8, 1e9 vs the host path;
+#     only where torch sees a GPU), the fused Triton kernel's (tests/test_triton_kernel.py: its
+#     self-check and bytes on the GPU; needs triton, which CUDA builds of torch bring) and the
+#     simulator's device-resident path;
+#  2. benchmarks/bench_gpu.py: CUDA tensor -> message -> CUDA tensor at d = 1e7, 1e8, 1e9 vs the host path,
+#     with the fused Triton kernel and without it (MUCSC_TRITON=0), and each stage alone;
 #     2b. the top-k selection's steps (radix select vs torch.topk) and topk/stc/bmucsc end to end at 1e8;
 #  3. benchmarks/bench_codec.py --threads: one message's encode/decode with 1..16 threads (issue 14);
 #  4. mucsc sim on the FEMNIST sample (LeNet, 1.33M parameters), --device cuda vs --device cpu:
@@ -26,9 +29,10 @@ lscpu | grep -E "^Model name|^CPU\(s\)" ; free -g | head -2
 $py -c "import sys, torch, numpy, zstandard; print('python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, 'zstandard', zstandard.__version__)"
 $py setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { echo "C kernels did not build:"; tail -20 "$out/build.log"; }
 $py -c "import mucsc.codec.kernels as k; print('kernels backend', k.BACKEND)"
+$py -c "import triton; print('triton', triton.__version__)" 2>/dev/null || echo "triton: not importable (the fused kernel's checks are skipped)"
 
 echo "== 1. tests with CUDA tensors"
-$py -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py \
+$py -m pytest -q -p no:cacheprovider -rs tests/test_torch_backend.py tests/test_triton_kernel.py \
     "tests/test_fedsim_sim.py::test_device_resident_updates_change_nothing" 2>&1 | tail -25 | tee "$out/tests.txt"
 
 echo "== 2. bench_gpu"
