@@ -134,6 +134,19 @@ def test_messages_through_the_kernel_equal_the_host_path(interpreter, monkeypatc
         assert mucsc.encode(torch.from_numpy(x), "bmucsc", z=z, seed=2) == mucsc.encode(x, "bmucsc", z=z, seed=2)
 
 
+def test_groups_on_threads_share_one_first_use(interpreter, fresh, monkeypatch):
+    # per-tensor groups encoded side by side on two threads: one self-check, the same bytes
+    checks = []
+    real = tr._self_check
+    monkeypatch.setattr(tr, "_self_check", lambda *a: checks.append(a[1]) or real(*a))
+    g = torch.Generator().manual_seed(1)
+    sd = {f"t{i}": torch.randn(500 + i, generator=g) for i in range(6)}
+    got = mucsc.encode(sd, "mucsc", seed=3, shared=False, threads=2)
+    monkeypatch.setattr(kernels, "TORCH", False)
+    assert got == mucsc.encode(sd, "mucsc", seed=3, shared=False)
+    assert checks == [("cpu", "torch.float32", True, 4)]
+
+
 def test_rans_and_aligned_packing_take_the_ids(interpreter, monkeypatch):
     x = np.random.default_rng(1).normal(size=2001).astype(np.float32)
     for params in ({"z": 8, "id_coding": "rans"}, {"z": 8, "id_packing": "aligned"}):

@@ -21,6 +21,7 @@ only when used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
@@ -32,6 +33,7 @@ TILE = 4096  # G * SPAN * 8: the size of one program's packing tile [G groups, S
 _state = {"disabled": None}  # None, or why the kernel was turned off for this process
 _checked: dict = {}  # variant -> True once its probes matched
 _lock = threading.Lock()
+_check_lock = threading.Lock()  # one first use (compile + probes) at a time: groups encode on several threads
 _kernels: dict = {}  # TRITON_INTERPRET setting -> the jitted kernel
 
 
@@ -119,7 +121,9 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
     groups = TILE // (8 * span)
     grid = (-(-n // (8 * groups)),)
     args = torch.tensor([n, c.size - 2, nbytes, tb._i64(key), start, width], dtype=torch.int64).to(x.device)
-    _kernel()[grid](x.contiguous(), cdev, gdev, out, args, F32=f32, SPAN=span, G=groups, enable_fp_fusion=False)
+    # Triton launches on the current CUDA device's current stream: make x's device the current one
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+        _kernel()[grid](x.contiguous(), cdev, gdev, out, args, F32=f32, SPAN=span, G=groups, enable_fp_fusion=False)
     return out
 
 
@@ -140,8 +144,10 @@ def round_pack(x, c: np.ndarray, key: int, width: int, start: int = 0):
     from mucsc.codec import torch_backend as tb
 
     variant = (str(x.device), str(x.dtype), tb.work_float32(x, c), _span(width))
-    if not _checked.get(variant) and not _self_check(x.device, variant):
-        return None
+    if not _checked.get(variant):
+        with _check_lock:
+            if _state["disabled"] is not None or (not _checked.get(variant) and not _self_check(x.device, variant)):
+                return None
     try:
         return launch(x, c, key, width, start)
     except Exception as exc:  # noqa: BLE001  (the reference path must still encode)
