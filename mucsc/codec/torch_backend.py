@@ -241,14 +241,14 @@ class Rounding:
         idx = _torch().arange(0, len(self), step, dtype=_torch().int64, device=self.x.device)
         return round_at(self.x, self.c, self.key, idx)
 
-    def packed(self, width: int) -> np.ndarray:
-        """The ids packed ``width`` bits wide (FORMAT.md 4.2), as host bytes."""
+    def packed(self, width: int) -> DeviceBytes:
+        """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as :func:`pack` leaves them."""
         if self._ids is None:
             from mucsc.codec import triton_round
 
             fused = triton_round.round_pack(self.x, self.c, self.key, width)
             if fused is not None:
-                return to_host(fused)
+                return DeviceBytes(fused)
         return pack(self.ids(), width)
 
 
