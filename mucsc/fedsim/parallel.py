@@ -182,14 +182,14 @@ class WorkerPool(Executor):
 # ---- "auto": how many workers ----------------------------------------------------------------------
 
 # A client whose local training takes less than this in one process is not worth a worker pool: the
-# pool cannot win it back (measured on this project's 2-core machine, docs/fedsim.md: LeNet on
-# FEMNIST at 30-50 ms per client and the digits CNN at 3-20 ms lost with 2 workers, 0.55x-0.8x).
+# pool cannot win it back (measured on this project's 2-core machine, docs/fedsim.md: the digits CNN
+# at 3-30 ms per client and LeNet on FEMNIST at 30-60 ms mostly lost with 2 workers, 0.45x-0.80x).
 MIN_CLIENT_S = 0.05
 # The trial's workers must train clients at least this much faster than one process (seconds per
 # client, transfers included).  A clear margin, because the trial times training alone: in the run,
 # the main process's encoding and decoding then compete with the workers for the cores (measured:
-# a trial at 1.24x, FEMNIST LeNet with E = 20, gave a sweep 0.91x as fast as one process; ALL-CNN's
-# 1.48x in the workers gave 1.39x; docs/fedsim.md).
+# a trial at 1.24x, FEMNIST LeNet with E = 20, gave a sweep 0.91x as fast as one process; ALL-CNN,
+# whose 2 workers trained 1.49x as many clients as one process, gave 1.39x; docs/fedsim.md).
 MIN_SPEEDUP = 1.4
 
 
@@ -213,7 +213,8 @@ def auto_choice(candidate: int, serial_s: float, parallel_s: float | None = None
     None: no trial, see :func:`needs_trial`).  Pure, so that the rule is testable without timing."""
     ms = f"{serial_s * 1e3:.0f} ms"
     if candidate <= 1:
-        return WorkerChoice(1, "auto: one usable core, or one client a round and one run: nothing to train side by side")
+        return WorkerChoice(1, "auto: one usable core, or one client a round and one run: nothing to train "
+                               "side by side")
     if parallel_s is None or not needs_trial(candidate, serial_s):
         return WorkerChoice(1, f"auto: a client trains in {ms}, under the {MIN_CLIENT_S * 1e3:.0f} ms "
                                f"that worker processes need to pay for the transfers")
