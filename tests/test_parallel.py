@@ -476,12 +476,23 @@ def test_copy_crc32_copies_and_checksums_in_one_pass(small_chunks, monkeypatch, 
         parallel.copy_crc32(b"abc", bytearray(2))
 
 
-def test_pack_fills_one_array_with_bitpacks_bytes(small_chunks):
+def test_packed_ids_go_straight_into_the_message_with_their_crc(small_chunks):
+    """parallel.pack's payload packs chunk by chunk into the writer's buffer (parts on threads, the
+    CRC joined across them) or into one array of its own: bitpack.pack's bytes either way."""
+    import zlib
+
     from mucsc.codec import bitpack
 
-    for width in (1, 3, 4, 8, 11, 16):
-        ids = np.random.default_rng(width).integers(0, 1 << width, 3 * SMALL_CHUNK + 5)
-        for t in THREADS:
-            with parallel.using(t):
-                got = parallel.pack(ids, width)
-            assert got.dtype == np.uint8 and got.tobytes() == bitpack.pack(ids, width), (width, t)
+    for width in (0, 1, 3, 4, 8, 11, 16):
+        for n in (0, 5, 3 * SMALL_CHUNK + 5):
+            ids = np.random.default_rng(width).integers(0, 1 << width, n)
+            want = bitpack.pack(ids, width)
+            for t in THREADS:
+                with parallel.using(t):
+                    p = parallel.pack(ids, width)
+                    out = bytearray(p.nbytes)
+                    assert p.write_into(memoryview(out)) == zlib.crc32(want) and bytes(out) == want, (width, n, t)
+                    arr = parallel.pack_array(ids, width)
+                    assert arr.dtype == np.uint8 and arr.tobytes() == want and p.tobytes() == want
+                    out = bytearray(p.nbytes)  # after host(): copied from the array
+                    assert p.write_into(memoryview(out)) == zlib.crc32(want) and bytes(out) == want

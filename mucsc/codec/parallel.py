@@ -34,7 +34,8 @@ import numpy as np
 from mucsc.errors import ParameterError
 
 __all__ = ["CHUNK", "GROUP_PARALLEL_MAX", "resolve", "using", "current", "spans", "run", "run_spans",
-           "run_groups", "bounds", "pack", "unpack_take", "crc32", "crc32_combine", "copy_crc32", "zstd_compressor"]
+           "run_groups", "bounds", "pack", "pack_array", "PackedIds", "unpack_take", "crc32", "crc32_combine",
+           "copy_crc32", "zstd_compressor"]
 
 T = TypeVar("T")
 
@@ -217,7 +218,13 @@ def bounds(x: np.ndarray) -> tuple[float, float]:
     return out
 
 
-def pack(ids: np.ndarray, width: int) -> np.ndarray:
+def pack(ids: np.ndarray, width: int) -> PackedIds:
+    """``bitpack.pack(ids, width)``'s bytes as a payload packed when the message is written
+    (:class:`PackedIds`: straight into the message, no array of packed IDs of its own)."""
+    return PackedIds(ids, width)
+
+
+def pack_array(ids: np.ndarray, width: int) -> np.ndarray:
     """``bitpack.pack(ids, width)`` as a uint8 array, over the fixed chunks in parallel (the same
     bytes: every chunk but the last holds a multiple of 8 values, i.e. whole bytes for any width),
     each chunk's bytes put straight into the one output array (no bytes objects, no join)."""
@@ -231,6 +238,50 @@ def pack(ids: np.ndarray, width: int) -> np.ndarray:
         out[s * width // 8: bitpack.packed_size(e, width)] = bitpack.pack_array(ids[s:e], width)
     run_spans(one, ids.size)
     return out
+
+
+class PackedIds:
+    """IDs packed ``width`` bits wide (``bitpack.pack``'s bytes) as a ``format.Payload``: packed when
+    the message is written, chunk by chunk straight into it on ``current()`` threads, each chunk's
+    CRC-32 taken while it is in cache -- the packed IDs never get an array of their own there, nor
+    a copy.  :meth:`host` packs them into one (once) when something needs them on the host first
+    (zstd, rate control's sizes, a decode of the encoding); the IDs are let go of then."""
+
+    def __init__(self, ids: np.ndarray, width: int) -> None:
+        from mucsc.codec import bitpack
+
+        self._ids, self.width = ids, width
+        self.nbytes = bitpack.packed_size(ids.size, width)
+        self._host: np.ndarray | None = None
+
+    def host(self) -> np.ndarray:
+        """The packed bytes as a uint8 array."""
+        if self._host is None:
+            self._host, self._ids = pack_array(self._ids, self.width), None
+        return self._host
+
+    def tobytes(self) -> bytes:
+        return self.host().tobytes()
+
+    def write_into(self, out: Any) -> int:
+        """Pack into the writable buffer ``out`` (``nbytes`` long); the CRC-32 of the bytes."""
+        from mucsc.codec import bitpack
+
+        if self._host is not None:
+            return copy_crc32(self._host, out)
+        o, ids, w = np.frombuffer(out, np.uint8), self._ids, self.width
+        if o.size != self.nbytes:
+            raise ValueError(f"PackedIds: {self.nbytes} bytes into a buffer of {o.size}")
+
+        def span(a: int, b: int, crc: int) -> int:  # IDs [a, b), a a multiple of CHUNK: whole bytes
+            for s in range(a, b, CHUNK):
+                e = min(s + CHUNK, b)
+                piece = o[s * w // 8: bitpack.packed_size(e, w)]
+                piece[...] = bitpack.pack_array(ids[s:e], w)
+                crc = zlib.crc32(piece, crc)
+            return crc
+        return _crc_parts(ids.size if w else 0, 0, span, CHUNK,
+                          lambda a, b: bitpack.packed_size(b, w) - a * w // 8)
 
 
 def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
@@ -364,11 +415,12 @@ def crc32(data: memoryview, crc: int = 0) -> int:
 
 
 def _crc_parts(n: int, crc: int | None, span: Callable[[int, int, int | None], int | None],
-               align: int = 1) -> int | None:
+               align: int = 1, nbytes: Callable[[int, int], int] | None = None) -> int | None:
     """``span(a, b, init)`` over ``current()`` equal parts [a, b) of ``range(n)`` (multiples of
-    ``align`` bytes), each returning the CRC of its bytes continued from ``init`` (the running
-    ``crc`` for the first part, 0 for the others; None throughout when ``crc`` is None), joined
-    in order with :func:`crc32_combine`.  Small inputs or one thread: a single span."""
+    ``align``), each returning the CRC of its bytes continued from ``init`` (the running ``crc``
+    for the first part, 0 for the others; None throughout when ``crc`` is None), joined in order
+    with :func:`crc32_combine`.  ``nbytes(a, b)``: the bytes of part [a, b) (default b - a).
+    Small inputs or one thread: a single span."""
     t = current()
     if t <= 1 or n < 2 * CHUNK:
         return span(0, n, crc)
@@ -380,7 +432,8 @@ def _crc_parts(n: int, crc: int | None, span: Callable[[int, int, int | None], i
         return None
     crc = crcs[0]
     for a, c in zip(cuts[1:], crcs[1:]):
-        crc = crc32_combine(crc, c, min(step, n - a))
+        b = min(a + step, n)
+        crc = crc32_combine(crc, c, nbytes(a, b) if nbytes is not None else b - a)
     return crc
 
 
