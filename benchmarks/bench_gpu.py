@@ -13,8 +13,11 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``device encode, MUCSC_TRITON=0``: the same with the fused Triton kernel switched off (the torch
   path rounds, then packs; the first row's path too where the kernel does not run);
 * with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure),
-  and ``fused round+pack (Triton)``: mucsc/codec/triton_round.py's one kernel for the rounding and
+  ``fused round+pack (Triton)``: mucsc/codec/triton_round.py's one kernel for the rounding and
   packing rows (its bytes checked equal to theirs first), or why it did not run;
+  the CRC-32 of the packed IDs on the device vs on the host, and the message writer alone on the
+  device encode's sections (``compress=off``: the IDs copied into the message with the device's or
+  the host's CRC, 1 thread / all cores; and the old writer's passes for comparison);
 * with ``--selection KEEP``, each step of the top-k family's and B-MUCSC's device selection of the
   largest KEEP fraction timed alone: ``torch.topk`` against the radix select the backend uses, the
   positions' copy, the values' gather, the positions' coding on the host, the rest's float64 sum;
@@ -95,7 +98,12 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
     width = int(np.ceil(np.log2(wire.size)))
     packed = tb.pack_tensor(ids, width)
     host = tb.to_host(packed)
+    touched = np.ones(packed.numel(), np.uint8)
     one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, parallel.resolve(0))
+
+    def all_cores(fn):
+        with parallel.using(0):
+            return fn()
     return [fused_stage(x, wire, key, width, packed, repeat, torch, dev),
         ("min/max", best_time(lambda: src.bounds(), repeat, torch, dev)),
         ("solver (summary + host)", best_time(lambda: centroids.solve(src, z, "optimal", np.random.default_rng(0),
@@ -104,11 +112,53 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
         ("J pass (stats only)", best_time(lambda: tb.variance_J(x, wire), repeat, torch, dev)),
         ("packing", best_time(lambda: tb.pack_tensor(ids, width), repeat, torch, dev)),
         ("copy to host, pinned", best_time(lambda: tb.to_host(packed), repeat, torch, dev)),
+        *([("  ... into touched memory", best_time(lambda: tb.copy_out(packed, touched), repeat, torch, dev))]
+          if dev.type == "cuda" else []),  # the pinned staging is CUDA's
         ("copy to host, pageable", best_time(lambda: packed.cpu(), repeat, torch, dev)),
         ("zstd, 1 thread", best_time(lambda: one.compress(host), repeat, torch, dev)),
         ("zstd, all cores", best_time(lambda: every.compress(host), repeat, torch, dev)),
-        ("CRC-32", best_time(lambda: zlib.crc32(host), repeat, torch, dev)),
+        ("CRC-32, host, 1 thread", best_time(lambda: zlib.crc32(host), repeat, torch, dev)),
+        ("CRC-32, host, all cores", best_time(lambda: all_cores(lambda: parallel.crc32(memoryview(host))),
+                                              repeat, torch, dev)),
+        ("CRC-32 on the device", best_time(lambda: tb.crc32(packed), repeat, torch, dev)),
     ]
+
+
+def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, float]]:
+    """Seconds of ``format.write_message`` alone on a device encode's sections (``compress=off``,
+    the API's path): the packed IDs copied from the device into the message (through the pinned
+    buffer's halves) with their CRC-32 from the device or from the host, on 1 thread and all cores;
+    both checked to give ``raw``, the message ``mucsc.encode`` gives.  And, for comparison, the
+    passes the writer made before (a new host array of the IDs, a CRC pass, a join)."""
+    from mucsc.codec import format as fmt
+    from mucsc.codec import parallel
+    from mucsc.codec import torch_backend as tb
+
+    enc = mucsc.get_codec("mucsc", z=z).for_container(compressing=False).encode_array(x, np.random.default_rng([0, 0]))
+    header = fmt.read_message(raw).header
+    secs = [(0, s.tag, s.payload(), s.compressible) for s in enc.sections]
+    ids = next(p for _, tag, p, _ in secs if tag == "IDS_")
+    dev_crc, host_crc = ([(g, tag, tb.DeviceBytes(ids.tensor, device_crc=on) if p is ids else p, c)
+                          for g, tag, p, c in secs] for on in (True, False))
+
+    def write(s, threads):
+        with parallel.using(threads):
+            return fmt.write_message(header, s, zstd_level=None)
+
+    def old_passes(threads):
+        with parallel.using(threads):
+            h = tb.to_host(ids.tensor)
+            parallel.crc32(memoryview(h))
+            return b"".join([raw[:64], h])
+
+    for s in (dev_crc, host_crc):
+        if write(s, 1) != raw:
+            raise SystemExit("bench_gpu: the writer's message differs from mucsc.encode's")
+    return [(f"{what}{', threads=0' if t == 0 else ''}", best_time(lambda: fn(t), repeat, torch, dev))
+            for what, fn in (("writer, device CRC", lambda t: write(dev_crc, t)),
+                             ("writer, host CRC", lambda t: write(host_crc, t)),
+                             ("old: array, CRC, join", old_passes))
+            for t in (1, 0)]
 
 
 def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str, float]]:
@@ -219,6 +269,7 @@ def main() -> None:
         ]
         if args.stages:
             rows = rows[:1] + [(f"  {w}", None, t) for w, t in stages(x, args.z, args.repeat, torch, dev)] + rows[1:]
+            rows += [(f"  {w}", None, t) for w, t in assembly(x, args.z, raw, args.repeat, torch, dev)]
         if args.selection is not None:
             rows += [(f"  {w}", None, t) for w, t in selection_stages(x, args.selection, args.repeat, torch, dev)]
         for codec in filter(None, args.codecs.split(",")):

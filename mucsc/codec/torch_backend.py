@@ -372,8 +372,9 @@ class DeviceBytes:
         host_crc = 0 if reg is None else None
         if self._host is None and self.tensor.device.type == "cuda":
             crc = copy_out(self.tensor, dest, host_crc)
-        else:
-            crc = parallel.copy_crc32(self.host(), dest, host_crc)
+        else:  # not kept: a later write takes the same path (a CPU tensor's host bytes are a view)
+            crc = parallel.copy_crc32(self._host if self._host is not None else to_host(self.tensor), dest,
+                                      host_crc)
         return crc if reg is None else crc32_finish(int(reg), self.nbytes)
 
 
