@@ -170,8 +170,8 @@ def decode_stages(d, z, repeat):
 
 def assembly(d, z, repeat):
     """The message writer's share of an encode (issue 16's host work): the whole encode and
-    ``format.write_message`` alone on the same sections, for compress off / default and 1 / 2
-    threads, best of ``repeat``, with the minor page faults of one write and a digest of the
+    ``format.write_message`` alone on the same sections (as host bytes), for compress off / default
+    and 1 / all threads, best of ``repeat``, with the minor page faults of one write and a digest of the
     message (equal digests: equal bytes, e.g. before and after a change of the writer)."""
     import hashlib
     import resource
@@ -189,7 +189,7 @@ def assembly(d, z, repeat):
         enc = mucsc.get_codec("mucsc", z=z).encode_array(x, np.random.default_rng([0, 0]))
         secs = [(0, s.tag, s.tobytes(), s.compressible) for s in enc.sections]
         header = fmt.read_message(mucsc.encode(x, z=z, **kw)).header
-        for t in (1, 2):
+        for t in (1, parallel.resolve(0)):  # one thread, all cores
             def write():
                 with parallel.using(t):
                     return fmt.write_message(header, secs, zstd_level=level, threads=t)

@@ -11,8 +11,11 @@
 #     simulator's device-resident path;
 #  2. benchmarks/bench_gpu.py: CUDA tensor -> message -> CUDA tensor at d = 1e7, 1e8, 1e9 vs the host path,
 #     with the fused Triton kernel and without it (MUCSC_TRITON=0), and each stage alone;
+#     with --stages also the CRC-32 of the packed IDs on the device vs the host and the message writer
+#     alone (device CRC / host CRC, 1 thread / all cores, against the old writer's passes);
 #     2b. the top-k selection's steps (radix select vs torch.topk) and topk/stc/bmucsc end to end at 1e8;
 #  3. benchmarks/bench_codec.py --threads: one message's encode/decode with 1..16 threads (issue 14);
+#     3b. bench_codec.py --assembly: the host path's writer share at d = 3e8 (compress off/default);
 #  4. mucsc sim on the FEMNIST sample (LeNet, 1.33M parameters), --device cuda vs --device cpu:
 #     the per-round encode/decode time with updates encoded where they live.
 # Each step's output also goes to OUTDIR (default /tmp/gpu_checks).
@@ -42,6 +45,8 @@ $py benchmarks/bench_gpu.py --sizes 1e8 --repeat 3 --selection 0.01 --codecs top
 
 echo "== 3. threads"
 $py benchmarks/bench_codec.py --threads 1,2,4,8,16 --d 3e7 --z 16 --repeat 5 2>&1 | tee "$out/threads.txt"
+echo "== 3b. the message writer's share of a host encode (one buffer, CRC in the copy; packed IDs packed into it)"
+$py benchmarks/bench_codec.py --assembly --d 3e8 --z 16 --repeat 3 2>&1 | tee "$out/assembly.txt"
 
 echo "== 4. mucsc sim, FEMNIST sample, LeNet: --device cuda vs cpu"
 if [ -d "$femnist" ]; then
