@@ -249,16 +249,19 @@ def time_serial(trainer: LocalTrainer, weights: list[np.ndarray], tasks: list[Cl
     return statistics.median(times)
 
 
-def time_parallel(pool: WorkerPool, weights: list[np.ndarray], tasks: list[ClientTask]) -> float:
-    """Wall seconds per client of ``pool`` training ``tasks`` (two per worker), after one warm-up task
-    per worker (its trainer is built and its first call made); the transfers count."""
-    for f in pool.train_all(weights, tasks[:pool.workers]):
-        f.result()
-    timed = tasks[:2 * pool.workers]
-    t0 = time.perf_counter()
-    for f in pool.train_all(weights, timed):
-        f.result()
-    return (time.perf_counter() - t0) / len(timed)
+def time_parallel(pool: WorkerPool, weights: list[np.ndarray], tasks: list[ClientTask], batches: int = 2) -> float:
+    """Wall seconds per client of ``pool`` training one client per worker, transfers included: the
+    slowest of ``batches`` batches, after a warm-up batch (each trainer built, its first call made).
+    The slowest, because a shared machine's second core was often free for a first burst and busy
+    for the next (docs/fedsim.md): the rule keeps workers only for a gain that lasts."""
+    w = pool.workers
+    walls = []
+    for b in range(batches + 1):
+        t0 = time.perf_counter()
+        for f in pool.train_all(weights, tasks[b * w:(b + 1) * w]):
+            f.result()
+        walls.append(time.perf_counter() - t0)
+    return max(walls[1:]) / w
 
 
 def start_executor(cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int | str | None = None,
@@ -287,7 +290,7 @@ def _auto(cfg: SimConfig, setups: list[Setup], runs: int) -> tuple[Executor, Wor
     candidate = min(default_workers(local.device), cfg.per_round * max(runs, 1))
     if candidate <= 1:
         return local, auto_choice(candidate, 0.0)
-    weights, tasks = probe_tasks(cfg, setups[0], max(4, 2 * candidate))
+    weights, tasks = probe_tasks(cfg, setups[0], max(4, 3 * candidate))
     serial_s = time_serial(local.trainer(0), weights, tasks[:4])
     if not needs_trial(candidate, serial_s):
         return local, auto_choice(candidate, serial_s)
