@@ -141,7 +141,9 @@ def test_groups_on_threads_share_one_first_use(interpreter, fresh, monkeypatch):
     monkeypatch.setattr(tr, "_self_check", lambda *a: checks.append(a[1]) or real(*a))
     g = torch.Generator().manual_seed(1)
     sd = {f"t{i}": torch.randn(500 + i, generator=g) for i in range(6)}
-    got = mucsc.encode(sd, "mucsc", seed=3, shared=False, threads=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the kernel must not be disabled on the way (e.g. by concurrent launches)
+        got = mucsc.encode(sd, "mucsc", seed=3, shared=False, threads=2)
     monkeypatch.setattr(kernels, "TORCH", False)
     assert got == mucsc.encode(sd, "mucsc", seed=3, shared=False)
     assert checks == [("cpu", "torch.float32", True, 4)]

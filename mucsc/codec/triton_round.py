@@ -21,7 +21,6 @@ only when used.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import warnings
@@ -34,6 +33,10 @@ _state = {"disabled": None}  # None, or why the kernel was turned off for this p
 _checked: dict = {}  # variant -> True once its probes matched
 _lock = threading.Lock()
 _check_lock = threading.Lock()  # one first use (compile + probes) at a time: groups encode on several threads
+# Triton's interpreter (CPU tensors) rebinds triton.language's functions while a kernel runs, for the
+# whole process: two threads interpreting at once break each other (seen with triton 3.9: "Did you
+# forget to add @triton.jit ?").  Interpreted launches take turns; compiled GPU launches do not need to.
+_interpret_lock = threading.Lock()
 _kernels: dict = {}  # TRITON_INTERPRET setting -> the jitted kernel
 
 
@@ -122,7 +125,7 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
     grid = (-(-n // (8 * groups)),)
     args = torch.tensor([n, c.size - 2, nbytes, tb._i64(key), start, width], dtype=torch.int64).to(x.device)
     # Triton launches on the current CUDA device's current stream: make x's device the current one
-    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else _interpret_lock:
         _kernel()[grid](x.contiguous(), cdev, gdev, out, args, F32=f32, SPAN=span, G=groups, enable_fp_fusion=False)
     return out
 
