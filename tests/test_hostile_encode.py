@@ -74,8 +74,11 @@ def test_cli_refuses_big_float64_with_none(tmp_path):
     x = np.random.default_rng(0).normal(size=100_000)  # large enough to be encoded, not carried raw
     x[5] = 3.5e38
     np.save(tmp_path / "big.npy", x)
-    r = CliRunner().invoke(main, ["compress", "--codec", "none", str(tmp_path / "big.npy")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = CliRunner().invoke(main, ["compress", "--codec", "none", str(tmp_path / "big.npy")])
     assert r.exit_code == 1 and "3.5e+38" in r.stderr and "Traceback" not in r.stderr
+    assert not caught, [str(w.message) for w in caught]  # refused before any cast (no overflow warning)
     assert not (tmp_path / "big.npy.mucsc").exists()
 
 

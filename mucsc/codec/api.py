@@ -19,7 +19,7 @@ from mucsc.codec.auth import AuthSummary, Keys
 from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
 from mucsc.codec import torch_backend
 from mucsc.codec.policy import Planned, Policy, decode_encoded
-from mucsc.codec.tensors import AS_TORCH, Tensor, from_record, on_host, to_device, to_tensors
+from mucsc.codec.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 from mucsc.optional import require_torch
 
@@ -383,18 +383,8 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
         return torch_backend.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
-    limit = codec.input_limit
     for t, p in zip(members, parts):
-        if not p.size:
-            continue
-        lo, hi = (float(v) for v in parallel.bounds(p))
-        label = f"tensor {t.name!r}" if t.name else "input"
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise InputError(f"{label} contains NaN or Inf")
-        if limit is not None and max(-lo, hi) > limit:
-            raise InputError(f"{label} holds {lo if -lo > hi else hi:.9g}, beyond the largest magnitude "
-                             f"codec {codec.name!r} can carry ({limit:.9g}); scale it, or use a codec "
-                             "with a wider wire (raw is lossless)")
+        codec.check_input(p, name_label(t.name))
     x = parts[0] if len(parts) == 1 else _adjacent_view(parts)
     if x is None:
         x = np.concatenate(parts)

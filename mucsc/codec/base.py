@@ -20,7 +20,7 @@ import numpy as np
 from mucsc.codec import parallel
 from mucsc.codec.bitpack import ceil_log2  # noqa: F401  (re-exported: one helper for every codec)
 from mucsc.codec.memory import Memory, ResidualMemory
-from mucsc.errors import FormatError, ParameterError, SizeError, UnknownCodecError
+from mucsc.errors import FormatError, InputError, ParameterError, SizeError, UnknownCodecError
 
 # Limits shared by every codec with a number of centroids Z: cluster IDs are at most 16 bits
 # (spec/FORMAT.md, limits), and Z = 1 would carry no information.
@@ -112,6 +112,21 @@ class Codec(ABC):
 
     def __init__(self, **params: Any) -> None:
         self.params = make_params(self.Params, params, self.name)
+
+    def check_input(self, x: np.ndarray, label: str) -> None:
+        """Refuse (InputError naming ``label`` and the value) a float vector this codec must not
+        encode: NaN or Inf, or beyond :attr:`input_limit`.  Checked before any encoding, so no
+        overflowing cast runs first."""
+        if not x.size:
+            return
+        lo, hi = (float(v) for v in parallel.bounds(x))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise InputError(f"{label} contains NaN or Inf")
+        limit = self.input_limit
+        if limit is not None and max(-lo, hi) > limit:
+            raise InputError(f"{label} holds {lo if -lo > hi else hi:.9g}, beyond the largest magnitude "
+                             f"codec {self.name!r} can carry ({limit:.9g}); scale it, or use a codec "
+                             "with a wider wire (raw is lossless)")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.params).items())

@@ -30,7 +30,7 @@ import numpy as np
 
 from mucsc.codec.base import Codec, EncodedGroup, get_codec
 from mucsc.codec.format import ITEMSIZE
-from mucsc.codec.tensors import Tensor, on_host
+from mucsc.codec.tensors import Tensor, name_label, on_host
 from mucsc.errors import InputError, ParameterError
 
 # What one more group costs beyond its payload bytes: its HEAD entry ({"codec":..,"dtype":..,
@@ -116,6 +116,7 @@ class Policy:
         # all-zero tensors exactly; and no coding can beat a carrier no bigger than a group's overhead
         if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8:
             return lossless
+        codec.check_input(x, name_label(t.name))  # before any trial encode (an overflowing cast)
         rng_for = _rng_for(seed, i)
         if self.max_error is None and codec.needs_plan:
             # a message-wide budget (bits=, size=): the API splits it across the coded groups

@@ -63,15 +63,15 @@ def to_tensor(name: str, value: Any) -> Tensor:
             try:
                 value = np.asarray(value)
             except (ValueError, TypeError, OverflowError) as exc:  # ragged lists, ...
-                raise InputError(f"{_label(name)}: cannot be read as an array ({exc})") from None
+                raise InputError(f"{name_label(name)}: cannot be read as an array ({exc})") from None
         else:
-            raise InputError(f"{_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
+            raise InputError(f"{name_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
     dt = np.dtype(value.dtype)
     if dt.newbyteorder("=") in _NUMPY_TO_NAME and dt.byteorder != ">":
         return Tensor(name, _NUMPY_TO_NAME[dt.newbyteorder("=")], value)
     if dt.byteorder == ">" and dt.newbyteorder("<") in _NUMPY_TO_NAME:
         return Tensor(name, _NUMPY_TO_NAME[dt.newbyteorder("<")], value.astype(dt.newbyteorder("<")))
-    raise InputError(f"{_label(name)}: dtype {dt} cannot be encoded (floats, integers and bool only)")
+    raise InputError(f"{name_label(name)}: dtype {dt} cannot be encoded (floats, integers and bool only)")
 
 
 _TORCH_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -86,11 +86,11 @@ def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
     import torch  # the caller passed a torch tensor, so torch is already imported
 
     if t.layout != torch.strided:
-        raise InputError(f"{_label(name)}: a {t.layout} tensor; convert it with .to_dense() first")
+        raise InputError(f"{name_label(name)}: a {t.layout} tensor; convert it with .to_dense() first")
     if t.is_meta:
-        raise InputError(f"{_label(name)}: a tensor on the meta device has no data to encode")
+        raise InputError(f"{name_label(name)}: a tensor on the meta device has no data to encode")
     if t.is_quantized:
-        raise InputError(f"{_label(name)}: quantized tensors cannot be encoded; .dequantize() it first")
+        raise InputError(f"{name_label(name)}: quantized tensors cannot be encoded; .dequantize() it first")
     try:
         t = t.detach().resolve_conj().resolve_neg()  # lazy conj/neg views: materialised where they live
         # MUCSC_BACKEND=torch keeps CPU tensors as torch too, which is how the device path is tested here
@@ -104,7 +104,7 @@ def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
             return Tensor(name, "bfloat16", t.view(torch.int16).numpy().view(np.uint16))
         arr = t.numpy()
     except (TypeError, RuntimeError, NotImplementedError) as exc:
-        raise InputError(f"{_label(name)}: torch tensor of dtype {t.dtype} cannot be encoded ({exc})") from None
+        raise InputError(f"{name_label(name)}: torch tensor of dtype {t.dtype} cannot be encoded ({exc})") from None
     return to_tensor(name, arr)
 
 
@@ -144,5 +144,6 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
     return out
 
 
-def _label(name: str) -> str:
+def name_label(name: str) -> str:
+    """How errors name a tensor: by its name, or "input" for unnamed data."""
     return f"tensor {name!r}" if name else "input"
