@@ -46,6 +46,16 @@ def test_every_float_tensor_meets_the_target_and_zeros_are_exact(target):
             assert measured[k] == pytest.approx(rel(out[k], v) if v.dtype.kind == "f" else 0.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("scale", [1e-30, 1e20])
+def test_tiny_and_huge_float32_tensors_are_coded_within_the_target(scale):
+    """||x|| in float64: a float32 dot product underflows (1e-30: the tensor looked all-zero and was
+    stored raw) or overflows (1e20: every error bound looked met) for such tensors."""
+    x = (np.random.default_rng(3).normal(size=20_000) * scale).astype(np.float32)
+    blob, st = mucsc.encode_with_stats({"w": x}, policy=mucsc.Policy(max_error=0.01))
+    assert st.tensors[0].codec == "mucsc" and len(blob) < x.nbytes / 3
+    assert rel(mucsc.decode(blob)["w"], x) <= 0.01
+
+
 def test_model_default_ratio_on_float32_weights():
     rng = np.random.default_rng(1)
     sd = {f"layer{i}.weight": (rng.standard_t(5, size=(512, 512)) * 0.03).astype(np.float32) for i in range(3)}

@@ -112,7 +112,7 @@ class Policy:
         exact16 = t.dtype in ("float32", "float64") and fp16_exact(x)
         lossless_bytes = min(raw_bytes, 2 * n) if exact16 else raw_bytes
         lossless = "fp16" if exact16 and 2 * n < raw_bytes else "raw"
-        norm = float(np.sqrt(np.dot(x, x))) if n else 0.0
+        norm = l2_norm(x)
         # all-zero tensors exactly; and no coding can beat a carrier no bigger than a group's overhead
         if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8:
             return lossless
@@ -144,7 +144,7 @@ def encode_within(x: np.ndarray, codec: Codec, max_error: float,
     puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
     is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
     bound is out of the codec's reach."""
-    norm = float(np.sqrt(np.dot(x, x)))
+    norm = l2_norm(x)
     bound = max_error
     for attempt in range(RETRIES):
         c = with_max_error(codec, bound)
@@ -185,10 +185,21 @@ def _uint(x: np.ndarray) -> type:
     return np.uint64 if x.dtype == np.float64 else np.uint32
 
 
+def l2_norm(x: np.ndarray, chunk: int = 1 << 20) -> float:
+    """||x|| summed in float64, a chunk at a time: a float32 dot product underflows to 0 for tiny
+    tensors (|x| ~ 1e-23 and below: taken for all-zero) and overflows to inf for huge ones (~1e19
+    and above: every error bound then looks met)."""
+    total = 0.0
+    for a in range(0, x.size, chunk):
+        xc = x[a: a + chunk].astype(np.float64)
+        total += float(np.dot(xc, xc))
+    return math.sqrt(total)
+
+
 def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None) -> float:
     """||y - x|| / ||x|| (0 when both are zero, inf when only x is)."""
     if norm is None:
-        norm = float(np.sqrt(np.dot(x, x)))
+        norm = l2_norm(x)
     d = np.asarray(y, np.float64) - x
     err = float(np.sqrt(np.dot(d, d)))
     if norm == 0:
