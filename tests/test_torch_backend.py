@@ -26,6 +26,15 @@ def torch_backend_on(monkeypatch):
     monkeypatch.setattr(kernels, "TORCH", True)
 
 
+def _host_encode(monkeypatch, *args, **kwargs) -> bytes:
+    """``mucsc.encode`` on the host path (compiled kernels or numpy), the torch backend selected again after."""
+    monkeypatch.setattr(kernels, "TORCH", False)
+    try:
+        return mucsc.encode(*args, **kwargs)
+    finally:
+        monkeypatch.setattr(kernels, "TORCH", True)
+
+
 def _data(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
     g = np.random.default_rng(seed)
     x = {"t3": lambda: g.standard_t(3, n), "gauss": lambda: g.normal(size=n),
@@ -94,9 +103,7 @@ def test_messages_byte_identical(torch_backend_on, monkeypatch, kind, dtype):
     x = _data(kind, n, dtype, seed=7)
     for z in (2, 16, 300):
         got = mucsc.encode(torch.from_numpy(x), "mucsc", z=z, seed=11)
-        monkeypatch.setattr(kernels, "TORCH", False)
-        want = mucsc.encode(x, "mucsc", z=z, seed=11)
-        monkeypatch.setattr(kernels, "TORCH", True)
+        want = _host_encode(monkeypatch, x, "mucsc", z=z, seed=11)
         assert got == want, (kind, dtype, z)
 
 
@@ -292,9 +299,7 @@ def test_other_codecs_byte_identical(torch_backend_on, monkeypatch, codec, param
         x = _with_zeros("t3", n, dtype, seed=n)
         got = mucsc.encode(torch.from_numpy(x), codec, seed=5, **params)
         from_numpy = mucsc.encode(x, codec, seed=5, **params)  # MUCSC_BACKEND=torch takes arrays too
-        monkeypatch.setattr(kernels, "TORCH", False)
-        want = mucsc.encode(x, codec, seed=5, **params)
-        monkeypatch.setattr(kernels, "TORCH", True)
+        want = _host_encode(monkeypatch, x, codec, seed=5, **params)
         assert got == want and from_numpy == want, (codec, params, dtype, n)
         host = mucsc.decode(want, as_torch=True)
         dev = mucsc.decode(want, as_torch=True, device="cpu")
@@ -311,9 +316,7 @@ def test_bmucsc_device_mean_is_the_host_mean(torch_backend_on, monkeypatch, dtyp
         x = _with_zeros("t3", n, dtype, seed=n)
         for keep in (0.01, 0.3, 1.0):
             got = mucsc.encode(torch.from_numpy(x), "bmucsc", keep=keep, seed=2)
-            monkeypatch.setattr(kernels, "TORCH", False)
-            want = mucsc.encode(x, "bmucsc", keep=keep, seed=2)
-            monkeypatch.setattr(kernels, "TORCH", True)
+            want = _host_encode(monkeypatch, x, "bmucsc", keep=keep, seed=2)
             assert got == want, (dtype, n, keep)
             host = mucsc.decode(want, as_torch=True)
             dev = mucsc.decode(want, as_torch=True, device="cpu")  # the scatter over the mean
@@ -478,9 +481,7 @@ def test_messages_with_the_device_crc_are_byte_identical(torch_backend_on, monke
     key = {"key": bytes(range(32)), "key_id": "c1", "context": b"round-3"}
     for extra in ({}, key):
         got = mucsc.encode(torch.from_numpy(x), codec, seed=5, compress=compress, **params, **extra)
-        monkeypatch.setattr(kernels, "TORCH", False)
-        assert got == mucsc.encode(x, codec, seed=5, compress=compress, **params, **extra), extra
-        monkeypatch.setattr(kernels, "TORCH", True)
+        assert got == _host_encode(monkeypatch, x, codec, seed=5, compress=compress, **params, **extra), extra
     assert calls and max(calls) > 0
 
 
