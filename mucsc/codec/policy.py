@@ -167,7 +167,7 @@ def flat_float(t: Tensor) -> np.ndarray:
     if x.dtype == np.float16:
         x = x.astype(np.float32)
     if x.size and not (np.isfinite(x.min()) and np.isfinite(x.max())):
-        raise InputError(f"{'tensor ' + repr(t.name) if t.name else 'input'} contains NaN or Inf")
+        raise InputError(f"{name_label(t.name)} contains NaN or Inf")
     return x
 
 

@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 
 from mucsc.codec import kernels, parallel
+from mucsc.codec.tensors import name_label
 from mucsc.optional import require_torch
 
 GAMMA = kernels.GAMMA
@@ -97,11 +98,11 @@ def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str
     for name, a in parts:
         t = (a if is_torch(a) else as_tensor(a)).reshape(-1).to(device=dev, dtype=dt)
         if t.numel() and not bool(torch.isfinite(t).all()):
-            raise InputError(f"{'tensor ' + repr(name) if name else 'input'} contains NaN or Inf")
+            raise InputError(f"{name_label(name)} contains NaN or Inf")
         if t.numel() and limit is not None:
             big = float(t.abs().max())
             if big > limit:
-                raise InputError(f"{'tensor ' + repr(name) if name else 'input'} holds a magnitude of "
+                raise InputError(f"{name_label(name)} holds a magnitude of "
                                  f"{big:.9g}, beyond the largest codec {codec!r} can carry ({limit:.9g}); "
                                  "scale it, or use a codec with a wider wire (raw is lossless)")
         flat.append(t)
