@@ -176,10 +176,8 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
         return torch.zeros(n, dtype=torch.uint8, device=x.device), (0.0 if return_J else None)
     f32 = work_float32(x, c)
     wdt = torch.float32 if f32 else torch.float64
-    cw_np = c.astype(np.float32 if f32 else np.float64)
     dev = x.device
-    cw = torch.from_numpy(cw_np).to(dev)
-    gw = torch.from_numpy(np.diff(cw_np)).to(dev)  # c_{k+1} - c_k in the working precision
+    cw, gw = working_levels(c, f32, dev)
     c64 = torch.from_numpy(c.astype(np.float64)).to(dev)
     interior = cw[1:-1].contiguous()
     # narrow ids (1 byte for Z <= 256): the packing reads them back, so this is memory traffic saved twice
@@ -196,6 +194,14 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     return ids, (float(J) if return_J else None)
 
 
+def working_levels(c: np.ndarray, f32: bool, dev):
+    """(c, c[k+1] - c[k]) in the working precision of FORMAT.md 4.3, on ``dev``: the gaps are taken
+    after the cast, as the reference takes them."""
+    torch = _torch()
+    cw = c.astype(np.float32 if f32 else np.float64)
+    return torch.from_numpy(cw).to(dev), torch.from_numpy(np.diff(cw)).to(dev)
+
+
 def _up(xw, k, u, cw, gw):
     """Eq. 7's decision u * (c[k+1] - c[k]) < x - c[k] (FORMAT.md 4.3): one tensor operation per
     arithmetic step, so each is rounded once in the working precision and none is fused."""
@@ -207,9 +213,7 @@ def round_at(x, c: np.ndarray, key: int, idx):
     """The ids (int64) that :func:`stochastic_round` gives the elements at positions ``idx`` (an
     int64 tensor on x's device), computed for those elements only."""
     f32 = work_float32(x, c)
-    cw_np = c.astype(np.float32 if f32 else np.float64)
-    cw = _torch().from_numpy(cw_np).to(x.device)
-    gw = _torch().from_numpy(np.diff(cw_np)).to(x.device)
+    cw, gw = working_levels(c, f32, x.device)
     xw = x[idx].to(cw.dtype)
     k = _torch().searchsorted(cw[1:-1].contiguous(), xw, right=True)
     return k + _up(xw, k, uniforms_at(key, idx, f32), cw, gw)

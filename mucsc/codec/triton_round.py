@@ -117,9 +117,7 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
     if n == 0:
         return out
     f32 = tb.work_float32(x, c)
-    cw = c.astype(np.float32 if f32 else np.float64)
-    cdev = torch.from_numpy(cw).to(x.device)
-    gdev = torch.from_numpy(np.diff(cw)).to(x.device)  # c[k+1] - c[k] in the working precision
+    cdev, gdev = tb.working_levels(c, f32, x.device)  # c and c[k+1] - c[k] in the working precision
     span = _span(width)
     groups = TILE // (8 * span)
     grid = (-(-n // (8 * groups)),)
