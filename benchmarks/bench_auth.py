@@ -24,7 +24,7 @@ import numpy as np
 from bench_codec import best_time, cpu_model  # this directory: one thread, best-of timing
 
 import mucsc
-from mucsc.codec.auth import Signer
+from mucsc.codec.wire.auth import Signer
 
 CONTEXT = b"run-4/round-9/up"
 

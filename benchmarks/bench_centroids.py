@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from mucsc.codec import centroids, kernels, quantize
+from mucsc.codec import kernels
+from mucsc.codec.numerics import centroids, quantize
 
 DISTS = ("gauss", "laplace", "t3", "zero80")
 

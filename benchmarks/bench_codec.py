@@ -127,7 +127,7 @@ def decode_stages(d, z, repeat):
     ceiling of what a fresh output allows."""
     import resource
 
-    from mucsc.codec import format as fmt
+    from mucsc.codec.wire import container as fmt
     from mucsc.codec import parallel
 
     x = np.random.default_rng(0).normal(size=d).astype(np.float32)
@@ -176,7 +176,7 @@ def assembly(d, z, repeat):
     import hashlib
     import resource
 
-    from mucsc.codec import format as fmt
+    from mucsc.codec.wire import container as fmt
     from mucsc.codec import parallel
 
     x = np.random.default_rng(0).normal(size=d).astype(np.float32)

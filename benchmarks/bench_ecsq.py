@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Entropy-constrained levels (mucsc.codec.ecsq): J, the DP's rate estimate and the real rANS size.
+"""Entropy-constrained levels (mucsc.codec.numerics.ecsq): J, the DP's rate estimate and the real rANS size.
 
     python benchmarks/bench_ecsq.py [--d 200000]
 
@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from mucsc.codec import ecsq, quantize, rans
+from mucsc.codec.numerics import ecsq, quantize
+from mucsc.codec.wire import rans
 
 
 def inputs(d: int, seed: int = 0) -> dict[str, np.ndarray]:

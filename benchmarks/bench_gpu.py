@@ -13,7 +13,7 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``device encode, MUCSC_TRITON=0``: the same with the fused Triton kernel switched off (the torch
   path rounds, then packs; the first row's path too where the kernel does not run);
 * with ``--stages``, each step of the device encode timed alone (what bounds the end-to-end figure),
-  ``fused round+pack (Triton)``: mucsc/codec/triton_round.py's one kernel for the rounding and
+  ``fused round+pack (Triton)``: mucsc/codec/backends/triton_round.py's one kernel for the rounding and
   packing rows (its bytes checked equal to theirs first), or why it did not run;
   the CRC-32 of the packed IDs on the device vs on the host, and the message writer alone on the
   device encode's sections (``compress=off``: the IDs copied into the message with the device's or
@@ -86,8 +86,9 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
     end-to-end figure.  Uses the backend's internals (this is a benchmark, not API)."""
     import zlib
 
-    from mucsc.codec import centroids, parallel, quantize
-    from mucsc.codec import torch_backend as tb
+    from mucsc.codec import parallel
+    from mucsc.codec.numerics import centroids, quantize
+    from mucsc.codec.backends import torch_backend as tb
 
     src = tb.TorchSource(x)
     b = src.bounds()
@@ -130,9 +131,9 @@ def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, 
     buffer's halves) with their CRC-32 from the device or from the host, on 1 thread and all cores;
     both checked to give ``raw``, the message ``mucsc.encode`` gives.  And, for comparison, the
     passes the writer made before (a new host array of the IDs, a CRC pass, a join)."""
-    from mucsc.codec import format as fmt
+    from mucsc.codec.wire import container as fmt
     from mucsc.codec import parallel
-    from mucsc.codec import torch_backend as tb
+    from mucsc.codec.backends import torch_backend as tb
 
     enc = mucsc.get_codec("mucsc", z=z).for_container(compressing=False).encode_array(x, np.random.default_rng([0, 0]))
     header = fmt.read_message(raw).header
@@ -164,8 +165,8 @@ def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, 
 def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str, float]]:
     """Seconds of each step of a device top-k selection of ``keep`` (the top-k family and B-MUCSC),
     timed alone (best of ``repeat``), with ``torch.topk`` as the reference for the radix select."""
-    from mucsc.codec import sparse
-    from mucsc.codec import torch_backend as tb
+    from mucsc.codec.wire import sparse
+    from mucsc.codec.backends import torch_backend as tb
 
     k = sparse.keep_count(keep, x.numel())
     a = x.abs()
@@ -195,7 +196,7 @@ def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str,
 def fused_stage(x, wire, key: int, width: int, packed, repeat: int, torch, dev) -> tuple[str, float | str]:
     """The fused Triton kernel's time for the rounding + packing rows' work, after checking its bytes
     equal theirs; or why it did not run (no triton, not a CUDA tensor, failed its self-check)."""
-    from mucsc.codec import triton_round
+    from mucsc.codec.backends import triton_round
 
     what = "fused round+pack (Triton)"
     if triton_round.round_pack(x, wire, key, width) is None:  # runs the self-check on first use

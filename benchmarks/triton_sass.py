@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile the fused rounding kernel (mucsc/codec/_triton_kernel.py) for an NVIDIA architecture and
+"""Compile the fused rounding kernel (mucsc/codec/backends/_triton_kernel.py) for an NVIDIA architecture and
 inspect the machine code: no fused multiply-add, no flush-to-zero, no spills (FORMAT.md 4.3 allows
 neither fusing nor flushing the decision's operations).  Needs triton with its CUDA backend (the
 bundled ptxas / cuobjdump / nvdisasm), not a GPU.
@@ -23,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from mucsc.codec import _triton_kernel, triton_round
+from mucsc.codec.backends import _triton_kernel, triton_round
 
 
 def tool(name: str) -> str:

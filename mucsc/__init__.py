@@ -9,7 +9,7 @@ The codec never imports torch; torch tensors are accepted when torch is installe
 
 from importlib.metadata import PackageNotFoundError, version
 
-from mucsc.codec.api import (
+from mucsc.codec.api.messages import (
     DEFAULT_MAX_ELEMENTS,
     DEFAULT_MAX_EXPANSION,
     EncodeStats,
@@ -21,10 +21,10 @@ from mucsc.codec.api import (
     inspect,
     verify,
 )
-from mucsc.codec.auth import AuthSummary, authenticate, generate_key, load_key, load_keys, public_key, sign
-from mucsc.codec.base import Codec, available_codecs, get_codec
-from mucsc.codec.fingerprint import fingerprint
-from mucsc.codec.policy import Policy
+from mucsc.codec.wire.auth import AuthSummary, authenticate, generate_key, load_key, load_keys, public_key, sign
+from mucsc.codec.codecs.base import Codec, available_codecs, get_codec
+from mucsc.codec.api.fingerprint import fingerprint
+from mucsc.codec.api.policy import Policy
 from mucsc.errors import (
     AuthError,
     ChecksumError,
@@ -56,10 +56,10 @@ __all__ = [
 
 # Codec objects and what outer layers ask them (issue 8): the registry's classes, error-feedback
 # memories and the stateful Compressor, limits, and the paper's formulas / exact sizes (mucsc.rates).
-from mucsc.codec import rates  # noqa: E402
-from mucsc.codec.base import Z_RANGE, EncodedGroup, PaperSetup, Section, ceil_log2, codec_class  # noqa: E402
-from mucsc.codec.memory import Memory, ResidualMemory  # noqa: E402
-from mucsc.codec.state import Compressor  # noqa: E402
+from mucsc.codec.api import rates  # noqa: E402
+from mucsc.codec.codecs.base import Z_RANGE, EncodedGroup, PaperSetup, Section, ceil_log2, codec_class  # noqa: E402
+from mucsc.codec.codecs.memory import Memory, ResidualMemory  # noqa: E402
+from mucsc.codec.api.state import Compressor  # noqa: E402
 from mucsc.errors import SizeError  # noqa: E402
 
 __all__ += [

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 SIZES = (0, 1, 2, 9, 1000)
 

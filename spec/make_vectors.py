@@ -24,7 +24,7 @@ import numpy as np
 import zstandard
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "vectors"
@@ -292,7 +292,7 @@ def example_md() -> bytes:
             for i, v in enumerate(np.frombuffer(payload, "<f4")):
                 row(s.offset + 4 * i, 4, f"CENT[{i}] (float32)", repr(float(v)))
         elif s.tag == "IDS_":
-            ids = mucsc.codec.bitpack.unpack(payload, 2, x.size)
+            ids = mucsc.codec.wire.bitpack.unpack(payload, 2, x.size)
             for i, byte in enumerate(payload):
                 part = ids[4 * i: 4 * i + 4].tolist()
                 row(s.offset + i, 1, f"IDS_ byte {i}", f"2-bit ids of elements {4 * i}..{4 * i + len(part) - 1}, "

@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 BLAKE2B_KEYS = {"client-17": bytes(range(32)), "client-18": bytes(range(100, 132))}
 ED25519_SEEDS = {"client-17": bytes(range(32, 64))}

@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 
 def gauss(n, seed=1, dtype="float32", scale=1.0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 
 def recrc(blob: bytes | bytearray) -> bytes:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.errors import InputError, ParameterError, UnknownCodecError
 
 torch = pytest.importorskip("torch")

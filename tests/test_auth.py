@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.errors import AuthError, FormatError, KeyFileError, ParameterError, TruncatedError
 from msgtools import recrc
 
@@ -181,7 +181,7 @@ def test_forged_1gb_message_is_rejected_before_any_allocation():
     header = fmt.Header((fmt.Record("", "uint8", (1 << 30,)),), (fmt.Group("raw", {}, (0,), "uint8"),),
                         "tensor")
     forged = fmt.write_message(header, [(0, "DATA", bomb, False)], zstd_level=None,
-                               auth=mucsc.codec.auth.Signer(bytes(32), "client-17", CTX))
+                               auth=mucsc.codec.wire.auth.Signer(bytes(32), "client-17", CTX))
     b = bytearray(forged)  # DATA stored raw above; declare it zstd with a 1 GiB raw length
     pos = fmt.PREAMBLE.size + fmt.SECTION.size + _stored(forged, fmt.PREAMBLE.size)
     pos += fmt.padding(_stored(forged, fmt.PREAMBLE.size))
@@ -333,7 +333,7 @@ def test_load_keys_directory(tmp_path):
 
 
 def test_tags_follow_the_spec_formula():
-    """FORMAT.md 2.5, recomputed with hashlib and cryptography directly (not through mucsc.codec.auth)."""
+    """FORMAT.md 2.5, recomputed with hashlib and cryptography directly (not through mucsc.codec.wire.auth)."""
     import hashlib
 
     for alg, key in (("blake2b", K17), ("ed25519", ed_key())):

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from mucsc.codec import bitpack
-from mucsc.codec.bitpack import pack, packed_size, unpack
+from mucsc.codec.wire import bitpack
+from mucsc.codec.wire.bitpack import pack, packed_size, unpack
 from mucsc.errors import FormatError, ParameterError
 
 

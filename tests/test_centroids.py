@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from mucsc.codec import centroids
-from mucsc.codec.centroids import solve, variance_J, variance_J_sorted
+from mucsc.codec.numerics import centroids
+from mucsc.codec.numerics.centroids import solve, variance_J, variance_J_sorted
 from mucsc.errors import InputError, ParameterError
 
 DISTS = ("gauss", "laplace", "t3", "zero80")

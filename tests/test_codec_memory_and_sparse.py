@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import sparse
+from mucsc.codec.wire import sparse
 from mucsc.codec.codecs import qsgd, signsgd, terngrad
 
 

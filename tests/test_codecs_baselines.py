@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import sparse
-from mucsc.codec.base import codec_class, get_codec
+from mucsc.codec.wire import sparse
+from mucsc.codec.codecs.base import codec_class, get_codec
 from mucsc.codec.codecs.signsgd import majority_vote
 from mucsc.codec.codecs.terngrad import clip_sigma
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import quantize, sparse
-from mucsc.codec.base import codec_class, get_codec
+from mucsc.codec.numerics import quantize
+from mucsc.codec.wire import sparse
+from mucsc.codec.codecs.base import codec_class, get_codec
 
 
 def _x(n, seed=0):

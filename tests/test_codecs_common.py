@@ -1,5 +1,5 @@
 """Properties every codec of issue 3 shares: round trips, determinism, exact message size (the
-documented formula, mucsc.codec.rates / spec/codecs.md), J statistics, and decoders that reject
+documented formula, mucsc.codec.api.rates / spec/codecs.md), J statistics, and decoders that reject
 malformed parameters and sections with FormatError."""
 
 import math
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import rates, sparse
-from mucsc.codec.base import codec_class, get_codec
+from mucsc.codec.api import rates
+from mucsc.codec.wire import sparse
+from mucsc.codec.codecs.base import codec_class, get_codec
 from mucsc.errors import FormatError, ParameterError
 
 CASES = [

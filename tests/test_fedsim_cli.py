@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import mucsc
-import mucsc.codec.state
+import mucsc.codec.api.state
 from mucsc.errors import ParameterError
 from mucsc.fedsim.cli import sim
 
@@ -106,7 +106,7 @@ def _fail_signsgd_in_round_2(monkeypatch):
                 raise ParameterError("simulated codec failure")
         return real(data, codec, *a, **kw)
     monkeypatch.setattr(mucsc, "encode", failing)
-    monkeypatch.setattr(mucsc.codec.state, "encode", failing)
+    monkeypatch.setattr(mucsc.codec.api.state, "encode", failing)
 
 
 def test_codec_failure_stops_and_keeps_results(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mucsc
-import mucsc.codec.state
+import mucsc.codec.api.state
 from mucsc.errors import InputError
 from mucsc.fedsim import network, report, simulation
 from mucsc.fedsim.config import SimConfig, make_config, parse_param
@@ -63,7 +63,7 @@ def test_byte_totals_are_message_lengths(monkeypatch):
         seen.append(len(blob))
         return blob
     monkeypatch.setattr(mucsc, "encode", spy)
-    monkeypatch.setattr(mucsc.codec.state, "encode", spy)  # the stateful wrappers call it directly
+    monkeypatch.setattr(mucsc.codec.api.state, "encode", spy)  # the stateful wrappers call it directly
     cfg = tiny(rounds=3, downlink="participants", codecs=("stc",))
     setup = simulation.prepare(cfg, DIGITS)
     res = simulation.run(cfg, "stc", setup)

@@ -9,7 +9,7 @@ import pytest
 import zstandard
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.codec import kernels, parallel
 from mucsc.errors import (ChecksumError, FormatError, LimitError, MucscError, TruncatedError,
                           VersionError)

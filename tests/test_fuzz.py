@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mucsc
-from mucsc.codec.base import available_codecs
+from mucsc.codec.codecs.base import available_codecs
 from msgtools import recrc
 
 CODECS = [c for c in available_codecs()]
@@ -68,7 +68,7 @@ def test_forged_header_params_fail_cleanly(codec, data):
     """Every codec parameter in the header replaced by an arbitrary JSON value."""
     import json
 
-    from mucsc.codec import format as fmt
+    from mucsc.codec.wire import container as fmt
     from msgtools import build
 
     msg = fmt.read_message(MESSAGES[codec])

@@ -4,7 +4,7 @@ tests/test_goal_digests.py): the solver cache across Z, and one rounding for bot
 import numpy as np
 import pytest
 
-from mucsc.codec import centroids
+from mucsc.codec.numerics import centroids
 from mucsc.codec.codecs import mucsc as M
 
 

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 import mucsc
 from mucsc.cli.main import main
-from mucsc.codec import format as fmt
-from mucsc.codec import sparse
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.wire import sparse
 from mucsc.errors import FormatError, LimitError
 from msgtools import build, section_offsets, zstd_frame_header
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import format as fmt
-from mucsc.codec import quantize
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.numerics import quantize
 from mucsc.errors import InputError, LimitError
 
 F32_MAX = float(np.finfo(np.float32).max)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import centroids, kernels, quantize
+from mucsc.codec import kernels
+from mucsc.codec.numerics import centroids, quantize
 
 from test_centroids import make
 

@@ -15,9 +15,9 @@ import pytest
 import zstandard
 
 import mucsc
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.codec import kernels, parallel
-from mucsc.codec.state import Compressor
+from mucsc.codec.api.state import Compressor
 
 THREADS = (1, 2, 3, 8)
 SMALL_CHUNK = 1 << 12
@@ -172,7 +172,7 @@ def test_decoder_checks_every_chunk(small_chunks, t, z, width, top):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [1, 7, 2 * SMALL_CHUNK + 5])
 def test_byte_table_lookup_equals_plain_indexing(small_chunks, z, dtype, n):
-    from mucsc.codec import bitpack
+    from mucsc.codec.wire import bitpack
 
     x = data(n, dtype, seed=z)
     blob = mucsc.encode(x, z=z, compress="off")
@@ -481,7 +481,7 @@ def test_packed_ids_go_straight_into_the_message_with_their_crc(small_chunks):
     CRC joined across them) or into one array of its own: bitpack.pack's bytes either way."""
     import zlib
 
-    from mucsc.codec import bitpack
+    from mucsc.codec.wire import bitpack
 
     for width in (0, 1, 3, 4, 8, 11, 16):
         for n in (0, 5, 3 * SMALL_CHUNK + 5):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import format as fmt
-from mucsc.codec.policy import encode_within, fp16_exact
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.api.policy import encode_within, fp16_exact
 from mucsc.errors import FormatError, ParameterError
 
 
@@ -131,7 +131,7 @@ def test_bad_policy_parameters():
 
 
 def test_per_tensor_target_uses_the_codecs_own_choice_of_z():
-    """The policy's Z is the mucsc codec's max_error choice (mucsc.codec.allocate), measured too."""
+    """The policy's Z is the mucsc codec's max_error choice (mucsc.codec.numerics.allocate), measured too."""
     x = np.random.default_rng(7).normal(size=20000).astype(np.float32)
     codec = mucsc.get_codec("mucsc").for_container(compressing=True)
     for target in (0.01, 0.05):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mucsc.codec import quantize
-from mucsc.codec.centroids import solve, variance_J
-from mucsc.codec.quantize import dequantize, expected_sq_error, stochastic_round, wire_centroids
+from mucsc.codec.numerics import quantize
+from mucsc.codec.numerics.centroids import solve, variance_J
+from mucsc.codec.numerics.quantize import dequantize, expected_sq_error, stochastic_round, wire_centroids
 from mucsc.errors import InputError, ParameterError
 
 from test_centroids import DISTS, make

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from mucsc.codec import kernels, rans
+from mucsc.codec import kernels
+from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 

@@ -1,4 +1,4 @@
-"""Rate control: bits= / size= / max_error= on the mucsc codec, and mucsc.codec.allocate."""
+"""Rate control: bits= / size= / max_error= on the mucsc codec, and mucsc.codec.numerics.allocate."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import allocate
-from mucsc.codec.allocate import Option
+from mucsc.codec.numerics import allocate
+from mucsc.codec.numerics.allocate import Option
 from mucsc.errors import ParameterError
 
 
@@ -97,10 +97,10 @@ def test_goal_messages_are_unbiased():
 
     x = np.random.default_rng(3).normal(size=20000).astype(np.float32)
     blob = mucsc.encode(x, "mucsc", bits=0.5)
-    c = np.frombuffer(mucsc.codec.format.read_message(blob).group_sections(0)["CENT"], "<f4")
+    c = np.frombuffer(mucsc.codec.wire.container.read_message(blob).group_sections(0)["CENT"], "<f4")
     assert c[0] < x.min() and c[-1] > x.max()  # wide ends: most elements go to the level near 0
     assert np.array_equal(mucsc.decode(blob), decode_clusters(x.size, mucsc.inspect(blob).groups[0].params,
-                          mucsc.codec.format.read_message(blob).group_sections(0), np.dtype("f4")))
+                          mucsc.codec.wire.container.read_message(blob).group_sections(0), np.dtype("f4")))
     xs = x[:500]
     draws = []
     for s in range(300):
@@ -108,7 +108,7 @@ def test_goal_messages_are_unbiased():
         draws.append(decode_clusters(xs.size, params, {t.tag: memoryview(bytes(t.tobytes())) for t in secs},
                                      np.dtype("f4")))
     draws = np.array(draws)
-    var = mucsc.codec.quantize.expected_sq_error(xs, c)  # (c_{k+1} - x)(x - c_k), eq. 8
+    var = mucsc.codec.numerics.quantize.expected_sq_error(xs, c)  # (c_{k+1} - x)(x - c_k), eq. 8
     z = (draws.mean(0) - xs) / np.sqrt(var / len(draws) + 1e-12)
     assert np.mean(z ** 2) < 1.3
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 import mucsc
 from mucsc.cli.rate import rate
-from mucsc.codec import rates
+from mucsc.codec.api import rates
 
 D_ALLCNN = 1_369_738
 

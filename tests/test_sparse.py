@@ -1,11 +1,11 @@
-"""Position-set coding (mucsc.codec.sparse): round trips, sizes, bounds, malformed input."""
+"""Position-set coding (mucsc.codec.wire.sparse): round trips, sizes, bounds, malformed input."""
 
 import math
 
 import numpy as np
 import pytest
 
-from mucsc.codec import sparse
+from mucsc.codec.wire import sparse
 from mucsc.errors import FormatError, ParameterError
 
 METHODS = ["fixed", "int32", "rice", "ef", "bitmap", "auto"]

@@ -1,4 +1,4 @@
-"""The torch backend (mucsc/codec/torch_backend.py) writes the same bytes as the compiled / numpy
+"""The torch backend (mucsc/codec/backends/torch_backend.py) writes the same bytes as the compiled / numpy
 reference: the rounding stream and decision rule of FORMAT.md 4.3, the IDS_ packing, the solver's
 device summary, and the API path that keeps tensors on their device.  Runs on CPU tensors (the same
 torch ops as on a GPU); the CUDA cases run only where a GPU is present."""
@@ -12,11 +12,14 @@ import pytest
 from msgtools import recrc, section_offsets
 
 import mucsc
-from mucsc.codec import bitpack, centroids, kernels, quantize
-from mucsc.codec import format as fmt
+from mucsc.codec import kernels
+from mucsc.codec.numerics import centroids, quantize
+from mucsc.codec.wire import bitpack
+from mucsc.codec.wire import container as fmt
 
 torch = pytest.importorskip("torch")
-from mucsc.codec import torch_backend as tb  # noqa: E402  (imports torch lazily; after the skip)
+from mucsc.codec.backends import device_rounding  # noqa: E402  (after the skip)
+from mucsc.codec.backends import torch_backend as tb  # noqa: E402  (imports torch lazily; after the skip)
 
 CUDA = torch.cuda.is_available()
 
@@ -65,7 +68,7 @@ def test_a_rounding_samples_its_ids_without_rounding_everything(dtype, f64):
         c = c + np.linspace(0.0, 1e-9, c.size)
     ids = tb.stochastic_round(torch.from_numpy(x), c, 77)[0].numpy().astype(np.int64)
     for step in (1, 3, 8):
-        assert np.array_equal(tb.Rounding(torch.from_numpy(x), c, 77).sample(step).numpy(), ids[::step])
+        assert np.array_equal(device_rounding.Rounding(torch.from_numpy(x), c, 77).sample(step).numpy(), ids[::step])
     assert tb.work_float32(torch.from_numpy(x), c) == (dtype == np.float32 and not f64)
 
 
@@ -127,7 +130,7 @@ def test_state_dicts_byte_identical(torch_backend_on, monkeypatch, codec, params
 def test_bmucsc_ties_at_the_kth_magnitude_give_the_host_selection(torch_backend_on, monkeypatch, kind):
     """Ties at a non-zero k-th magnitude: the host chooses (None); ~10% non-zero with keep 20% ties
     at 0, where the selection is all the non-zeros, on the device as on the host."""
-    from mucsc.codec import sparse
+    from mucsc.codec.wire import sparse
 
     x = _data(kind, 20_000, np.float32, seed=3)
     got = tb.top_k_positions(torch.from_numpy(x), 4000)
@@ -342,7 +345,7 @@ def test_top_k_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_o
 
 
 def test_top_k_positions_is_the_host_selection():
-    from mucsc.codec import sparse
+    from mucsc.codec.wire import sparse
 
     x = _with_zeros("gauss", 5003, np.float64, seed=6)
     for k in (1, 17, 4000, 5003, 6000):  # all non-zeros once k reaches n: top_k never sends a zero

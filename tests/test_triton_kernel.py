@@ -1,4 +1,4 @@
-"""The fused Triton rounding + packing kernel (mucsc/codec/triton_round.py) writes the reference's
+"""The fused Triton rounding + packing kernel (mucsc/codec/backends/triton_round.py) writes the reference's
 bytes: FORMAT.md 4.3's stream and decision, 4.2's packing, for every ID width, data dtype, size,
 key and stream offset; its self-check falls back to the torch path with one warning.  Runs the
 kernel in Triton's interpreter (TRITON_INTERPRET=1) on CPU tensors; skipped without triton."""
@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import bitpack, kernels, quantize
+from mucsc.codec import kernels
+from mucsc.codec.numerics import quantize
+from mucsc.codec.wire import bitpack
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from mucsc.codec import torch_backend as tb  # noqa: E402  (after the skips)
-from mucsc.codec import triton_round as tr  # noqa: E402
+from mucsc.codec.backends import torch_backend as tb  # noqa: E402  (after the skips)
+from mucsc.codec.backends import triton_round as tr  # noqa: E402
 from mucsc.errors import ParameterError  # noqa: E402
 
 
@@ -228,7 +230,7 @@ def test_the_compiled_code_neither_fuses_nor_flushes(xd, f32):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from mucsc.codec import _triton_kernel
+    from mucsc.codec.backends import _triton_kernel
 
     cw = "fp32" if f32 else "fp64"
     sig = {"x_ptr": f"*{xd}", "c_ptr": f"*{cw}", "g_ptr": f"*{cw}", "out_ptr": "*u8", "args_ptr": "*i64",

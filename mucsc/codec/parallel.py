@@ -228,7 +228,7 @@ def pack_array(ids: np.ndarray, width: int) -> np.ndarray:
     """``bitpack.pack(ids, width)`` as a uint8 array, over the fixed chunks in parallel (the same
     bytes: every chunk but the last holds a multiple of 8 values, i.e. whole bytes for any width),
     each chunk's bytes put straight into the one output array (no bytes objects, no join)."""
-    from mucsc.codec import bitpack
+    from mucsc.codec.wire import bitpack
 
     if ids.size <= CHUNK or current() <= 1 or width == 0:
         return bitpack.pack_array(ids, width)
@@ -248,7 +248,7 @@ class PackedIds:
     (zstd, rate control's sizes, a decode of the encoding); the IDs are let go of then."""
 
     def __init__(self, ids: np.ndarray, width: int) -> None:
-        from mucsc.codec import bitpack
+        from mucsc.codec.wire import bitpack
 
         self._ids, self.width = ids, width
         self.nbytes = bitpack.packed_size(ids.size, width)
@@ -265,7 +265,7 @@ class PackedIds:
 
     def write_into(self, out: Any) -> int:
         """Pack into the writable buffer ``out`` (``nbytes`` long); the CRC-32 of the bytes."""
-        from mucsc.codec import bitpack
+        from mucsc.codec.wire import bitpack
 
         if self._host is not None:
             return copy_crc32(self._host, out)
@@ -300,7 +300,8 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     when decompressing first: the stream's, else the first bad chunk's.  ``out``: an array of n
     values of ``table``'s dtype to fill (default: a new one).
     """
-    from mucsc.codec import bitpack, kernels
+    from mucsc.codec import kernels
+    from mucsc.codec.wire import bitpack
 
     parts = spans(n)
     progressive = hasattr(buf, "read_to")

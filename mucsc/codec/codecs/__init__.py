@@ -1,8 +1,14 @@
-"""Built-in codecs, imported explicitly (one module per codec; each registers its class on import).
+"""The codecs: the Codec contract and registry (``base``), error-feedback memories (``memory``) and
+one module per built-in codec (each registers its class on import).
 
-Adding a built-in codec is adding a module here and its import below (tests/test_codec_contract.py
-checks that every module is imported); a codec in another package registers itself through the
-entry-point group ``mucsc.codecs`` instead (docs/plugins.md)."""
+A codec turns one flat vector into named sections and a JSON-able parameter dict, and back; it never
+sees the wire layout (the container frames the sections) and never imports the API.  Adding a
+built-in codec is adding a module here and its import below (tests/test_codec_contract.py checks
+that every module is imported); a codec in another package registers itself through the
+entry-point group ``mucsc.codecs`` instead (docs/plugins.md).
+
+May import: :mod:`mucsc.codec.backends`, :mod:`mucsc.codec.numerics`, :mod:`mucsc.codec.wire` (bit
+packing, rANS, positions: not the container), the leaf modules and :mod:`mucsc.errors`."""
 
 from mucsc.codec.codecs import (  # noqa: F401
     bmucsc,

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import torch_backend
-from mucsc.codec.base import Codec, EncodedGroup, Section, array_from, section
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.codecs.base import Codec, EncodedGroup, Section, array_from, section
 from mucsc.errors import FormatError
 
 

@@ -3,7 +3,7 @@
 Rank |U_m|, keep the top d0 = ceil(keep * d) (default 1%, the paper's 0.01 d), cluster those into at
 most ``z`` centroids (default 256) and stochastically round them (eq. 7, unbiased on the kept part),
 send their positions, and replace the other d - d0 elements by their mean (one float32).  Biased by
-design: the rest is replaced by its mean (use error feedback, mucsc.codec.state, to carry it over).
+design: the rest is replaced by its mean (use error feedback, mucsc.codec.api.state, to carry it over).
 
 Goals (docs/codecs.md "Rate control"): exactly one of ``z`` / ``bits`` / ``size`` / ``max_error``.
 ``z`` fixes the kept set's number of centroids (``keep`` default 1%).  With a goal the encoder chooses
@@ -30,8 +30,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import allocate, centroids, sparse, torch_backend
-from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.numerics import allocate, centroids
+from mucsc.codec.wire import sparse
+from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section)
 from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, GoalTarget, MucscParams, _Group,
                                      cluster_resolved, cluster_section_sizes, decode_clusters, decode_clusters_torch,

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.base import Codec, PaperSetup, check_memory_options, register
+from mucsc.codec.codecs.base import Codec, PaperSetup, check_memory_options, register
 from mucsc.codec.codecs.topk import TopK, check_keep, check_positions
-from mucsc.codec.memory import ArrayStateMemory, check_shape, copy, host, like
+from mucsc.codec.codecs.memory import ArrayStateMemory, check_shape, copy, host, like
 from mucsc.errors import ParameterError
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004, 0.001)  # sparsity 75%, 93.75%, 98.4%, 99.6%, 99.9%

@@ -1,15 +1,15 @@
 """fp16: every element rounded to IEEE half precision (round to nearest even), 2 bytes each.
 
 Values beyond the float16 range saturate at +-65504 (instead of becoming infinite).  Deterministic
-rounding: biased (slightly), so error feedback applies by default in mucsc.codec.state.
+rounding: biased (slightly), so error feedback applies by default in mucsc.codec.api.state.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mucsc.codec import torch_backend
-from mucsc.codec.base import register
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.codecs.base import register
 from mucsc.codec.codecs._cast import CastCodec
 
 F16_MAX = 65504.0

@@ -14,9 +14,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import allocate, bitpack, centroids, ecsq, kernels, parallel, quantize, rans, torch_backend
-from mucsc.codec import format as fmt
-from mucsc.codec.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
+from mucsc.codec import kernels, parallel
+from mucsc.codec.backends import device_rounding, torch_backend
+from mucsc.codec.numerics import allocate, centroids, ecsq, quantize
+from mucsc.codec.wire import bitpack, rans
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
                               ceil_log2, param_int, param_str, register, section, section_stream)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
@@ -50,7 +53,7 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
     if packing != "aligned" or w not in ALIGNED_WIDTH or len(ids) == 0:
         return w
     step = max(1, len(ids) // 65536)
-    sample = ids.sample(step) if isinstance(ids, torch_backend.Rounding) else ids[::step]
+    sample = ids.sample(step) if isinstance(ids, device_rounding.Rounding) else ids[::step]
     if torch_backend.is_torch(sample):
         sample = sample.cpu().numpy()
     p = np.bincount(sample, minlength=k) / sample.size
@@ -91,7 +94,7 @@ class MucscParams(GoalTarget):
     message (framing included); ``size`` a budget in bytes of the whole message; ``max_error`` a
     bound on each group's relative error sqrt(J) / ||x||.  The header records the Z chosen, so
     decoding needs nothing else.  solver: how centroids are chosen for a fixed z (the goals use
-    entropy-constrained levels, mucsc.codec.ecsq, as well); centroid_dtype: wire dtype; id_packing:
+    entropy-constrained levels, mucsc.codec.numerics.ecsq, as well); centroid_dtype: wire dtype; id_packing:
     "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy allows, for a
     zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses); id_coding:
     "packed" (IDS_, format 1.0), "rans" (IDSA, static rANS, format 1.1) or "auto" (packed for a fixed
@@ -169,7 +172,7 @@ def encode_clusters(x: np.ndarray, p: MucscParams, rng: np.random.Generator,
     section of zeros of the estimated coded size (rate control's search; never sent).
 
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
-    giving the same bytes (:mod:`mucsc.codec.torch_backend`); so does ``MUCSC_BACKEND=torch``.
+    giving the same bytes (:mod:`mucsc.codec.backends.torch_backend`); so does ``MUCSC_BACKEND=torch``.
     Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
     if levels is not None and torch_backend.is_torch(x):
         x = x.cpu().numpy()
@@ -216,7 +219,7 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
     if coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
-        if isinstance(ids, torch_backend.Rounding):
+        if isinstance(ids, device_rounding.Rounding):
             ids = ids.ids()
         if torch_backend.is_torch(ids):
             ids = ids.cpu().numpy()
@@ -228,7 +231,7 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
         bits = packed_width(ids, k, p.id_packing)
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
                   "z": z}
-        if isinstance(ids, torch_backend.Rounding):  # rounded and packed on the device now
+        if isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
             packed = ids.packed(bits)
         elif torch_backend.is_torch(ids):
             packed = torch_backend.pack(ids, bits)
@@ -248,7 +251,7 @@ def cluster_message(x: np.ndarray, p: MucscParams, wire: np.ndarray, ids: Any, J
 
 def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
     """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
-    a small summary from the device, the rounding runs there (ids: a ``torch_backend.Rounding``, done
+    a small summary from the device, the rounding runs there (ids: a ``device_rounding.Rounding``, done
     on the device when the message is written: fused with the packing where the Triton kernel runs)."""
     dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
     if x.numel() == 0:
@@ -261,7 +264,7 @@ def _cluster_on_torch(x, p: MucscParams, rng: np.random.Generator):
         return wire, np.zeros(x.numel(), np.uint8), 0.0
     if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
         return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
-    ids = torch_backend.Rounding(x, wire, quantize.draw_key(rng))
+    ids = device_rounding.Rounding(x, wire, quantize.draw_key(rng))
     return wire, ids, lambda: torch_backend.variance_J(x, wire)  # a separate pass, only when asked
 
 
@@ -590,9 +593,9 @@ class Mucsc(Codec):
 
     def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
         """Resolve bits= / size= (one byte budget split across the groups to minimise total J, see
-        mucsc.codec.allocate) and max_error= (per group, the smallest message meeting the bound) to
+        mucsc.codec.numerics.allocate) and max_error= (per group, the smallest message meeting the bound) to
         one fixed encoding per group: J-optimal levels for a Z of the ladder, or entropy-constrained
-        levels (mucsc.codec.ecsq) with rANS-coded IDs, whichever does better."""
+        levels (mucsc.codec.numerics.ecsq) with rANS-coded IDs, whichever does better."""
         if self.params.target == "z":
             return None
         groups = [_Group(x, self.params, (lambda i=i: ctx.rngs(i)), ctx.zstd_level) for i, x in enumerate(xs)]
@@ -707,18 +710,12 @@ def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, n
     """A goal codec's ``encode_array`` called directly (not through the API, which plans a whole
     message): plan ``x`` as a message of its own -> (the planned codec, x on the host, where
     planning runs, and a generator in ``rng``'s state, so the encode draws what the plan drew)."""
-    level = None if codec.params.id_packing == "tight" else fmt_default_level()
+    level = None if codec.params.id_packing == "tight" else fmt.DEFAULT_ZSTD_LEVEL
     state = rng.bit_generator.state
     fresh = lambda: _restored(rng, state)  # noqa: E731
     host = x.cpu().numpy() if torch_backend.is_torch(x) else x
     (planned,) = codec.plan([host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
     return planned, host, fresh()
-
-
-def fmt_default_level() -> int:
-    """The zstd level the API uses by default (mucsc.codec.api.DEFAULT_ZSTD_LEVEL)."""
-    from mucsc.codec.api import DEFAULT_ZSTD_LEVEL  # late: api imports the codecs
-    return DEFAULT_ZSTD_LEVEL
 
 
 def _restored(rng: np.random.Generator, state: dict) -> np.random.Generator:

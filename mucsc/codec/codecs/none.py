@@ -6,7 +6,7 @@ h = 4 bytes per parameter does (for bit-exact float64 use the lossless ``raw`` c
 
 from __future__ import annotations
 
-from mucsc.codec.base import F32_MAX, register
+from mucsc.codec.codecs.base import F32_MAX, register
 from mucsc.codec.codecs._cast import CastCodec
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack
-from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
+from mucsc.codec.wire import bitpack
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
                               param_str, register, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 

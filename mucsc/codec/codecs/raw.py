@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.base import Codec, EncodedGroup, Section, register, section
+from mucsc.codec.codecs.base import Codec, EncodedGroup, Section, register, section
 
 
 @register

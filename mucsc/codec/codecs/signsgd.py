@@ -2,7 +2,7 @@
 
 ``scale="l1"`` (default) decodes to ||U||_1 / d * sign(U) (the scaled sign of EF-SignSGD, Karimireddy
 et al. 2019: the best single magnitude in l2 for a sign vector); ``scale="none"`` decodes to pure
-+-1.  Zero elements are sent as +.  Biased: use it with error feedback (mucsc.codec.state).  The
++-1.  Zero elements are sent as +.  Biased: use it with error feedback (mucsc.codec.api.state).  The
 server-side aggregation of the paper's SSGD is :func:`majority_vote`.  Layout: spec/codecs.md "signsgd".
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import torch_backend
-from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
-from mucsc.codec.bitpack import check_padding
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.codecs.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.wire.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
 
 

@@ -3,8 +3,8 @@
 Top-k (default 3%, the paper's x_STC) by magnitude, every kept element sent as mu * sign with
 mu = mean |top-k| (one float32), positions Golomb-coded with the STC paper's
 b* = 1 + floor(log2(ln(phi - 1) / ln(1 - p))) (``positions="golomb"``, default; a Golomb code with a
-power-of-two parameter is the Rice code of mucsc.codec.sparse).  The residual accumulation that
-makes STC work (A += dW; A -= STC(A)) is error feedback in mucsc.codec.state.  Layout: spec/codecs.md.
+power-of-two parameter is the Rice code of mucsc.codec.wire.sparse).  The residual accumulation that
+makes STC work (A += dW; A -= STC(A)) is error feedback in mucsc.codec.api.state.  Layout: spec/codecs.md.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack, sparse, torch_backend
-from mucsc.codec.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.wire import bitpack, sparse
+from mucsc.codec.codecs.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
 from mucsc.codec.codecs.topk import (
     KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size, selection,
     ScatterDecoder,

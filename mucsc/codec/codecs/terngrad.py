@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import bitpack
-from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
+from mucsc.codec.wire import bitpack
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
                               register, section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError

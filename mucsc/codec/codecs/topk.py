@@ -1,6 +1,6 @@
 """Top-k sparsification: the k = ceil(keep * n) largest-magnitude elements as float32 values plus their
-positions; the rest decode to 0.  Biased (use error feedback, mucsc.codec.state).  ``positions``
-selects the position code (mucsc.codec.sparse): ``auto`` (smallest of Rice / Elias-Fano / bitmap,
+positions; the rest decode to 0.  Biased (use error feedback, mucsc.codec.api.state).  ``positions``
+selects the position code (mucsc.codec.wire.sparse): ``auto`` (smallest of Rice / Elias-Fano / bitmap,
 default), or one method by name.  Layout: spec/codecs.md "topk".
 """
 
@@ -12,8 +12,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import sparse, torch_backend
-from mucsc.codec.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.wire import sparse
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
                               param_int, register, section)
 from mucsc.errors import FormatError, ParameterError
 

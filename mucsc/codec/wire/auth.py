@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Union
 
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.errors import AuthError, FormatError, InputError, KeyFileError, ParameterError
 
 ALG_BLAKE2B, ALG_ED25519 = 1, 2

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from mucsc.codec import format as fmt
-from mucsc.codec.api import as_codec, encode
-from mucsc.codec.base import H, Codec, available_codecs, codec_class, get_codec
-from mucsc.codec.sparse import keep_count
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.api.messages import as_codec, encode
+from mucsc.codec.codecs.base import H, Codec, available_codecs, codec_class, get_codec
+from mucsc.codec.wire.sparse import keep_count
 from mucsc.errors import SizeError
 
 __all__ = ["H", "baselines", "RateRow", "allcnn_parameter_count", "baseline_rows", "keep_count", "message_bytes", "paper_bmucsc_bytes",

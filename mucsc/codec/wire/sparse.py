@@ -10,7 +10,7 @@ B-MUCSC update).  Methods (normative layouts in spec/codecs.md, "Position coding
 - ``bitmap``: d bits, bit p set for every kept p.
 
 All bit streams are LSB-first (stream bit i is bit i % 8 of byte i // 8), zero-padded to a whole byte,
-and read and written with the helpers of :mod:`mucsc.codec.bitpack`; this module holds what is about
+and read and written with the helpers of :mod:`mucsc.codec.wire.bitpack`; this module holds what is about
 position sets (gaps, the methods' layouts and sizes, the choice among them, top-k selection).
 Encoders and decoders are numpy-vectorised.  Decoders check every length against the buffer before
 allocating and raise FormatError on anything that is not the canonical encoding; they read fields and
@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from mucsc.codec.bitpack import (
+from mucsc.codec.wire.bitpack import (
     bits_to_bytes, ceil_log2, check_padding, pack_fields, read_unary, set_bits, unpack_fields, write_fields,
     write_unary,
 )

@@ -3,7 +3,7 @@
 Layout: a 24-byte preamble, ``section_count`` sections (32-byte section header, payload, zero padding
 to 8 bytes), then a CRC-32 of everything before it.  The first section is HEAD, a canonical JSON record
 table.  Format 1.1 may append an authentication trailer after the CRC (flag bit 0; the tag itself is
-computed and checked by :mod:`mucsc.codec.auth`).  This module knows nothing about codecs or keys: it
+computed and checked by :mod:`mucsc.codec.wire.auth`).  This module knows nothing about codecs or keys: it
 frames, (de)compresses, checks and limits bytes.
 """
 
@@ -49,6 +49,7 @@ MAX_RECORDS = 1 << 20
 MAX_RANK = 32
 MAX_NAME_BYTES = 1024
 MAX_ELEMENTS = 1 << 40
+DEFAULT_ZSTD_LEVEL = 3  # the zstd level of compressed sections unless the caller names one
 MAX_ZSTD_RATIO = 1 << 15  # a zstd frame cannot expand more than this (RLE blocks: 4 bytes per 128 KiB)
 MAX_JSON_DEPTH = 32  # HEAD nests 4 deep; checked before parsing (deep nesting would exhaust the stack)
 
@@ -148,7 +149,7 @@ class Frame:
 
 
 class AuthWriter(Protocol):
-    """What :func:`write_message` needs to append a trailer (implemented in :mod:`mucsc.codec.auth`)."""
+    """What :func:`write_message` needs to append a trailer (implemented in :mod:`mucsc.codec.wire.auth`)."""
 
     algorithm: int
     key_id: str
@@ -499,7 +500,7 @@ def read_message(blob: bytes | bytearray | memoryview, max_header: int | None = 
     """Parse and check a message: magic, version, flags, length, CRC, section table, HEAD.
 
     Raises the specific FormatError subclasses; payloads are decompressed later, on demand.  An
-    authentication trailer is parsed but not verified here (that needs keys: :mod:`mucsc.codec.auth`).
+    authentication trailer is parsed but not verified here (that needs keys: :mod:`mucsc.codec.wire.auth`).
     ``max_header``: the caller's bound on HEAD's raw length, below the spec's 16 MiB (checked before
     HEAD is decompressed or parsed).
     """

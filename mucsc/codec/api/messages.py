@@ -12,18 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import auth
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import auth
+from mucsc.codec.wire import container as fmt
 from mucsc.codec import parallel
-from mucsc.codec.auth import AuthSummary, Keys
-from mucsc.codec.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
-from mucsc.codec import torch_backend
-from mucsc.codec.policy import Planned, Policy, decode_encoded
-from mucsc.codec.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
+from mucsc.codec.wire.auth import AuthSummary, Keys
+from mucsc.codec.codecs.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.api.policy import Planned, Policy, decode_encoded
+from mucsc.codec.backends.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 from mucsc.optional import require_torch
 
-DEFAULT_ZSTD_LEVEL = 3
+DEFAULT_ZSTD_LEVEL = fmt.DEFAULT_ZSTD_LEVEL
 # Decoding untrusted input (FORMAT.md 3, "Decoder limits"): a message may declare far more output
 # than its bytes carry (a constant tensor, the mean-filled rest of a sparse codec), so by default
 # the decoded size is bounded by a multiple of the message size, with a floor so that small

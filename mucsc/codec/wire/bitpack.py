@@ -7,7 +7,7 @@ byte is zero-padded.  This module holds
   stream bits [i*w, (i+1)*w), the order of FORMAT.md section "IDS_"; it equals little-endian packing
   of whole words, which is what makes the widths 1, 2, 4, 8 and 16 pure reshapes;
 - bit streams of wider fields (up to 57 bits) and unary codes, which the position codes of
-  :mod:`mucsc.codec.sparse` are built from;
+  :mod:`mucsc.codec.wire.sparse` are built from;
 - Elias-gamma codes of positive integers (QSGD's gaps and levels);
 - the padding check every decoder of such a stream makes.
 

@@ -2,7 +2,7 @@
 
 A codec turns one flat vector (a *group*: one tensor, or several tensors sharing a codebook) into a
 few named byte sections plus a small JSON-able parameter dict, and back.  The container
-(:mod:`mucsc.codec.format`) frames, compresses and checksums the sections; codecs never see the wire
+(:mod:`mucsc.codec.wire.container`) frames, compresses and checksums the sections; codecs never see the wire
 layout.  Encoders are deterministic given ``rng``; decoders must treat ``params`` and ``sections`` as
 untrusted input and raise :class:`~mucsc.errors.FormatError` on anything inconsistent.
 """
@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec import parallel
-from mucsc.codec.bitpack import ceil_log2  # noqa: F401  (re-exported: one helper for every codec)
-from mucsc.codec.memory import Memory, ResidualMemory
+from mucsc.codec.wire.bitpack import ceil_log2  # noqa: F401  (re-exported: one helper for every codec)
+from mucsc.codec.codecs.memory import Memory, ResidualMemory
 from mucsc.errors import FormatError, InputError, ParameterError, SizeError, UnknownCodecError
 
 # Limits shared by every codec with a number of centroids Z: cluster IDs are at most 16 bits
@@ -293,9 +293,8 @@ def available_codecs() -> list[str]:
 
 
 def _load_codecs() -> None:
-    """The built-in codecs (imported explicitly), then once the plugins' entry points."""
-    import mucsc.codec.codecs  # noqa: F401  (registers the built-in codecs on import)
-
+    """Once, the plugins' entry points (the built-in codecs registered themselves when this
+    package, ``mucsc.codec.codecs``, was imported)."""
     global _plugins_loaded
     if not _plugins_loaded:
         _plugins_loaded = True

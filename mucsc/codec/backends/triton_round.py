@@ -1,6 +1,6 @@
 """One fused Triton kernel for MUCSC's rounding + ID packing, checked against the torch reference.
 
-The torch backend (:mod:`mucsc.codec.torch_backend`) rounds with one torch operation per step and
+The torch backend (:mod:`mucsc.codec.backends.torch_backend`) rounds with one torch operation per step and
 packs the IDs in a second pass; this kernel does both in one pass over x: per element the
 SplitMix64 counter stream, the interval search and eq. 7's decision (spec/FORMAT.md 4.3), and per
 group of 8 elements the ``w`` bytes of the LSB-first ``IDS_`` stream (FORMAT.md 4.2).  It never
@@ -26,6 +26,8 @@ import threading
 import warnings
 
 import numpy as np
+
+from mucsc.codec.backends import torch_backend as tb
 
 ENV = "MUCSC_TRITON"
 TILE = 4096  # G * SPAN * 8: the size of one program's packing tile [G groups, SPAN bytes, 8 ids]
@@ -82,7 +84,7 @@ def _build():
     ``TRITON_INTERPRET`` when it decorates)."""
     import triton
 
-    from mucsc.codec import _triton_kernel
+    from mucsc.codec.backends import _triton_kernel
 
     # no specialisation on the pointers' alignment either: one binary per (dtype, F32, SPAN, G)
     return triton.jit(_triton_kernel.round_pack_kernel, do_not_specialize=[0, 1, 2, 3, 4])
@@ -108,7 +110,6 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
     working precision: ``torch_backend.round_supported``) with stream ``key``, ``width`` (1..16,
     2^width >= len(c)) bits per id; x[0] is element ``start`` (a multiple of 8) of the stream.  No
     self-check: :func:`round_pack` is what encoders call."""
-    from mucsc.codec import torch_backend as tb
 
     torch = tb._torch()
     n = x.numel()
@@ -130,7 +131,6 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
 
 def _applies(x, c: np.ndarray, width: int, start: int) -> bool:
     """Whether the kernel covers this call (else the caller's torch path runs)."""
-    from mucsc.codec import torch_backend as tb
 
     torch = tb._torch()
     return (x.dtype in (torch.float32, torch.float64) and 2 <= c.size <= 1 << 16 and 1 <= width <= 16
@@ -142,7 +142,6 @@ def round_pack(x, c: np.ndarray, key: int, width: int, start: int = 0):
     self-check; None otherwise (the caller then rounds and packs with the torch path)."""
     if not wanted(x) or not _applies(x, c, width, start):
         return None
-    from mucsc.codec import torch_backend as tb
 
     variant = (str(x.device), str(x.dtype), tb.work_float32(x, c), _span(width))
     if not _checked.get(variant):
@@ -169,7 +168,6 @@ def _disable(why: str) -> None:
 def reference(x, c: np.ndarray, key: int, width: int, start: int = 0):
     """The torch path's bytes for what :func:`launch` computes: ``stochastic_round`` + ``pack_tensor``
     (for ``start`` > 0 the stream of x's elements from ``start``: rounded as the tail of a longer x)."""
-    from mucsc.codec import torch_backend as tb
 
     torch = tb._torch()
     if start:
@@ -213,7 +211,6 @@ def probes(xdtype: str, f32: bool, span: int) -> list[tuple[np.ndarray, np.ndarr
 def _self_check(dev, variant) -> bool:
     """Run the probes of ``variant`` on ``dev``: True (and remembered) when every byte equals the
     torch reference's; else the kernel is disabled for the process (one warning)."""
-    from mucsc.codec import torch_backend as tb
 
     torch = tb._torch()
     _, xdtype, f32, span = variant

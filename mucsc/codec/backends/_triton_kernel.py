@@ -1,5 +1,5 @@
 """The fused rounding + packing kernel's body, in Triton's language (imported only by
-:mod:`mucsc.codec.triton_round`, which applies ``triton.jit`` to it when it is first used and
+:mod:`mucsc.codec.backends.triton_round`, which applies ``triton.jit`` to it when it is first used and
 checks its bytes against the torch reference).
 
 Left undecorated here so that ``triton_round`` can build it for the compiler or for Triton's

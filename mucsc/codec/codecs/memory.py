@@ -10,14 +10,11 @@ it needs (:meth:`mucsc.Codec.memory`); :class:`mucsc.Compressor` drives it.  ``s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mucsc.errors import InputError, ParameterError
-
-if TYPE_CHECKING:
-    from mucsc.codec.base import Codec
 
 
 class Memory:
@@ -30,7 +27,7 @@ class Memory:
     def update(self, name: str, compensated: np.ndarray, received: np.ndarray) -> None:
         """Learn from one round: ``compensated`` was encoded, the receiver decoded ``received``."""
 
-    def codec_for(self, codec: "Codec", step: int) -> "Codec":
+    def codec_for(self, codec: Any, step: int) -> Any:  # a mucsc.Codec (base imports this module)
         """The codec to use at round (or epoch) ``step``; a schedule (DGC's warm-up) changes it."""
         return codec
 

@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 
 from mucsc.codec import kernels, parallel
-from mucsc.codec.tensors import name_label
+from mucsc.codec.backends.tensors import name_label
 from mucsc.optional import require_torch
 
 GAMMA = kernels.GAMMA
@@ -217,44 +217,6 @@ def round_at(x, c: np.ndarray, key: int, idx):
     xw = x[idx].to(cw.dtype)
     k = _torch().searchsorted(cw[1:-1].contiguous(), xw, right=True)
     return k + _up(xw, k, uniforms_at(key, idx, f32), cw, gw)
-
-
-class Rounding:
-    """Eq. 7's rounding of ``x`` to wire centroids ``c`` with stream ``key``, done when first needed:
-    :meth:`packed` goes straight to IDS_ bytes with the fused Triton kernel where it runs
-    (:mod:`mucsc.codec.triton_round`: the IDs are never written), anything else reads :meth:`ids`
-    (:func:`stochastic_round`, computed once).  Both give the same bytes."""
-
-    def __init__(self, x, c: np.ndarray, key: int):
-        self.x, self.c, self.key = x, c, key
-        self._ids = None
-
-    def __len__(self) -> int:
-        return self.x.numel()
-
-    def ids(self):
-        """The cluster ids as a tensor on x's device (:func:`stochastic_round`)."""
-        if self._ids is None:
-            self._ids = stochastic_round(self.x, self.c, self.key)[0]
-        return self._ids
-
-    def sample(self, step: int):
-        """``ids()[::step]`` (for an estimate of the ids' entropy), rounding only those elements
-        while the ids are not computed."""
-        if self._ids is not None:
-            return self._ids[::step]
-        idx = _torch().arange(0, len(self), step, dtype=_torch().int64, device=self.x.device)
-        return round_at(self.x, self.c, self.key, idx)
-
-    def packed(self, width: int) -> DeviceBytes:
-        """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as :func:`pack` leaves them."""
-        if self._ids is None:
-            from mucsc.codec import triton_round
-
-            fused = triton_round.round_pack(self.x, self.c, self.key, width)
-            if fused is not None:
-                return DeviceBytes(fused)
-        return pack(self.ids(), width)
 
 
 def variance_J(x, c: np.ndarray) -> float:

@@ -5,7 +5,7 @@ With stochastic rounding (eq. 7) an element x in [c_k, c_{k+1}] is sent as c_{k+
 
     n_k = sum_{x in [c_{k-1}, c_k)} (x - c_{k-1}) / (c_k - c_{k-1}) + sum_{x in [c_k, c_{k+1})} (c_{k+1} - x) / (c_{k+1} - c_k)
 
-and a static entropy coder (mucsc.codec.rans) spends about R = sum_k -n_k log2(n_k / d) bits on the
+and a static entropy coder (mucsc.codec.wire.rans) spends about R = sum_k -n_k log2(n_k / d) bits on the
 IDs, plus the level itself and its frequency (``level_bits``).  J (eq. 8-9) is a sum over segments;
 n_k couples a level to both neighbours only, so a DP whose state is the last two levels (p, k) is
 exact over a candidate set: V(k, l) = min_p V(p, k) + J(k, l) + lambda * r(up(p, k) + down(k, l)).
@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from mucsc.codec.centroids import _candidates, _sample_sorted, _Sorted
+from mucsc.codec.numerics.centroids import _candidates, _sample_sorted, _Sorted
 
 __all__ = ["Prepared", "prepare", "solve"]
 

@@ -7,7 +7,7 @@ large weight matrix gets the matrix's codebook spacing) and turns all-zero tenso
 
 1. every float tensor large enough to gain from coding gets its own codebook (its own group);
    with a ``max_error`` target, the codec's own error-targeting mode picks each tensor's Z (mucsc:
-   the cheapest Z meeting the bound, mucsc.codec.allocate) and the policy checks the *measured*
+   the cheapest Z meeting the bound, mucsc.codec.numerics.allocate) and the policy checks the *measured*
    error ||decode - x|| / ||x|| of the result (:func:`encode_within`); a message-wide budget
    (mucsc's ``bits=`` / ``size=``) is split across the coded tensors by the API;
 2. a float tensor is carried losslessly whenever coding it would not be smaller: as fp16 when fp16
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.base import Codec, EncodedGroup, get_codec
-from mucsc.codec.format import ITEMSIZE
-from mucsc.codec.tensors import Tensor, name_label, on_host
+from mucsc.codec.codecs.base import Codec, EncodedGroup, get_codec
+from mucsc.codec.wire.container import ITEMSIZE
+from mucsc.codec.backends.tensors import Tensor, name_label, on_host
 from mucsc.errors import InputError, ParameterError
 
 # What one more group costs beyond its payload bytes: its HEAD entry ({"codec":..,"dtype":..,
@@ -140,7 +140,7 @@ def encode_within(x: np.ndarray, codec: Codec, max_error: float,
                   rng_for: Callable[[int], np.random.Generator]) -> tuple[Codec, EncodedGroup] | None:
     """``x`` encoded by ``codec`` in its own error-targeting mode (its ``max_error`` parameter: for
     mucsc, the cheapest Z of its ladder whose expected error sqrt(J) / ||x|| meets the bound, chosen by
-    mucsc.codec.allocate), with the *measured* error of that very encoding checked too: when chance
+    mucsc.codec.numerics.allocate), with the *measured* error of that very encoding checked too: when chance
     puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
     is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
     bound is out of the codec's reach."""

@@ -53,7 +53,7 @@ def variance_J(x: np.ndarray, c: np.ndarray) -> float:
 
     ``c`` must be sorted and bracket ``x``; elements equal to a level contribute 0.
     """
-    from mucsc.codec.quantize import BITGRID_MIN_N, grid_J, interval_index  # lookups live with the quantizer
+    from mucsc.codec.numerics.quantize import BITGRID_MIN_N, grid_J, interval_index  # lookups live with the quantizer
 
     x = np.asarray(x)
     c = np.asarray(c, dtype=np.float64)

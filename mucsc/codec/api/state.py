@@ -1,7 +1,7 @@
 """Stateful compression kept by a sender between rounds: a codec plus its error-feedback memory.
 
 :class:`Compressor` encodes one update per round with a codec and drives the codec's
-:class:`~mucsc.codec.memory.Memory` (GRACE's Compressor/Memory split): the vector encoded is
+:class:`~mucsc.codec.codecs.memory.Memory` (GRACE's Compressor/Memory split): the vector encoded is
 ``memory.compensate(input)``, and the memory then learns from what the receiver decodes.  Biased
 codecs get a residual (EF-SGD, EF-SignSGD, STC's A += dW; A -= T(A)) by default; DGC's memory is
 its momentum correction, masking, clipping and warm-up (:mod:`mucsc.codec.codecs.dgc`).
@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import kernels, parallel, torch_backend
-from mucsc.codec.api import decode, encode
-from mucsc.codec.base import Codec, codec_class
-from mucsc.codec.memory import Memory
+from mucsc.codec import kernels, parallel
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.api.messages import decode, encode
+from mucsc.codec.codecs.base import Codec, codec_class
+from mucsc.codec.codecs.memory import Memory
 from mucsc.errors import ParameterError
 
 

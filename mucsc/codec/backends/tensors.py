@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import kernels
-from mucsc.codec.format import FLOAT_DTYPES, INT_DTYPES
+from mucsc.codec.wire.container import FLOAT_DTYPES, INT_DTYPES
 from mucsc.errors import InputError, ParameterError
 from mucsc.optional import require_torch
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.tensors import on_host, to_tensors
+from mucsc.codec.backends.tensors import on_host, to_tensors
 
 PREFIX = "blake2b-256:"
 DOMAIN = b"mucsc base fingerprint v1\x00"  # domain separation from any other use of BLAKE2b

@@ -1,0 +1,47 @@
+"""Eq. 7's rounding on a torch device, done lazily: fused with the IDS_ packing by the Triton kernel
+where it runs (:mod:`mucsc.codec.backends.triton_round`), else the torch backend's rounding then packing.
+
+It sits above both so that neither imports the other."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends import triton_round
+
+
+class Rounding:
+    """Eq. 7's rounding of ``x`` to wire centroids ``c`` with stream ``key``, done when first needed:
+    :meth:`packed` goes straight to IDS_ bytes with the fused Triton kernel where it runs
+    (:mod:`mucsc.codec.backends.triton_round`: the IDs are never written), anything else reads :meth:`ids`
+    (:func:`~mucsc.codec.backends.torch_backend.stochastic_round`, computed once).  Both give the same bytes."""
+
+    def __init__(self, x, c: np.ndarray, key: int):
+        self.x, self.c, self.key = x, c, key
+        self._ids = None
+
+    def __len__(self) -> int:
+        return self.x.numel()
+
+    def ids(self):
+        """The cluster ids as a tensor on x's device (:func:`~mucsc.codec.backends.torch_backend.stochastic_round`)."""
+        if self._ids is None:
+            self._ids = tb.stochastic_round(self.x, self.c, self.key)[0]
+        return self._ids
+
+    def sample(self, step: int):
+        """``ids()[::step]`` (for an estimate of the ids' entropy), rounding only those elements
+        while the ids are not computed."""
+        if self._ids is not None:
+            return self._ids[::step]
+        idx = tb._torch().arange(0, len(self), step, dtype=tb._torch().int64, device=self.x.device)
+        return tb.round_at(self.x, self.c, self.key, idx)
+
+    def packed(self, width: int) -> tb.DeviceBytes:
+        """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as :func:`~mucsc.codec.backends.torch_backend.pack` leaves them."""
+        if self._ids is None:
+            fused = triton_round.round_pack(self.x, self.c, self.key, width)
+            if fused is not None:
+                return tb.DeviceBytes(fused)
+        return tb.pack(self.ids(), width)

@@ -1,0 +1,114 @@
+"""The codec's layers (docs/architecture.md): no import cycle in mucsc/ (function-level imports count),
+each layer imports only the layers below it, and the old flat module paths still import for one release."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mucsc
+import mucsc.codec
+
+PACKAGE = Path(mucsc.__file__).parent
+# each codec layer and the ones it may import (the leaf modules kernels / parallel and mucsc.errors,
+# mucsc.optional are open to all)
+LAYERS = ["wire", "numerics", "backends", "codecs", "ratecontrol", "api"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the mucsc modules it imports anywhere in its source (type-checking blocks too)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in paths}
+    for m, p in paths.items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in paths:
+                    t = t.rpartition(".")[0]
+                if t and t != m and not m.startswith(t + "."):  # a package's own parents run anyway
+                    edges[m].add(t)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for w in sorted(edges[m]):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["mucsc", "codec"] and parts[2] in LAYERS else None
+
+
+def test_no_import_cycle():
+    assert _cycle(import_graph()) is None, " -> ".join(_cycle(import_graph()) or [])
+
+
+def test_layers_import_only_downwards():
+    wrong = []
+    for m, targets in import_graph().items():
+        if (lm := _layer(m)) is None:
+            continue
+        for t in targets:
+            lt = _layer(t)
+            if t.startswith("mucsc.codec.") and lt is None and t not in ("mucsc.codec.kernels", "mucsc.codec.parallel",
+                                                                          "mucsc.codec._kernels"):
+                wrong.append(f"{m} -> {t}")
+            elif lt is not None and LAYERS.index(lt) > LAYERS.index(lm):
+                wrong.append(f"{m} -> {t}")
+            elif t.startswith("mucsc.") and not t.startswith("mucsc.codec") and t not in ("mucsc.errors", "mucsc.optional"):
+                wrong.append(f"{m} -> {t}")
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("old", sorted(mucsc.codec.MOVED))
+def test_old_module_paths_import_with_a_deprecation_warning(old):
+    new = importlib.import_module(f"mucsc.codec.{mucsc.codec.MOVED[old]}")
+    sys.modules.pop(f"mucsc.codec.{old}", None)
+    with pytest.warns(DeprecationWarning, match=f"mucsc.codec.{old} moved to {new.__name__}"):
+        alias = importlib.import_module(f"mucsc.codec.{old}")
+    assert alias is new
+
+
+def test_import_mucsc_warns_nothing():
+    code = "import warnings; warnings.simplefilter('error'); import mucsc, mucsc.cli.main, mucsc.fedsim.cli"
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True)
