@@ -18,7 +18,7 @@ def test_codec_contract(name):
 def test_every_builtin_module_is_imported():
     """Built-ins are imported explicitly (no package scanning at run time): none may be forgotten."""
     package = Path(mucsc.codec.codecs.__file__).parent
-    contract = {"base", "memory"}  # the Codec contract and the registry, the error-feedback memories
+    contract = {"base", "memory", "clusters"}  # the Codec contract and registry, memories, shared clustering
     modules = {f"mucsc.codec.codecs.{p.stem}" for p in package.glob("*.py")
                if not p.stem.startswith("_") and p.stem not in contract}
     registered = {mucsc.codec_class(n).__module__ for n in mucsc.available_codecs()}

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from mucsc.codec.numerics import centroids
-from mucsc.codec.codecs import mucsc as M
+from mucsc.codec.codecs.clusters import ClusterTrials
+from mucsc.codec.codecs.mucsc import MucscParams
+from mucsc.codec.ratecontrol.search import ClusterSearch
 
 
 @pytest.mark.parametrize("kind", ["t3", "few", "subsampled"])
@@ -26,10 +28,10 @@ def test_solver_cache_gives_the_same_levels_for_every_z(kind, monkeypatch):
 
 def test_one_rounding_serves_both_id_codings():
     x = np.random.default_rng(5).laplace(size=20000).astype(np.float32)
-    p = M.MucscParams()
+    p = MucscParams()
 
     def group():
-        return M._Group(x, p, lambda: np.random.default_rng([7, 0]), 3)
+        return ClusterSearch(ClusterTrials(x, p), lambda: np.random.default_rng([7, 0]), 3)
 
     g = group()
     packed = g.measure(12, coding="packed")

@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mucsc
@@ -96,6 +97,27 @@ def test_layers_import_only_downwards():
             elif t.startswith("mucsc.") and not t.startswith("mucsc.codec") and t not in ("mucsc.errors", "mucsc.optional"):
                 wrong.append(f"{m} -> {t}")
     assert not wrong, wrong
+
+
+def test_codecs_never_import_the_container_or_the_api():
+    bad = [f"{m} -> {t}" for m, ts in import_graph().items() if _layer(m) == "codecs"
+           for t in ts if t == "mucsc.codec.wire.container" or t.startswith("mucsc.codec.api")]
+    assert not bad, bad
+
+
+def test_resolved_levels_are_explicit_parameters():
+    """A planned codec's levels are parameters: in ==, hash and get_config, and from_config round-trips."""
+    x = np.random.default_rng(3).normal(size=4000).astype(np.float32)
+    from mucsc.codec.ratecontrol import PlanContext, plan
+
+    codec = mucsc.get_codec("mucsc", bits=3.0, id_coding="rans")
+    (fixed,) = plan(codec, [x], PlanContext(3, x.size, 0, lambda i: np.random.default_rng(0), lambda params: 0))
+    config = fixed.get_config()
+    assert config["bits"] is None and fixed.params.target == "z"
+    assert mucsc.get_codec(config.pop("codec"), **config) == fixed
+    if fixed.params.levels is not None:
+        other = fixed.replace(levels=tuple(v * 2 for v in fixed.params.levels))
+        assert other != fixed and hash(other) != hash(fixed)
 
 
 @pytest.mark.parametrize("old", sorted(mucsc.codec.MOVED))

@@ -71,7 +71,7 @@ def test_bits_packed_meets_the_budget_and_equals_the_fixed_z_message(bits):
     assert info.version == "1.0"
     z = info.groups[0].params["z"]
     # the largest ladder Z that fits: the next one up would not have
-    bigger = [q for q in mucsc.codec.codecs.mucsc.Z_LADDER if q > z][0]
+    bigger = [q for q in mucsc.codec.ratecontrol.search.Z_LADDER if q > z][0]
     assert 8 * len(mucsc.encode(x, "mucsc", z=bigger)) > bits * x.size
     assert blob == mucsc.encode(x, "mucsc", z=z)  # same bytes as the fixed-Z message it chose
 
@@ -83,7 +83,7 @@ def test_bits_with_rans_beats_every_fixed_z_that_fits(bits):
     assert 8 * len(blob) <= bits * x.size
     y = mucsc.decode(blob)
     assert y.shape == x.shape and np.isfinite(y).all()
-    for z in mucsc.codec.codecs.mucsc.Z_LADDER[:30]:
+    for z in mucsc.codec.ratecontrol.search.Z_LADDER[:30]:
         b2, s2 = mucsc.encode_with_stats(x, "mucsc", z=z)
         if 8 * len(b2) <= bits * x.size:
             assert stats.J <= s2.J
@@ -93,7 +93,8 @@ def test_bits_with_rans_beats_every_fixed_z_that_fits(bits):
 
 def test_goal_messages_are_unbiased():
     """Entropy-constrained levels may lie beyond the data; stochastic rounding keeps E[decode] = x."""
-    from mucsc.codec.codecs.mucsc import MucscParams, decode_clusters, encode_clusters
+    from mucsc.codec.codecs.clusters import decode_clusters, encode_clusters
+    from mucsc.codec.codecs.mucsc import MucscParams
 
     x = np.random.default_rng(3).normal(size=20000).astype(np.float32)
     blob = mucsc.encode(x, "mucsc", bits=0.5)
@@ -212,6 +213,7 @@ def test_a_goal_replaces_the_preset_z():
 
 
 def test_goal_messages_respect_the_centroid_limit():
-    from mucsc.codec.codecs.mucsc import MAX_Z, UNIFORM_STEPS, uniform_levels
+    from mucsc.codec.codecs.clusters import MAX_Z
+    from mucsc.codec.ratecontrol.search import UNIFORM_STEPS, uniform_levels
 
     assert uniform_levels(-1.0, 3.0, max(UNIFORM_STEPS)).size <= MAX_Z

@@ -8,6 +8,7 @@ import pytest
 
 import mucsc
 from mucsc.codec.codecs import bmucsc as B
+from mucsc.codec.ratecontrol import sparse_search
 
 from clitools import run
 from mucsc.errors import ParameterError
@@ -27,7 +28,7 @@ def test_bits_meets_the_budget_and_beats_every_fixed_setting_that_fits(bits):
     blob, st = mucsc.encode_with_stats(x, "bmucsc", bits=bits)
     assert 8 * len(blob) <= bits * x.size
     g = mucsc.inspect(blob).groups[0].params
-    assert g["keep"] in B.KEEP_LADDER and g["k"] == math.ceil(g["keep"] * x.size)
+    assert g["keep"] in sparse_search.KEEP_LADDER and g["k"] == math.ceil(g["keep"] * x.size)
     y = mucsc.decode(blob)  # the header is all a decoder needs
     assert y.shape == x.shape and np.isfinite(y).all()
     for keep in (0.01, 0.05, 0.2):
@@ -35,7 +36,7 @@ def test_bits_meets_the_budget_and_beats_every_fixed_setting_that_fits(bits):
             b2, s2 = mucsc.encode_with_stats(x, "bmucsc", keep=keep, z=z)
             if 8 * len(b2) <= bits * x.size:
                 # the budget sweep of one keep stops when the kept set's J is NEGLIGIBLE next to the bias
-                assert st.J <= s2.J * (1 + B.NEGLIGIBLE)
+                assert st.J <= s2.J * (1 + sparse_search.NEGLIGIBLE)
 
 
 def test_more_bits_lower_J_and_the_goal_is_deterministic():
@@ -109,7 +110,7 @@ def test_bad_goals(kw):
 
 def test_defaults_and_fixed_z_messages_unchanged_by_the_goal_fields():
     c = mucsc.get_codec("bmucsc")
-    assert c.params.keep_fraction == 0.01 and c.params.fixed_z == 256 and not c.needs_plan
+    assert c.params.keep_fraction == 0.01 and c.params.fixed_z == 256 and c.params.target == "z"
     assert c.paper_bytes(10_000) == mucsc.get_codec("bmucsc", keep=0.01, z=256).paper_bytes(10_000)
     assert mucsc.get_codec("bmucsc", bits=1).paper_bytes(10_000) is None
     x = heavy(5000, 8)
@@ -129,7 +130,7 @@ def test_direct_encode_array_uses_the_group_budget():
     a = codec.encode_array(x, np.random.default_rng(0))
     b = codec.encode_array(x, np.random.default_rng(0))
     assert a.params == b.params and [bytes(s.tobytes()) for s in a.sections] == [bytes(s.tobytes()) for s in b.sections]
-    assert a.params["keep"] in B.KEEP_LADDER
+    assert a.params["keep"] in sparse_search.KEEP_LADDER
 
 
 def test_cli_bits_size_and_max_error_with_bmucsc(tmp_path):

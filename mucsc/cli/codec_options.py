@@ -37,6 +37,8 @@ def codec_params(reserved: Iterable[str] = ()) -> dict[str, CodecParam]:
     found: dict[str, list[tuple[str, str, Any]]] = {}
     for name in available_codecs():
         for f in dataclasses.fields(codec_class(name).Params):
+            if not f.metadata.get("cli", True):  # set by rate control (resolved levels), not by a user
+                continue
             kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
             found.setdefault(f.name, []).append((name, kind.replace(" ", ""), _default(f)))
     out = {}

@@ -16,7 +16,8 @@ from mucsc.codec.wire import auth
 from mucsc.codec.wire import container as fmt
 from mucsc.codec import parallel
 from mucsc.codec.wire.auth import AuthSummary, Keys
-from mucsc.codec.codecs.base import Codec, EncodedGroup, PlanContext, codec_class, get_codec
+from mucsc.codec import ratecontrol
+from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.api.policy import Planned, Policy, decode_encoded
 from mucsc.codec.backends.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
@@ -185,7 +186,7 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
         planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, codec, shared)]
     plan = [(p.codec, list(p.members)) for p in planned]
     ready: dict[int, EncodedGroup] = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
-    if codec.needs_plan and any(c is codec for c, _ in plan):
+    if ratecontrol.needs_plan(codec) and any(c is codec for c, _ in plan):
         trailer = signer.trailer_bytes if signer is not None else 0
         plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer, ready)
 
@@ -280,9 +281,9 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
     # planning tries several encodings of each group: on the host (a device group is copied once)
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
-    ctx = PlanContext(level, sum(t.size for t in tensors), fixed,
+    ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
                       lambda i: _group_rng(seed, mine[i]), head_bytes)
-    chosen = codec.plan(xs, ctx)
+    chosen = ratecontrol.plan(codec, xs, ctx)
     del xs
     if chosen is None:
         return plan, ready

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, get_codec
 from mucsc.codec.wire.container import ITEMSIZE
 from mucsc.codec.backends.tensors import Tensor, name_label, on_host
@@ -118,7 +119,7 @@ class Policy:
             return lossless
         codec.check_input(x, name_label(t.name))  # before any trial encode (an overflowing cast)
         rng_for = _rng_for(seed, i)
-        if self.max_error is None and codec.needs_plan:
+        if self.max_error is None and ratecontrol.needs_plan(codec):
             # a message-wide budget (bits=, size=): the API splits it across the coded groups
             return Planned(codec, (i,))
         if self.max_error is None:
@@ -220,9 +221,9 @@ def decode_encoded(codec: Codec, enc: EncodedGroup, n: int, dtype: np.dtype) -> 
 
 def with_max_error(codec: Codec, bound: float) -> Codec:
     """The same codec in its error-targeting mode: ``max_error`` set, the other size-choosing
-    parameters (z, bits, size: only one may be given) cleared."""
+    parameters (z, bits, size: only one may be given) and explicit levels cleared."""
     params = dataclasses.asdict(codec.params)
-    params.update({k: None for k in ("z", "bits", "size") if k in params}, max_error=bound)
+    params.update({k: None for k in ("z", "bits", "size", "levels") if k in params}, max_error=bound)
     return type(codec)(**params)
 
 

@@ -156,15 +156,18 @@ class Codec(ABC):
 
     @property
     def needs_plan(self) -> bool:
-        """True when :meth:`plan` must see the groups before encoding (a message-wide goal is set)."""
-        return False
+        """Deprecated: a goal is rate control's (``mucsc.codec.ratecontrol.needs_plan``)."""
+        import warnings
 
-    def plan(self, xs: Sequence[np.ndarray], ctx: "PlanContext") -> list["Codec"] | None:
-        """Codecs for the groups ``xs`` this codec is about to encode, when a parameter of it sets a
-        goal for the whole message (a byte budget shared by the groups).  None (the default): every
-        group is encoded with ``self``."""
+        warnings.warn("Codec.needs_plan is deprecated: use mucsc.codec.ratecontrol.needs_plan(codec)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self.params, "target", "z") != "z"
+
+    def trials(self, x: np.ndarray) -> Any:
+        """Trial encodings of one group for rate control (the measuring protocol its search drives,
+        mucsc.codec.ratecontrol) when a goal field (bits= / size= / max_error=) is set in this
+        codec's parameters; None (the default): the codec has no goal."""
         return None
-
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.params == self.params
@@ -220,16 +223,18 @@ class Codec(ABC):
         """Rebuild the length-``n`` vector of ``dtype`` from header ``params`` and raw ``sections``."""
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanContext:
-    """What :meth:`Codec.plan` knows about the message around its groups."""
+# Rate control's planner of a lone group (mucsc.codec.ratecontrol installs it when imported, and
+# ``import mucsc`` imports it): what a goal codec's encode_array, called directly rather than through
+# the API, uses to resolve its goal for that one group.
+_lone_planner: list[Callable[..., tuple[Codec, Any, np.random.Generator]]] = []
 
-    zstd_level: int | None  # how the container will store compressible sections (None: raw)
-    elements: int  # elements of the whole message (all records)
-    fixed_bytes: int  # exact message bytes outside HEAD and these groups' sections
-    rngs: Callable[[int], np.random.Generator]  # a fresh copy of group i's generator (i indexes xs)
-    # exact bytes of the HEAD section (header, stored payload, padding) when group i has params[i]
-    head_bytes: Callable[[Sequence[Mapping[str, Any]]], int]
+
+def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, Any, np.random.Generator]:
+    """A goal codec's ``encode_array`` called directly: ``x`` planned as a message of its own ->
+    (the resolved codec, x on the host, a generator in ``rng``'s state)."""
+    if not _lone_planner:
+        raise ParameterError(f"codec {codec.name!r} with a goal needs mucsc's rate control: import mucsc")
+    return _lone_planner[0](codec, x, rng)
 
 
 def check_memory_options(codec: Codec, options: Mapping[str, Any]) -> None:

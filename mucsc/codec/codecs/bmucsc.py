@@ -7,7 +7,7 @@ design: the rest is replaced by its mean (use error feedback, mucsc.codec.api.st
 
 Goals (docs/codecs.md "Rate control"): exactly one of ``z`` / ``bits`` / ``size`` / ``max_error``.
 ``z`` fixes the kept set's number of centroids (``keep`` default 1%).  With a goal the encoder chooses
-the keep fraction (from :data:`KEEP_LADDER`, unless ``keep`` is given: then only the kept set's
+the keep fraction (from rate control's ladder, mucsc.codec.ratecontrol.sparse_search, unless ``keep`` is given: then only the kept set's
 coding) and the kept set's coding (the four families of the mucsc goals: J-optimal levels with
 packed or rANS-coded IDs, entropy-constrained levels, uniform levels) to minimise
 J = J_kept + ||rest - mean||^2 within the budget, or the smallest message with
@@ -24,34 +24,28 @@ compress="off" and positions="paper" the payload equals the paper's count exactl
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
-from mucsc.codec.numerics import allocate, centroids
-from mucsc.codec.wire import sparse
-from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, PlanContext, Section, array_from,
-                              ceil_log2, param_int, param_str, register, section)
-from mucsc.codec.codecs.mucsc import (CENTROID_LIMITS, ID_CODINGS, TARGETS, Choice, GoalTarget, MucscParams, _Group,
-                                     cluster_resolved, cluster_section_sizes, decode_clusters, decode_clusters_torch,
-                                     encode_clusters, format_minor, group_bytes, plan_alone, plan_goal,
-                                     resolve_id_packing)
+from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from,
+                                     ceil_log2, param_int, param_str, plan_alone, register, section)
+from mucsc.codec.codecs.clusters import (CENTROID_LIMITS, RESOLVED, TARGETS, ClusterTrials, GoalTarget,
+                                         cluster_resolved, cluster_section_sizes, decode_clusters,
+                                         decode_clusters_torch, encode_clusters, format_minor, given_levels,
+                                         resolve_id_packing)
+from mucsc.codec.codecs.mucsc import MucscParams
 from mucsc.codec.codecs.topk import (
     KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
 )
+from mucsc.codec.numerics import centroids
+from mucsc.codec.wire import sparse
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 DEFAULT_KEEP = 0.01  # the paper's d0 = 0.01 d (section VI-A)
 DEFAULT_Z = 256  # the paper's Z for B-MUCSC
-# Keep fractions a goal tries when ``keep`` is not given: about three per decade from 0.1% to all
-# (at keep = 1 nothing is replaced by a mean: J is the kept set's variance alone).
-KEEP_LADDER = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-# A budget sweep of one keep stops once the kept set's J is this small against the rest's bias:
-# more bytes on the kept values could lower the total J by at most this fraction.
-NEGLIGIBLE = 1e-3
 # "solver" values a bmucsc header may carry: a J-minimising solver, or how a goal chose the levels
 HEADER_SOLVERS = (*centroids.SOLVERS, "ecsq")
 
@@ -66,7 +60,7 @@ def cluster_params(p: Any) -> MucscParams:
     """The mucsc codec's parameters for the clustering of the kept elements (a fixed Z: a goal is
     resolved by bmucsc's own plan, over the keep fraction too)."""
     return MucscParams(z=p.fixed_z, solver=p.solver, centroid_dtype=p.centroid_dtype, id_packing=p.id_packing,
-                       id_coding=p.id_coding)
+                       id_coding=p.id_coding, levels=p.levels, levels_by=p.levels_by)
 
 
 def select(x: np.ndarray, keep: float) -> tuple[int, np.ndarray, np.ndarray, float]:
@@ -118,6 +112,8 @@ class BMUCSC(Codec):
         max_error: float | None = None
         size: int | None = None
         id_coding: str = "auto"  # as the mucsc codec's: "rans" (format 1.1) for the kept set's IDs
+        levels: tuple[float, ...] | None = dataclasses.field(default=None, metadata=RESOLVED)  # as mucsc's
+        levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
         default_z: ClassVar[int] = DEFAULT_Z
 
         def __post_init__(self) -> None:
@@ -127,7 +123,7 @@ class BMUCSC(Codec):
             try:  # the clustering parameters and the goals are the mucsc codec's, validated there
                 MucscParams(z=self.z, solver=self.solver, centroid_dtype=self.centroid_dtype,
                             id_packing=self.id_packing, bits=self.bits, max_error=self.max_error, size=self.size,
-                            id_coding=self.id_coding)
+                            id_coding=self.id_coding, levels=self.levels, levels_by=self.levels_by)
             except ParameterError as exc:
                 raise ParameterError(f"bmucsc: {exc}") from None
 
@@ -163,10 +159,6 @@ class BMUCSC(Codec):
     def input_limit(self) -> float:
         return min(CENTROID_LIMITS[self.params.centroid_dtype], F32_MAX)  # SCAL, the mean, is float32
 
-    @property
-    def needs_plan(self) -> bool:
-        return self.params.target != "z"
-
     @classmethod
     def format_minor(cls, params: Mapping[str, Any]) -> int:
         return format_minor(params)  # 1 for the kept set's rANS-coded IDs (IDSA)
@@ -181,25 +173,10 @@ class BMUCSC(Codec):
             preset = {k: v for k, v in preset.items() if k not in drop}
         return {**preset, **given}
 
-    _levels: np.ndarray | None = None
-    _levels_by = "ecsq"
-
-    def resolved(self, choice: "KeepChoice") -> "BMUCSC":
-        """This codec fixed to one goal's choice for one group: keep, Z, levels and ID coding."""
-        c = type(self)(**{**dataclasses.asdict(self.params), "keep": choice.keep, "z": choice.sub.z, "bits": None,
-                          "max_error": None, "size": None,
-                          "id_coding": "rans" if choice.sub.coding == "rans" else "packed"})
-        c._levels = None if choice.sub.levels is None else np.array(choice.sub.levels)
-        c._levels_by = "ecsq" if choice.sub.steps is None else "uniform"
-        return c
-
-    def plan(self, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
-        """Resolve bits= / size= / max_error= to one (keep, kept-set coding) per group, with the
-        mucsc goals' search (mucsc.codec.codecs.mucsc.plan_goal) over every keep fraction tried."""
-        if self.params.target == "z":
-            return None
-        groups = [_SparseGroup(x, self.params, (lambda i=i: ctx.rngs(i)), ctx.zstd_level) for i, x in enumerate(xs)]
-        return plan_goal(self, groups, ctx)
+    def trials(self, x: np.ndarray) -> "KeptTrials":
+        """Rate control's trial encodings of one group: per keep fraction, the kept set's
+        positions and mean, and the kept values' clustering trials (mucsc.codec.ratecontrol)."""
+        return KeptTrials(self, x)
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
@@ -235,8 +212,8 @@ class BMUCSC(Codec):
         """Everything after the selection: the kept values' clusters, positions and the rest's mean."""
         mean = rest_mean(n, k, rest_sum)
         # as the mucsc codec (a goal's levels, when resolved by plan)
-        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng, self._levels,
-                                                 levels_by=self._levels_by)
+        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng, given_levels(self.params),
+                                                 levels_by=self.params.levels_by)
         params = {"keep": self.params.keep_fraction, "k": k, **cparams}
         secs = (*csecs, *self._rest_sections(pos, n, mean, params))
 
@@ -299,134 +276,33 @@ class BMUCSC(Codec):
 
 
 @dataclasses.dataclass(frozen=True)
-class KeepChoice:
-    """How a goal encodes one bmucsc group: the keep fraction, the kept set's coding (a mucsc
-    goal's :class:`Choice`) and the group's header params (an option key)."""
+class KeptPart:
+    """One keep fraction of a trial: k kept, the header params and sections (INDX, SCAL) of the
+    positions and the rest's mean, the rest's squared bias, and the kept values' clustering trials."""
 
     keep: float
-    sub: Choice
-    params: tuple
-
-    @property
-    def z(self) -> int:
-        return self.sub.z
-
-
-class _Kept:
-    """One keep fraction of a goal: the kept set's positions and the rest's mean (fixed bytes and
-    bias for every coding of the kept values), and the kept values' options (a mucsc ``_Group``)."""
-
-    def __init__(self, codec: BMUCSC, x: np.ndarray, keep: float, rng: Callable[[], np.random.Generator],
-                 zstd_level: int | None):
-        n = x.size
-        self.keep = keep
-        self.k, pos, kept, rest_sum = select(x, keep)
-        mean = rest_mean(n, self.k, rest_sum)
-        self.bias = rest_bias(x, pos, mean) if n > self.k else 0.0
-        self.header: dict[str, Any] = {"keep": keep, "k": self.k}
-        secs = codec._rest_sections(pos, n, mean, self.header)
-        self.indx = group_bytes(secs[:1], zstd_level)
-        self.fixed = self.indx + group_bytes(secs[1:], zstd_level)  # INDX and SCAL as stored
-        self.sub = _Group(kept, cluster_params(codec.params), rng, zstd_level)
-        self.seen = 0  # sub.options already translated
-
-    def joint(self, o: allocate.Option) -> allocate.Option:
-        """A kept-set option as an option of the whole group."""
-        params = tuple(sorted({**self.header, **dict(o.key.params)}.items()))
-        return allocate.Option(self.fixed + o.bytes, self.bias + o.J, KeepChoice(self.keep, o.key, params))
+    k: int
+    header: dict
+    sections: tuple[Section, ...]
+    bias: float
+    trials: ClusterTrials
 
 
-class _SparseGroup:
-    """One bmucsc group's options under a goal (the interface :func:`plan_goal` drives): every keep
-    fraction tried, each with the kept values' options measured as the mucsc goals measure them."""
+class KeptTrials:
+    """bmucsc's measuring protocol (rate control decides which keep fractions and codings to try)."""
 
-    def __init__(self, x: np.ndarray, p: Any, rng: Callable[[], np.random.Generator], zstd_level: int | None):
-        self.x, self.p, self.rng, self.level = x, p, rng, zstd_level
-        self.codec = BMUCSC(**{**dataclasses.asdict(p), "z": None, "bits": None, "max_error": None, "size": None})
-        self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
-        self.keeps = KEEP_LADDER if p.keep is None else (p.keep,)
-        self.parts: dict[float, _Kept] = {}
-        self.options: list[allocate.Option] = []
-        self._sub: dict[allocate.Option, tuple[_Kept, allocate.Option]] = {}  # joint option -> kept-set option
+    def __init__(self, codec: BMUCSC, x: np.ndarray):
+        self.x, self.p = x, codec.params
+        self._fixed = BMUCSC(**{**dataclasses.asdict(codec.params), "z": None, "bits": None, "max_error": None,
+                                "size": None})
 
-    def part(self, keep: float) -> _Kept:
-        if keep not in self.parts:
-            self.parts[keep] = _Kept(self.codec, self.x, keep, self.rng, self.level)
-        return self.parts[keep]
+    def part(self, keep: float) -> KeptPart:
+        """The selection at ``keep``: positions and the rest's mean, and the kept values' trials."""
+        n = self.x.size
+        k, pos, kept, rest_sum = select(self.x, keep)
+        mean = rest_mean(n, k, rest_sum)
+        bias = rest_bias(self.x, pos, mean) if n > k else 0.0
+        header: dict[str, Any] = {"keep": keep, "k": k}
+        secs = self._fixed._rest_sections(pos, n, mean, header)
+        return KeptPart(keep, k, header, secs, bias, ClusterTrials(kept, cluster_params(self.p)))
 
-    def _sync(self, part: _Kept) -> None:
-        """Translate the kept-set options measured since the last call."""
-        for o in part.sub.options[part.seen:]:
-            j = part.joint(o)
-            self._sub[j] = (part, o)
-            self.options.append(j)
-        part.seen = len(part.sub.options)
-
-    def _joint_of(self, part: _Kept, o: allocate.Option) -> allocate.Option:
-        self._sync(part)
-        return part.joint(o)
-
-    def sweep(self, stop: Callable[[allocate.Option], bool], goal: str) -> None:
-        """Each keep fraction from the smallest: the kept set's sweep until ``stop``.  A budget stops
-        at the first keep whose positions and mean alone exceed it (larger keeps cost more); an error
-        bound skips keeps whose mean replacement alone misses it and stops at the first keep whose
-        positions and mean cost more than the cheapest option meeting it."""
-        cheapest_ok = math.inf
-        for keep in self.keeps:
-            part = self.part(keep)
-            floor = allocate.Option(part.fixed, part.bias, None)
-            if goal == "budget":
-                if stop(floor) and self.options:
-                    break
-                sub_stop = lambda o, part=part: stop(part.joint(o)) or o.J <= NEGLIGIBLE * part.bias  # noqa: E731
-            else:
-                if part.fixed >= cheapest_ok:
-                    break
-                if part.bias > 0 and not stop(allocate.Option(part.fixed, part.bias * (1 - 1e-12), None)):
-                    continue  # the mean replacement alone misses the bound
-                sub_stop = lambda o, part=part: stop(part.joint(o))  # noqa: E731
-            part.sub.sweep(sub_stop, goal)
-            self._sync(part)
-            if goal == "error":
-                cheapest_ok = min([cheapest_ok] + [o.bytes for o in self.options if stop(o)])
-
-    def _delegate(self, method: str, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
-        part, sub_best = self._sub[best]
-        sub_ok = lambda o: ok(part.joint(o))  # noqa: E731
-        sub_better = lambda a, b: better(part.joint(a), part.joint(b))  # noqa: E731
-        return self._joint_of(part, getattr(part.sub, method)(sub_best, sub_ok, sub_better))
-
-    def refine(self, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
-        """The kept set's mu bisection at ``best``'s keep fraction."""
-        return self._delegate("refine", best, ok, better)
-
-    def refine_z(self, best: allocate.Option, ok: Callable, better: Callable) -> allocate.Option:
-        """The kept set's Z / uniform-steps bisection at ``best``'s keep fraction."""
-        return self._delegate("refine_z", best, ok, better)
-
-    def exact(self, o: allocate.Option) -> allocate.Option:
-        part, sub = self._sub[o]
-        e = part.joint(part.sub.exact(sub))
-        self._sub[e] = (part, sub)
-        return e
-
-    def unreachable(self, max_error: float) -> str:
-        if self.p.keep is not None:
-            part = self.part(self.p.keep)
-            floor = allocate.relative_error(part.bias, self.norm2)
-            if floor >= max_error:
-                return (f"max_error={max_error:g} is out of reach for bmucsc with keep={self.p.keep:g}: replacing "
-                        f"the other {self.x.size - part.k} elements by their mean alone gives relative error "
-                        f"{floor:.3g} (raise keep, or leave it unset so that max_error chooses it)")
-        if not self.options:
-            part = self.part(self.keeps[-1])
-            return (f"max_error={max_error:g} is out of reach for bmucsc: the mean replacement alone gives "
-                    f"relative error {allocate.relative_error(part.bias, self.norm2):.3g} at keep={part.keep:g}")
-        best = min(self.options, key=lambda o: o.J)
-        return (f"max_error={max_error:g} is out of reach for bmucsc: the best relative error is "
-                f"{allocate.relative_error(best.J, self.norm2):.3g} (keep = {best.key.keep:g}, Z = {best.key.z})")
-
-    def floor_note(self, o: allocate.Option) -> str:
-        part, sub = self._sub[o]
-        return (f"; at keep={part.keep:g} (k = {part.k}): positions {part.indx} bytes, the mean 4 bytes, the "
-                f"kept values' cheapest coding {sub.bytes} bytes, the rest framing")

@@ -1,0 +1,349 @@
+"""Soft clustering of one vector (paper section IV-A), shared by ``mucsc`` and ``bmucsc``: levels
+(solved for a Z, or given), eq. 7's unbiased rounding to them, the IDs packed (IDS_) or rANS-coded
+(IDSA), and the inverse.  :class:`ClusterTrials` is the measuring protocol rate control drives
+(:mod:`mucsc.codec.ratecontrol`): trial encodings of one vector, without any search of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mucsc.codec import kernels, parallel
+from mucsc.codec.backends import device_rounding, torch_backend
+from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
+                                     section, section_stream)
+from mucsc.codec.numerics import centroids, quantize
+from mucsc.codec.wire import bitpack, rans
+from mucsc.errors import FormatError, ParameterError, SizeError
+
+MIN_Z, MAX_Z = Z_RANGE
+CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
+# the largest |x| each centroid dtype carries: float16/float32 their largest finite value (a float32
+# step c[k+1] - c[k] beyond FLT_MAX makes FORMAT.md 4.3 round in float64); float64 a quarter of its
+# largest, so that every c[k+1] - c[k] stays finite in float64
+CENTROID_LIMITS = {"float16": 65504.0, "float32": F32_MAX, "float64": float(np.finfo(np.float64).max) / 4}
+
+
+ID_PACKINGS = ("auto", "tight", "aligned")
+ID_CODINGS = ("auto", "packed", "rans")
+# zstd's entropy stage codes bytes: IDs that straddle byte boundaries (3, 5, 6, 7 bits) compress far
+# worse than the same IDs packed 4 or 8 bits wide (measured, Gaussian d = 1.3e6, Z = 8: 2.81 bits per
+# ID tight vs 2.46 aligned, entropy 2.43; docs/codecs.md).  Wider IDs (9..15 bits) stay tight: as
+# 16-bit words their two bytes mix into one byte alphabet and compress worse than tight packing.
+ALIGNED_WIDTH = {3: 4, 5: 8, 6: 8, 7: 8}
+ALIGN_MARGIN_BITS = 0.25  # aligned only if the sampled entropy is this far below the tight width
+
+
+def id_width(k: int) -> int:
+    """Bits per cluster ID for ``k`` centroids: ceil(log2 k), 0 for a single centroid."""
+    return ceil_log2(k) if k > 1 else 0
+
+
+def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
+    """The IDS_ width: ceil(log2 k), or its byte-aligned widening when ``packing`` is "aligned" and
+    the IDs' entropy (estimated on a sample) leaves room for zstd to win the extra bits back."""
+    w = id_width(k)
+    if packing != "aligned" or w not in ALIGNED_WIDTH or len(ids) == 0:
+        return w
+    step = max(1, len(ids) // 65536)
+    sample = ids.sample(step) if isinstance(ids, device_rounding.Rounding) else ids[::step]
+    if torch_backend.is_torch(sample):
+        sample = sample.cpu().numpy()
+    p = np.bincount(sample, minlength=k) / sample.size
+    p = p[p > 0]
+    entropy = float(-(p * np.log2(p)).sum())
+    return ALIGNED_WIDTH[w] if entropy < w - ALIGN_MARGIN_BITS else w
+
+
+
+TARGETS = ("z", "bits", "max_error", "size")  # the fields that choose Z; all but z are goals
+DEFAULT_Z = 16  # mucsc's Z when no field chooses it
+
+
+class GoalTarget:
+    """What mucsc's and bmucsc's parameters share about their goal fields (z / bits / max_error /
+    size, at most one given): which one drives the choice, and Z in the fixed-Z mode."""
+
+    default_z: ClassVar[int] = DEFAULT_Z
+
+    @property
+    def target(self) -> str:
+        """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
+        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+
+    @property
+    def fixed_z(self) -> int:
+        """The number of centroids in the fixed-Z mode."""
+        return self.default_z if self.z is None else self.z
+
+
+
+# Params fields that rate control sets when it resolves a goal (not command-line options)
+RESOLVED = {"cli": False}
+LEVELS_BY = ("ecsq", "uniform")  # who chose given levels: entropy-constrained, or uniform steps
+
+
+def check_levels(p: Any) -> None:
+    """Validate (and normalise to a tuple of floats) the explicit ``levels`` of clustering
+    parameters: finite, at most MAX_Z of them, and not together with a goal."""
+    if p.levels_by not in LEVELS_BY:
+        raise ParameterError(f"levels_by must be one of {', '.join(LEVELS_BY)}, got {p.levels_by!r}")
+    if p.levels is None:
+        return
+    if p.target != "z":
+        raise ParameterError(f"levels fix the encoding: they exclude {p.target}=")
+    try:
+        levels = tuple(float(v) for v in p.levels)
+    except (TypeError, ValueError):
+        raise ParameterError(f"levels must be a sequence of numbers, got {p.levels!r}") from None
+    if not 1 <= len(levels) <= MAX_Z or not all(math.isfinite(v) for v in levels):
+        raise ParameterError(f"levels must be 1..{MAX_Z} finite numbers")
+    object.__setattr__(p, "levels", levels)
+
+
+def given_levels(p: Any) -> np.ndarray | None:
+    """The explicit levels of clustering parameters as the encoder takes them (None: solve for z)."""
+    return None if p.levels is None else np.array(p.levels)
+
+
+def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
+    """``for_container`` of codecs with an ``id_packing`` parameter: resolve "auto"."""
+    if codec.params.id_packing != "auto":
+        return codec
+    packing = "aligned" if compressing else "tight"
+    return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
+
+
+def cluster_resolved(header: Mapping[str, Any]) -> dict[str, Any]:
+    """What a clustering settled (``EncodedGroup.resolved``), from its header params: the z recorded
+    and the ID coding used (an "auto" id_coding becomes "packed" or "rans")."""
+    return {"z": header["z"], "id_coding": header.get("id_coding", "packed")}
+
+
+def cluster_section_sizes(n: int, k: int, p: GoalTarget, estimate: bool) -> dict[str, int]:
+    """Raw bytes of CENT and IDS_ for ``n`` elements and ``k`` centroids sent, tight IDs.  An
+    "aligned" packing widens 3- and 5..7-bit IDs when the data's entropy allows: data-dependent."""
+    if p.id_coding == "rans" and not estimate:
+        raise SizeError("id_coding='rans' (an entropy code of the IDs) has a data-dependent size")
+    width = id_width(k)
+    if p.id_packing == "aligned" and width in ALIGNED_WIDTH and not estimate:
+        raise SizeError(f"id_packing='aligned' with {width}-bit IDs has a data-dependent size")
+    return {"CENT": np.dtype(CENTROID_DTYPES[p.centroid_dtype]).itemsize * k,
+            "IDS_": bitpack.packed_size(n, width)}
+
+
+
+def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
+                    levels: np.ndarray | None = None, coding: str | None = None,
+                    estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None) -> tuple[dict, tuple, Any]:
+    """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
+    callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
+    "packed" or "rans" (default: "rans" only when ``p.id_coding`` says so); ``estimate``: an IDSA
+    section of zeros of the estimated coded size (rate control's search; never sent).
+
+    ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
+    giving the same bytes (:mod:`mucsc.codec.backends.torch_backend`); so does ``MUCSC_BACKEND=torch``.
+    Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
+    if levels is not None and torch_backend.is_torch(x):
+        x = x.cpu().numpy()
+    wire, ids, J = round_clusters(x, p, rng, levels, cache)
+    return cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
+
+
+def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
+                   levels: np.ndarray | None = None, cache: dict | None = None) -> tuple[np.ndarray, Any, Any]:
+    """The first half of :func:`encode_clusters`: (wire centroids, IDs, J or None) -- the levels
+    (solved for ``p.fixed_z`` unless given) and the stochastic rounding, before any ID coding.
+    ``cache``: kept by a caller that rounds the same ``x`` many times (a goal's search): its bounds
+    and the solver's sorted data are computed once (centroids.solve's ``cache``)."""
+    if levels is None and torch_backend.applies(x):
+        return _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
+    if x.size == 0:
+        return np.zeros(0, CENTROID_DTYPES[p.centroid_dtype]), np.zeros(0, np.uint8), 0.0
+    if cache is not None and "bounds" in cache:
+        bounds = cache["bounds"]
+    else:
+        bounds = parallel.bounds(x)  # once, not once per stage
+        if cache is not None:
+            cache["bounds"] = bounds
+    c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds, cache=cache) if levels is None else levels
+    wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
+    # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
+    # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
+    if kernels.use_c():
+        ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
+    else:
+        ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
+        J = None
+    return wire, ids, J
+
+
+def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J: Any,
+                    levels: np.ndarray | None = None, coding: str | None = None, estimate: bool = False,
+                    levels_by: str = "ecsq") -> tuple[dict, tuple, Any]:
+    """The second half of :func:`encode_clusters`: header params, sections and J for one ID coding
+    of a rounding (two codings of one rounding are what two encodes with the same rng give)."""
+    coding = coding or ("rans" if p.id_coding == "rans" else "packed")
+    solver = p.solver if levels is None else levels_by  # informative: who chose the given levels
+    k = int(wire.size)
+    z = p.fixed_z if levels is None else max(MIN_Z, k)
+    cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
+    if coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
+        if isinstance(ids, device_rounding.Rounding):
+            ids = ids.ids()
+        if torch_backend.is_torch(ids):
+            ids = ids.cpu().numpy()
+        params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "rans", "solver": solver,
+                  "z": z}
+        data = bytes(rans.estimated_size(ids, k)) if estimate else rans.encode(ids, k)
+        sections = (cent, Section("IDSA", data))
+    else:
+        bits = packed_width(ids, k, p.id_packing)
+        params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
+                  "z": z}
+        if isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
+            packed = ids.packed(bits)
+        elif torch_backend.is_torch(ids):
+            packed = torch_backend.pack(ids, bits)
+        else:
+            packed = parallel.pack(ids, bits)
+        sections = (cent, Section("IDS_", packed, compressible=True))
+
+    def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
+        if callable(J):
+            return float(J())
+        if J is not None:
+            return float(J)
+        return float(centroids.variance_J(x, np.asarray(wire, np.float64)))
+
+    return params, sections, exact_J
+
+
+def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
+    """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
+    a small summary from the device, the rounding runs there (ids: a ``device_rounding.Rounding``, done
+    on the device when the message is written: fused with the packing where the Triton kernel runs)."""
+    dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
+    if x.numel() == 0:
+        return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
+    src = torch_backend.TorchSource(x)
+    bounds = src.bounds()
+    c = centroids.solve(src, p.fixed_z, p.solver, rng, bounds=bounds)
+    wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
+    if wire.size == 1:  # one level: every id is 0 and the rounding step draws nothing
+        return wire, np.zeros(x.numel(), np.uint8), 0.0
+    if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
+        return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
+    ids = device_rounding.Rounding(x, wire, quantize.draw_key(rng))
+    return wire, ids, lambda: torch_backend.variance_J(x, wire)  # a separate pass, only when asked
+
+
+def format_minor(params: Mapping[str, Any]) -> int:
+    """The format minor version a group with these header params needs (1 for rANS-coded IDs)."""
+    return 1 if params.get("id_coding") == "rans" else 0
+
+
+def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                    dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
+    cent, width, payload = _cluster_sections(n, params, sections, stream=True)
+    k = cent.size
+    if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
+        ids = rans.decode(payload, n, k)
+        return quantize.dequantize(ids, cent, dtype, check=False) if n else np.zeros(0, dtype)
+    if n == 0:
+        return np.zeros(0, dtype)
+    # fixed-width IDs (length checked): unpacked chunk by chunk on parallel.current() threads, each
+    # checked against k
+    return parallel.unpack_take(payload, width, n, cent.astype(dtype),
+                                lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
+
+
+def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                          dtype: np.dtype, device) -> Any:
+    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor);
+    rANS-coded IDs are decoded on the host (the coder is sequential) and moved there."""
+    cent, width, payload = _cluster_sections(n, params, sections)
+    if width is None:
+        torch = torch_backend._torch()
+        ids = torch.from_numpy(rans.decode(payload, n, cent.size).astype(np.int64)).to(device)
+        return torch_backend.gather(cent.astype(dtype), ids)
+    bitpack.check_packed(payload, width, n)
+    ids = torch_backend.unpack(payload, width, n, device)
+    if cent.size and width and n and int(ids.max()) >= cent.size:
+        raise FormatError(f"cluster id {int(ids.max())} out of range for {cent.size} centroids")
+    return torch_backend.gather(cent.astype(dtype), ids)
+
+
+def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                      stream: bool = False):
+    """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header; the width is
+    None and the payload IDSA's for rANS-coded IDs (format 1.1).  ``stream``: the IDS_ payload may
+    come as a progressive decompressor (``base.section_stream``, for ``parallel.unpack_take``)."""
+    cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
+    k = param_int(params, "centroids", 0, MAX_Z)
+    if (k == 0) != (n == 0):
+        raise FormatError(f"{k} centroids for {n} elements")
+    cent = array_from(section(sections, "CENT", k * np.dtype(CENTROID_DTYPES[cdtype]).itemsize),
+                      CENTROID_DTYPES[cdtype], k)
+    if k and not (np.all(np.isfinite(cent)) and np.all(cent[1:] > cent[:-1])):
+        raise FormatError("centroids must be finite and strictly increasing")
+    coding = params.get("id_coding", "packed")
+    if coding == "rans":
+        if k <= 1:
+            raise FormatError("id_coding 'rans' needs at least 2 centroids")
+        return cent, None, section(sections, "IDSA")
+    if coding != "packed":
+        raise FormatError(f"header parameter 'id_coding' must be 'packed' or 'rans', got {coding!r}")
+    width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
+    if (width == 0) != (k <= 1) or width < id_width(k):
+        raise FormatError(f"id_bits {width} cannot address {k} centroids")
+    fetch = section_stream if stream else section
+    return cent, width, fetch(sections, "IDS_", bitpack.packed_size(n, width))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounded:
+    """One trial rounding: the wire centroids, the IDs (a device rounding, or an array) and J (a
+    number, None, or a callable computing it)."""
+
+    wire: np.ndarray
+    ids: Any
+    J: Any
+
+
+class ClusterTrials:
+    """Trial encodings of one vector's clustering, measured by rate control (the measuring protocol:
+    :mod:`mucsc.codec.ratecontrol.search` decides what to try).  ``p``: the codec's clustering
+    parameters; each trial fixes Z (J-optimal levels) or gives the levels, and the ID coding.  The
+    bounds and the solver's sorted data of ``x`` are computed once for every trial."""
+
+    def __init__(self, x: np.ndarray, p: GoalTarget):
+        self.x, self.p = x, p
+        self._cache: dict = {}
+
+    def fixed(self, z: int) -> Any:
+        """The parameters of one trial: Z fixed, no goal."""
+        return dataclasses.replace(self.p, z=z, bits=None, max_error=None, size=None)
+
+    def round(self, z: int, levels: np.ndarray | None, rng: np.random.Generator) -> Rounded:
+        """Levels (solved for ``z`` unless given) and eq. 7's rounding to them."""
+        return Rounded(*round_clusters(self.x, self.fixed(z), rng, levels, self._cache))
+
+    def message(self, r: Rounded, z: int, levels: np.ndarray | None, coding: str, levels_by: str,
+                estimate: bool = True) -> tuple[dict, tuple, Any]:
+        """(header params, sections, J) of one ID coding of a rounding; ``estimate``: rANS-coded IDs
+        as a section of their estimated size (two codings of one rounding are what two encodes with
+        the same generator give)."""
+        return cluster_message(self.x, self.fixed(z), r.wire, r.ids, r.J, levels, coding, estimate, levels_by)
+
+    def encode(self, z: int, levels: np.ndarray | None, coding: str, levels_by: str,
+               rng: np.random.Generator) -> tuple[dict, tuple, Any]:
+        """The exact encoding of one trial (what the resolved codec will write)."""
+        return encode_clusters(self.x, self.fixed(z), rng, levels, coding, levels_by=levels_by, cache=self._cache)
+

@@ -1,0 +1,172 @@
+"""The planner: a codec whose parameters set a goal (bits= / size= / max_error=) resolved, before
+encoding, to one fixed codec per group -- the levels, Z and ID coding chosen as explicit parameters
+(so they take part in ==, hash and get_config).
+
+A budget (bits=, size=) is one byte budget over the whole message, split across the groups to
+minimise the total J (mucsc.codec.numerics.allocate); max_error= is per group, the smallest message
+meeting the bound.  The options come from the searches (:mod:`~mucsc.codec.ratecontrol.search`,
+:mod:`~mucsc.codec.ratecontrol.sparse_search`), which measure each by a trial encoding through the
+codec's measuring protocol (``Codec.trials``).  The seam for planning without trial encodes: a
+search with the same interface (options, sweep, refine, refine_z, exact) fed from summaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.codecs import base
+from mucsc.codec.codecs.base import Codec
+from mucsc.codec.codecs.bmucsc import KeptTrials
+from mucsc.codec.codecs.clusters import ClusterTrials
+from mucsc.codec.numerics import allocate
+from mucsc.codec.ratecontrol.goal import GOALS, Goal
+from mucsc.codec.ratecontrol.search import ClusterSearch
+from mucsc.codec.ratecontrol.sparse_search import SparseSearch
+from mucsc.codec.wire import container
+from mucsc.errors import ParameterError
+
+@dataclasses.dataclass(frozen=True)
+class PlanContext:
+    """What the planner knows about the message around the groups it plans."""
+
+    zstd_level: int | None  # how the container will store compressible sections (None: raw)
+    elements: int  # elements of the whole message (all records)
+    fixed_bytes: int  # exact message bytes outside HEAD and these groups' sections
+    rngs: Callable[[int], np.random.Generator]  # a fresh copy of group i's generator (i indexes xs)
+    # exact bytes of the HEAD section (header, stored payload, padding) when group i has params[i]
+    head_bytes: Callable[[Sequence[Mapping[str, Any]]], int]
+
+
+
+# The searches by measuring protocol: what a codec's ``trials`` returns decides how it is searched.
+SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch}
+
+
+def needs_plan(codec: Codec) -> bool:
+    """True when ``codec`` sets a goal: :func:`plan` must see its groups before they are encoded."""
+    return Goal.of(codec) is not None
+
+
+def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
+    """One fixed codec per group ``xs`` of ``codec`` (None when it sets no goal)."""
+    goal = Goal.of(codec)
+    if goal is None:
+        return None
+    groups = []
+    for i, x in enumerate(xs):
+        trials = codec.trials(x)
+        groups.append(SEARCHES[type(trials)](trials, (lambda i=i: ctx.rngs(i)), ctx.zstd_level))
+    return plan_goal(codec, goal, groups, ctx)
+
+
+def resolve(codec: Codec, choice: Any) -> Codec:
+    """``codec`` fixed to one search's choice for one group (its goal cleared)."""
+    return codec.replace(**{g: None for g in GOALS}, **choice.settings())
+
+
+def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext) -> list[Codec]:
+    """The goal search shared by ``mucsc`` and ``bmucsc``: one fixed codec per group
+    (:func:`resolve` of the option chosen) for ``goal``.
+
+    ``groups`` measure their options (:class:`ClusterSearch` for mucsc; bmucsc's adds positions and
+    the rest's mean): ``options``, ``norm2``, ``sweep(stop, goal)``, ``refine``, ``refine_z``,
+    ``exact``, ``unreachable(max_error)`` (the error message) and ``floor_note(option)`` (what the
+    smallest message is made of, appended to the "below the smallest" error)."""
+    if goal.kind == "max_error":
+        out = []
+        for g in groups:
+            meets = lambda o, g=g: allocate.relative_error(o.J, g.norm2) <= goal.value  # noqa: E731
+            g.sweep(meets, "error")
+            best = allocate.cheapest_within(g.options, g.norm2, goal.value)
+            if best is None:
+                raise ParameterError(g.unreachable(goal.value))
+            cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
+            best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
+            out.append(resolve(codec, best.key))
+        return out
+    total = goal.budget(ctx.elements)
+    what = str(goal)
+    for g in groups:
+        g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes, "budget")
+
+    def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
+        return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key.params) for o in chosen])
+                + sum(o.bytes for o in chosen))
+
+    def too_small(chosen: list[allocate.Option], size: int) -> ParameterError:
+        note = "".join(g.floor_note(o) for g, o in zip(groups, chosen))
+        return ParameterError(f"{what} is below the smallest {codec.name} message for this input: {size} "
+                              f"bytes ({8 * size / max(ctx.elements, 1):.3g} bits per element){note}")
+
+    def split(total: int) -> list[allocate.Option]:
+        curves = [g.options for g in groups]
+        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
+        least = cost(cheapest)
+        if least > total:
+            raise too_small(cheapest, least)
+        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
+        # HEAD of the last choice, check the exact size, and retry with the difference.
+        best, tried = cheapest, set()
+        budget = total - (least - sum(o.bytes for o in cheapest))
+        while budget not in tried and len(tried) < 8:
+            tried.add(budget)
+            try:
+                chosen = allocate.split_budget(curves, budget)
+            except ParameterError:
+                break
+            size = cost(chosen)
+            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
+                best = chosen
+            budget += total - size
+            if size > total:  # the HEAD of this choice is larger: make the next split choose less
+                budget = min(budget, sum(o.bytes for o in chosen) - 1)
+        return best
+
+    best = split(total)
+    if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
+        g = groups[0]
+        fits = lambda o: cost([o]) <= total  # noqa: E731
+        g.refine(best[0], fits, lambda a, b: a.J < b.J)
+        g.refine_z(best[0], fits, lambda a, b: a.J < b.J)
+        best = split(total)
+    # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
+    # overshoot until the exact message fits (the cheapest options always fit: checked below).
+    goal = total
+    for _ in range(8):
+        exact = [g.exact(o) for g, o in zip(groups, best)]
+        size = cost(exact)
+        if size <= total:
+            return [resolve(codec, o.key) for o in best]
+        goal -= size - total
+        best = split(goal)
+    exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
+    if cost(exact) > total:
+        raise too_small(exact, cost(exact))
+    return [resolve(codec, o.key) for o in exact]
+
+
+def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, np.ndarray, np.random.Generator]:
+    """A goal codec's ``encode_array`` called directly (not through the API, which plans a whole
+    message): plan ``x`` as a message of its own -> (the planned codec, x on the host, where
+    planning runs, and a generator in ``rng``'s state, so the encode draws what the plan drew)."""
+    level = None if codec.params.id_packing == "tight" else container.DEFAULT_ZSTD_LEVEL
+    state = rng.bit_generator.state
+    fresh = lambda: _restored(rng, state)  # noqa: E731
+    host = x.cpu().numpy() if torch_backend.is_torch(x) else x
+    (planned,) = plan(codec, [host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
+    return planned, host, fresh()
+
+
+def _restored(rng: np.random.Generator, state: dict) -> np.random.Generator:
+    """A new generator of ``rng``'s kind in the given state (a replay of the same draws)."""
+    g = np.random.Generator(type(rng.bit_generator)())
+    g.bit_generator.state = state
+    return g
+
+
+base._lone_planner[:] = [plan_alone]
