@@ -54,15 +54,26 @@ __all__ = [
     "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",
 ]
 
-# Codec objects and what outer layers ask them (issue 8): the registry's classes, error-feedback
-# memories and the stateful Compressor, limits, and the paper's formulas / exact sizes (mucsc.rates).
+# Codec objects and what outer layers ask them (issue 8): the registry's classes, the stateful
+# Compressor, limits, and the paper's formulas / exact sizes (mucsc.rates).  What a plugin's author
+# writes against (Section, EncodedGroup, Memory, ...) is mucsc.plugin.
 from mucsc.codec.api import rates  # noqa: E402
-from mucsc.codec.codecs.base import Z_RANGE, EncodedGroup, PaperSetup, Section, ceil_log2, codec_class  # noqa: E402
-from mucsc.codec.codecs.memory import Memory, ResidualMemory  # noqa: E402
 from mucsc.codec.api.state import Compressor  # noqa: E402
+from mucsc.codec.codecs.base import Z_RANGE, codec_class  # noqa: E402
 from mucsc.errors import SizeError  # noqa: E402
+from mucsc import plugin  # noqa: E402
 
-__all__ += [
-    "Compressor", "EncodedGroup", "Memory", "PaperSetup", "ResidualMemory", "Section", "SizeError", "Z_RANGE",
-    "ceil_log2", "codec_class", "rates",
-]
+__all__ += ["Compressor", "SizeError", "Z_RANGE", "codec_class", "plugin", "rates"]
+
+# names that moved to mucsc.plugin: still importable from mucsc, with a DeprecationWarning, for one release
+_MOVED_TO_PLUGIN = ("EncodedGroup", "Memory", "PaperSetup", "ResidualMemory", "Section", "ceil_log2")
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_PLUGIN:
+        import warnings
+
+        warnings.warn(f"mucsc.{name} moved to mucsc.plugin.{name}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(plugin, name)
+    raise AttributeError(f"module 'mucsc' has no attribute {name!r}")

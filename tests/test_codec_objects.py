@@ -62,7 +62,7 @@ def test_paper_bytes_only_where_the_paper_has_a_formula():
     d = 1_369_738
     assert mucsc.get_codec("mucsc", z=16).paper_bytes(d) == 4 / 8 * d + 4 * 16
     b = mucsc.get_codec("bmucsc", keep=0.01, z=256).paper_bytes(d)
-    assert b == (8 + mucsc.ceil_log2(d)) / 8 * 13698 + 4 * 256 + 4
+    assert b == (8 + mucsc.plugin.ceil_log2(d)) / 8 * 13698 + 4 * 256 + 4
     assert all(mucsc.get_codec(n).paper_bytes(d) is None for n in ("none", "qsgd", "stc", "dgc", "signsgd"))
 
 

@@ -129,6 +129,13 @@ def test_old_module_paths_import_with_a_deprecation_warning(old):
     assert alias is new
 
 
+@pytest.mark.parametrize("name", ["EncodedGroup", "Memory", "PaperSetup", "ResidualMemory", "Section", "ceil_log2"])
+def test_plugin_types_moved_to_mucsc_plugin_with_an_alias(name):
+    with pytest.warns(DeprecationWarning, match=f"mucsc.{name} moved to mucsc.plugin.{name}"):
+        old = getattr(mucsc, name)
+    assert old is getattr(mucsc.plugin, name) and name not in mucsc.__all__
+
+
 def test_import_mucsc_warns_nothing():
     code = "import warnings; warnings.simplefilter('error'); import mucsc, mucsc.cli.main, mucsc.fedsim.cli"
     import subprocess

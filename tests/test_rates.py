@@ -69,8 +69,8 @@ def test_fixed_width_payload_is_the_papers_count():
 def test_message_bytes_formula_matches_spec_example():
     # FORMAT.md 4.2: 24 + (32 + H + pad(H)) + sum(32 + B + pad(B)) + 4
     assert rates.message_bytes(5, [3, 8]) == 24 + 32 + 5 + 3 + 32 + 3 + 5 + 32 + 8 + 4
-    assert mucsc.ceil_log2(1) == 0 and mucsc.ceil_log2(2) == 1 and mucsc.ceil_log2(1_300_000) == 21
-    assert mucsc.ceil_log2(1 << 20) == 20 and mucsc.ceil_log2((1 << 20) + 1) == 21
+    assert mucsc.plugin.ceil_log2(1) == 0 and mucsc.plugin.ceil_log2(2) == 1 and mucsc.plugin.ceil_log2(1_300_000) == 21
+    assert mucsc.plugin.ceil_log2(1 << 20) == 20 and mucsc.plugin.ceil_log2((1 << 20) + 1) == 21
 
 
 def test_rate_command_json():

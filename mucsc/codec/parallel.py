@@ -300,7 +300,6 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     when decompressing first: the stream's, else the first bad chunk's.  ``out``: an array of n
     values of ``table``'s dtype to fill (default: a new one).
     """
-    from mucsc.codec import kernels
     from mucsc.codec.wire import bitpack
 
     parts = spans(n)
@@ -309,21 +308,11 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
                         or buf.nbytes != bitpack.packed_size(n, width)):
         buf, progressive = buf.complete(), False
     if width == 0 or table.size == 0 or (not progressive and len(buf) != bitpack.packed_size(n, width)):
-        ids = bitpack.unpack(buf, width, n)  # a bad length is reported here
-        if width and int(ids.max(initial=0)) >= table.size:
-            raise check(int(ids.max()))
-        return table[ids] if table.size else np.empty(0, table.dtype)
+        return _unpack_whole(buf, width, n, table, check)
     packed = buf.buffer if progressive else np.frombuffer(buf, np.uint8)
-    # each chunk is written by the thread that computes it, so the output's pages are first touched
-    # (zeroed by the kernel) on all threads at once
-    if out is None:
-        out = np.empty(n, table.dtype)
-    elif out.shape != (n,) or out.dtype != table.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a contiguous array of {n} {table.dtype} values")
+    out = _output(out, n, table.dtype)
     lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
-    # the compiled gather reads the bytes as indices; numpy's take converts them to intp first
-    gather = kernels.c_module().lookup_bytes if (lookup is not None and kernels.use_c()
-                                                 and lookup.bytes.size // 256 in (1, 2, 4, 8, 16, 32, 64)) else None
+    gather = _compiled_gather(lookup)
 
     def ids_of(s: int, e: int) -> np.ndarray:
         ids = bitpack.unpack(packed[s * width // 8: bitpack.packed_size(e, width)], width, e - s)
@@ -354,6 +343,37 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
         return out
     _pipelined(buf, [bitpack.packed_size(e, width) for _, e in parts], one, parts)
     return out
+
+
+def _unpack_whole(buf: Any, width: int, n: int, table: np.ndarray, check: Callable[[int], Exception]) -> np.ndarray:
+    """:func:`unpack_take` in one piece (no IDs, no table, or a length ``bitpack.unpack`` reports)."""
+    from mucsc.codec.wire import bitpack
+
+    ids = bitpack.unpack(buf, width, n)  # a bad length is reported here
+    if width and int(ids.max(initial=0)) >= table.size:
+        raise check(int(ids.max()))
+    return table[ids] if table.size else np.empty(0, table.dtype)
+
+
+def _output(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
+    """The array :func:`unpack_take` fills: ``out`` checked, or a new one.  Each chunk is written by
+    the thread that computes it, so the output's pages are first touched (zeroed by the kernel) on
+    all threads at once."""
+    if out is None:
+        return np.empty(n, dtype)
+    if out.shape != (n,) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous array of {n} {dtype} values")
+    return out
+
+
+def _compiled_gather(lookup: "_ByteTable | None") -> Callable | None:
+    """The compiled byte gather for ``lookup`` where it applies (it reads the bytes as indices;
+    numpy's take converts them to intp first), else None."""
+    from mucsc.codec import kernels
+
+    if lookup is None or not kernels.use_c() or lookup.bytes.size // 256 not in (1, 2, 4, 8, 16, 32, 64):
+        return None
+    return kernels.c_module().lookup_bytes
 
 
 class _Abandoned(Exception):

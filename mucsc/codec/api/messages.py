@@ -162,66 +162,100 @@ def as_codec(codec: str | Codec, **params: Any) -> Codec:
     return get_codec(codec, **params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """One encode call's settings, checked: the codec (resolved for the container), the seed, how
+    groups are formed (``shared`` / ``policy``), zstd level, meta, signer, threads, whether to measure."""
+
+    codec: Codec
+    seed: int
+    shared: bool
+    level: int | None
+    meta: dict[str, str]
+    policy: Policy | None
+    signer: auth.Signer | None
+    threads: int
+    want_stats: bool
+
+
 def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats):
     with parallel.using(threads) as nthreads:
-        return _encode_threads(data, codec, seed, shared, compress, meta, params, policy, signer, nthreads,
-                               want_stats)
+        level = _zstd_level(compress)
+        codec = as_codec(codec, **params).for_container(compressing=level is not None)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
+        # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
+        req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats)
+        return _encode_request(data, req)
 
 
-def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, signer, threads,
-                    want_stats):
-    level = _zstd_level(compress)
-    codec = as_codec(codec, **params).for_container(compressing=level is not None)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
-    meta = check_meta(meta)  # before any work: the reader's rules (FORMAT.md 2.4) at the writer
+def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None]:
+    """The message (and its statistics when asked): groups planned, encoded side by side, written."""
     container, tensors = to_tensors(data)
     if container == "dict" and not tensors:
         raise InputError("nothing to encode: the mapping is empty")
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     _check_header_limits(records)
-    if policy is not None:
-        planned = policy.plan(tensors, codec, int(seed))
-    else:
-        planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, codec, shared)]
-    plan = [(p.codec, list(p.members)) for p in planned]
-    ready: dict[int, EncodedGroup] = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
-    if ratecontrol.needs_plan(codec) and any(c is codec for c, _ in plan):
-        trailer = signer.trailer_bytes if signer is not None else 0
-        plan, ready = _resolve_plan(plan, tensors, codec, container, meta, seed, level, trailer, ready)
-
-    def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
-        gcodec, members = plan[gi]
-        x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
-        x = _for_codec(gcodec, x)
-        enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(seed, gi))
-        errs = _member_errors(gcodec, enc, x, members, tensors) if want_stats else {}
-        secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
-        gstat = None
-        if want_stats:
-            stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}
-            if gcodec.lossless:
-                stats.setdefault("J", 0.0)
-            config = {**{k: v for k, v in gcodec.get_config().items() if k != "codec"}, **enc.resolved}
-            gstat = GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
-                               sum(tensors[i].size for i in members), stats, config)
-        del x
-        return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, gstat, errs
-
+    plan, ready = _plan_message(tensors, container, req)
     # small groups side by side, large ones one after another with every thread (parallel.run_groups)
-    done = parallel.run_groups(encode_group, [sum(tensors[i].size for i in m) for _, m in plan])
+    done = parallel.run_groups(lambda gi: _encode_group(gi, plan, ready, tensors, req),
+                               [sum(tensors[i].size for i in m) for _, m in plan])
     groups = [d[0] for d in done]
     sections = [s for d in done for s in d[1]]
-    gstats = [d[2] for d in done if d[2] is not None]
+    gstats = tuple(d[2] for d in done if d[2] is not None)
     errors = {k: v for d in done for k, v in d[3].items()}
     del done
-    header = fmt.Header(records, tuple(groups), container, meta)
+    header = fmt.Header(records, tuple(groups), container, req.meta)
     _check_header(header)
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
-    blob = fmt.write_message(header, sections, zstd_level=level, auth=signer,
-                             minor=max(minor, _minor_needed(header)), threads=threads)
-    if not want_stats:
-        return blob, None
+    blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
+                             minor=max(minor, _minor_needed(header)), threads=req.threads)
+    return blob, (_message_stats(blob, header, gstats, errors) if req.want_stats else None)
+
+
+def _plan_message(tensors: list[Tensor], container: str, req: _Request
+                  ) -> tuple[list[tuple[Codec, list[int]]], dict[int, EncodedGroup]]:
+    """(codec, member tensors) per group, and the groups already encoded while planning (the
+    policy's trials, the other groups of a budget); a goal is resolved here (rate control)."""
+    if req.policy is not None:
+        planned = req.policy.plan(tensors, req.codec, req.seed)
+    else:
+        planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, req.codec, req.shared)]
+    plan = [(p.codec, list(p.members)) for p in planned]
+    ready: dict[int, EncodedGroup] = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
+    if ratecontrol.needs_plan(req.codec) and any(c is req.codec for c, _ in plan):
+        trailer = req.signer.trailer_bytes if req.signer is not None else 0
+        plan, ready = _resolve_plan(plan, tensors, req.codec, container, req.meta, req.seed, req.level, trailer,
+                                    ready)
+    return plan, ready
+
+
+def _encode_group(gi: int, plan: list[tuple[Codec, list[int]]], ready: dict[int, EncodedGroup],
+                  tensors: list[Tensor], req: _Request) -> tuple[fmt.Group, list, GroupStats | None, dict]:
+    """Group ``gi`` encoded (or taken from ``ready``): its header entry, sections, statistics and
+    its members' errors (the last two only when measuring)."""
+    gcodec, members = plan[gi]
+    x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
+    x = _for_codec(gcodec, x)
+    enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(req.seed, gi))
+    secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
+    if not req.want_stats:
+        return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, None, {}
+    errs = _member_errors(gcodec, enc, x, members, tensors)
+    del x
+    stats = {k: float(v() if callable(v) else v) for k, v in enc.stats.items()}
+    if gcodec.lossless:
+        stats.setdefault("J", 0.0)
+    config = {**{k: v for k, v in gcodec.get_config().items() if k != "codec"}, **enc.resolved}
+    gstat = GroupStats(gcodec.name, tuple(tensors[i].name for i in members),
+                       sum(tensors[i].size for i in members), stats, config)
+    return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, gstat, errs
+
+
+def _message_stats(blob: bytes, header: fmt.Header, gstats: tuple[GroupStats, ...],
+                   errors: dict[int, tuple[float, float]]) -> EncodeStats:
+    """What :func:`encode_with_stats` reports: sizes, per-group statistics, per-tensor bits and errors."""
+    records = header.records
     gbytes = _group_bytes(blob)
     tstats: list[TensorStats | None] = [None] * len(records)
     for gi, g in enumerate(header.groups):
@@ -231,9 +265,8 @@ def _encode_threads(data, codec, seed, shared, compress, meta, params, policy, s
             rel, err = errors[i]
             tstats[i] = TensorStats(records[i].name, records[i].dtype, records[i].shape, g.codec, gi, bits,
                                     rel, err)
-    stats = EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records),
-                        tuple(gstats), tuple(tstats))
-    return blob, stats
+    return EncodeStats(len(blob), sum(r.nbytes for r in records), sum(r.size for r in records), gstats,
+                       tuple(tstats))
 
 
 def _host(x: Any) -> np.ndarray:
@@ -551,24 +584,29 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
     return ordered[header.records[0].name] if header.container == "tensor" else ordered
 
 
+def _decode_dtype(msg: fmt.Message, gi: int, group: fmt.Group, cls: type[Codec]) -> np.dtype:
+    """The dtype group ``gi`` decodes to, after checking its records fit its codec (FORMAT.md 2.2)."""
+    records = msg.header.records
+    if not cls.lossless:
+        if group.dtype not in ("float32", "float64"):
+            raise FormatError(f"group {gi}: codec {group.codec!r} works in float32/float64, not {group.dtype}")
+        if any(records[i].dtype not in fmt.FLOAT_DTYPES for i in group.records):
+            raise FormatError(f"group {gi}: lossy codec {group.codec!r} on a non-float record")
+        return np.dtype(group.dtype)
+    if not group.records or any(records[i].dtype != group.dtype for i in group.records):
+        raise FormatError(f"group {gi}: a lossless group holds records of its own dtype")
+    if len(group.records) > 1 and msg.minor < 1:
+        raise FormatError(f"group {gi}: a lossless group of several records needs format 1.1")
+    return np.dtype("<u2") if group.dtype == "bfloat16" else np.dtype(group.dtype).newbyteorder("<")
+
+
 def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
     try:
         cls = codec_class(group.codec)
     except UnknownCodecError:
         raise FormatError(f"group {gi} uses codec {group.codec!r}, which this decoder does not know") from None
     n = sum(msg.header.records[i].size for i in group.records)
-    if cls.lossless:
-        if not group.records or any(msg.header.records[i].dtype != group.dtype for i in group.records):
-            raise FormatError(f"group {gi}: a lossless group holds records of its own dtype")
-        if len(group.records) > 1 and msg.minor < 1:
-            raise FormatError(f"group {gi}: a lossless group of several records needs format 1.1")
-        dtype = np.dtype("<u2") if group.dtype == "bfloat16" else np.dtype(group.dtype).newbyteorder("<")
-    else:
-        if group.dtype not in ("float32", "float64"):
-            raise FormatError(f"group {gi}: codec {group.codec!r} works in float32/float64, not {group.dtype}")
-        if any(msg.header.records[i].dtype not in fmt.FLOAT_DTYPES for i in group.records):
-            raise FormatError(f"group {gi}: lossy codec {group.codec!r} on a non-float record")
-        dtype = np.dtype(group.dtype)
+    dtype = _decode_dtype(msg, gi, group, cls)
     # every section of this group is bounded by its element count before it is decompressed
     sections = msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
     on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless

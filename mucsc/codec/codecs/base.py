@@ -275,8 +275,13 @@ _plugin_problems: dict[str, str] = {}  # entry-point name -> why it was not regi
 
 
 def codec_class(name: str) -> type[Codec]:
-    """The codec class registered as ``name``; :class:`UnknownCodecError` lists the known ones."""
-    _load_codecs()
+    """The codec class registered as ``name``; :class:`UnknownCodecError` lists the known ones.
+    A built-in is there already; a plugin's entry point is loaded when its name is first asked for
+    (numcodecs' way: other plugins stay unimported)."""
+    if name not in _REGISTRY and name not in _plugin_problems and not _plugins_loaded:
+        load_plugins(only=name)
+    if name not in _REGISTRY:
+        _load_codecs()  # for the error message: every codec known
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -306,8 +311,9 @@ def _load_codecs() -> None:
         load_plugins()
 
 
-def load_plugins() -> list[str]:
-    """Register the codec classes of the ``mucsc.codecs`` entry points; returns the names added.
+def load_plugins(only: str | None = None) -> list[str]:
+    """Register the codec classes of the ``mucsc.codecs`` entry points (``only``: those of that
+    name); returns the names added.
 
     A plugin never replaces a registered codec, and one that fails to load, is not a
     :class:`Codec` subclass or has a ``name`` other than its entry point's is skipped with a
@@ -316,6 +322,8 @@ def load_plugins() -> list[str]:
 
     added = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value)):
+        if only is not None and ep.name != only:
+            continue
         if ep.name in _REGISTRY:
             if _REGISTRY[ep.name].__module__ != ep.value.partition(":")[0]:
                 _skip(ep, f"the name {ep.name!r} is taken by {_REGISTRY[ep.name].__module__}")

@@ -68,28 +68,38 @@ def split_budget(curves: Sequence[Sequence[Option]], budget: int) -> list[Option
     if any(not c for c in curves):
         raise ParameterError("every group needs at least one option")
     hulls = [lower_hull(c) for c in curves]
-    pick = [0] * len(hulls)
     spent = sum(h[0].bytes for h in hulls)
     if spent > budget:
         raise ParameterError(f"the budget of {budget} bytes is below the smallest possible size, {spent} bytes")
+    chosen, spent = _climb_hulls(hulls, spent, budget)
+    return _spend_leftover(curves, chosen, spent, budget)
+
+
+def _climb_hulls(hulls: list[list[Option]], spent: int, budget: int) -> tuple[list[Option], int]:
+    """Greedy on the hulls: repeatedly take the next hull step with the most J saved per byte that
+    still fits the budget -> (one option per group, bytes spent)."""
+    pick = [0] * len(hulls)
     while True:
         best, best_rate = -1, 0.0
         for g, h in enumerate(hulls):
             i = pick[g]
-            if i + 1 < len(h):
-                extra = h[i + 1].bytes - h[i].bytes
-                if spent + extra <= budget:
-                    saved = h[i].J - h[i + 1].J
-                    rate = saved / extra if extra > 0 else math.inf
-                    if rate > best_rate:
-                        best, best_rate = g, rate
+            if i + 1 >= len(h):
+                continue
+            extra = h[i + 1].bytes - h[i].bytes
+            if spent + extra <= budget:
+                rate = (h[i].J - h[i + 1].J) / extra if extra > 0 else math.inf
+                if rate > best_rate:
+                    best, best_rate = g, rate
         if best < 0:
-            break
+            return [h[i] for h, i in zip(hulls, pick)], spent
         h = hulls[best]
         spent += h[pick[best] + 1].bytes - h[pick[best]].bytes
         pick[best] += 1
-    chosen = [h[i] for h, i in zip(hulls, pick)]
-    # Leftover bytes: the best affordable option of each group, hull or not (greedy, largest J saved).
+
+
+def _spend_leftover(curves: Sequence[Sequence[Option]], chosen: list[Option], spent: int,
+                    budget: int) -> list[Option]:
+    """Leftover bytes: the best affordable option of each group, hull or not (greedy, largest J saved)."""
     while True:
         best_g, best_o, best_saved = -1, None, 0.0
         for g, c in enumerate(curves):
@@ -97,10 +107,9 @@ def split_budget(curves: Sequence[Sequence[Option]], budget: int) -> list[Option
                 if spent - chosen[g].bytes + o.bytes <= budget and chosen[g].J - o.J > best_saved:
                     best_g, best_o, best_saved = g, o, chosen[g].J - o.J
         if best_o is None:
-            break
+            return chosen
         spent += best_o.bytes - chosen[best_g].bytes
         chosen[best_g] = best_o
-    return chosen
 
 
 def cheapest_within(options: Sequence[Option], norm2: float, max_error: float) -> Option | None:

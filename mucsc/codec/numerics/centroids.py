@@ -19,6 +19,7 @@ See docs/centroids.md for the method and measurements.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,26 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     if isinstance(z, bool) or int(z) != z or z < 1:
         raise ParameterError(f"z must be an integer >= 1, got {z!r}")
     z = int(z)
-    if not isinstance(x, np.ndarray) and hasattr(x, "outside"):  # a device summary (torch_backend)
+    x = _solver_input(x, solver)
+    if bounds is None:
+        bounds = (x.min(), x.max()) if isinstance(x, np.ndarray) else x.bounds()
+    lo, hi = float(bounds[0]), float(bounds[1])
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise InputError("input contains NaN or Inf")
+    cache = None if cache is None or not isinstance(x, np.ndarray) else cache
+    few = _few_levels(x, z, lo, hi, cache)
+    if few is not None:
+        return few
+    if rng is None:
+        rng = np.random.default_rng(0)
+    c = _solve_optimal(x, z, lo, hi, rng, cache) if fn is _solve_optimal else fn(x, z, lo, hi, rng)
+    return _finish(c, lo, hi)
+
+
+def _solver_input(x: Any, solver: str) -> Any:
+    """``x`` as the solvers read it: a flat float array, or a device summary (torch_backend) that the
+    optimal solver reads for large inputs (the data itself on the host otherwise)."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "outside"):
         if x.size <= FULL_SORT_MAX or solver != "optimal":
             x = x.all()  # small, or a solver that reads every element: the data itself on the host
     else:
@@ -126,25 +146,19 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     x = x.reshape(-1) if isinstance(x, np.ndarray) else x
     if x.size == 0:
         raise InputError("cannot choose centroids for an empty vector")
-    if bounds is None:
-        bounds = (x.min(), x.max()) if isinstance(x, np.ndarray) else x.bounds()
-    lo, hi = float(bounds[0]), float(bounds[1])
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        raise InputError("input contains NaN or Inf")
+    return x
+
+
+def _few_levels(x: Any, z: int, lo: float, hi: float, cache: dict | None) -> np.ndarray | None:
+    """The levels when no solver is needed: a constant vector, z = 2 (the two ends), or at most z
+    distinct values; None otherwise."""
     if lo == hi:
         return np.array([lo])
     if z == 1:
         raise ParameterError("z = 1 cannot bracket a non-constant vector (r_1 = min, r_Z = max)")
     if z == 2:
         return np.array([lo, hi])
-    cache = None if cache is None or not isinstance(x, np.ndarray) else cache
-    few = _distinct_if_at_most(x, z, cache)
-    if few is not None:
-        return few
-    if rng is None:
-        rng = np.random.default_rng(0)
-    c = _solve_optimal(x, z, lo, hi, rng, cache) if fn is _solve_optimal else fn(x, z, lo, hi, rng)
-    return _finish(c, lo, hi)
+    return _distinct_if_at_most(x, z, cache)
 
 
 def _distinct_if_at_most(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray | None:

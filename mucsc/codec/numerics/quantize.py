@@ -288,6 +288,15 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     if kernels.use_c() and c.size <= 1 << 16:
         J = _sround_chunks(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J, work)
         return (ids, J) if return_J else ids
+    J = _sround_numpy(x, c, key, ids, return_J, work)
+    return (ids, J) if return_J else ids
+
+
+def _sround_numpy(x: np.ndarray, c: np.ndarray, key: int, ids: np.ndarray, return_J: bool, work: type) -> float:
+    """:func:`stochastic_round`'s numpy path (the compiled kernel's twin) into ``ids``: chunk by chunk,
+    bins from a grid over the levels, then the few elements whose bin holds a level exactly.  Returns
+    J (0.0 unless ``return_J``)."""
+    n = x.size
     grid = _BitGrid(c) if work == np.float32 and n >= BITGRID_MIN_N else _Grid(c, work, n)
     step = min(CHUNK, n)
     draw = _Uniforms(key, work, step)
@@ -350,7 +359,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
             J += float(np.dot(ll, hh))
     if pend:
         J += _fixup(x, grid, ids, pend, return_J)
-    return (ids, J) if return_J else ids
+    return J
 
 
 def _sround_chunks(x, cw, key, ids, return_J, work) -> float:
