@@ -26,6 +26,7 @@ SIZES = (0, 1, 2, 9, 1000)
 def check_codec(codec: mucsc.Codec, *, sizes: Iterable[int] = SIZES) -> None:
     """Every check below, for one configured codec."""
     check_round_trip(codec, sizes)
+    check_float16_extremes(codec)
     check_deterministic(codec)
     if codec.unbiased and not codec.lossless:
         check_unbiased(codec)
@@ -54,6 +55,25 @@ def check_round_trip(codec: mucsc.Codec, sizes: Iterable[int] = SIZES) -> None:
         out = mucsc.decode(mucsc.encode(sd, codec, shared=shared))
         assert list(out) == ["w", "b", "step"] and out["w"].shape == (20, 30) and out["step"][0] == 3, \
             f"{codec!r}: a state dict did not round-trip (shared={shared})"
+
+
+def check_float16_extremes(codec: mucsc.Codec, seeds: int = 40) -> None:
+    """Finite float16 data as large as float16 allows (alone, and next to float32 data in one shared
+    group) decodes to finite float16, without a numpy warning, for every seed: a codec that scales
+    (QSGD's bucket norm exceeds 65504 here) must not round past what the record dtype holds, and the
+    decoder saturates at the record's range rather than give +-inf (FORMAT.md 2.4)."""
+    import warnings
+
+    big = np.array([65504, -65504, 1e-7, 0, 6e4, -3e4, 65000, 1], np.float16)
+    sd = {"h": big, "f": _data(8, 3) * 1e5}
+    for seed in range(seeds):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = mucsc.decode(mucsc.encode(big, codec, seed=seed))
+            out = mucsc.decode(mucsc.encode(sd, codec, seed=seed))
+        for v in (y, out["h"]):
+            assert v.dtype == np.float16 and np.all(np.isfinite(v)), \
+                f"{codec!r}: finite float16 input decoded to {v} (seed {seed})"
 
 
 def check_deterministic(codec: mucsc.Codec) -> None:

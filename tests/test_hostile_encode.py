@@ -176,11 +176,6 @@ def test_torch_oddities():
     assert np.array_equal(mucsc.decode(mucsc.encode(conj, "none")), [1.0, 2.0])
 
 
-def test_decode_none_stays_a_type_error():
-    with pytest.raises(TypeError):
-        mucsc.decode(None)
-
-
 def test_reader_and_writer_agree_on_the_header():
     """The writer's final check is the reader's parse_header itself."""
     blob = mucsc.encode({"a": np.ones(2, np.float32)}, meta={"x": "y"})

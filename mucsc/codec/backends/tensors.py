@@ -130,7 +130,11 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
     may already be a torch tensor, decoded on a device)."""
     if not isinstance(array, np.ndarray):
         torch = require_torch(AS_TORCH)
+        big = FLOAT_MAX.get(dtype)
+        if big is not None and array.is_floating_point() and torch.finfo(array.dtype).max > big:
+            array = array.clamp(-big, big)
         return array.reshape(shape).to(getattr(torch, dtype))
+    array = saturate(array, dtype)
     if dtype == "bfloat16":
         if as_torch:
             torch = require_torch(AS_TORCH)
@@ -142,6 +146,21 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
     if as_torch:
         return require_torch(AS_TORCH).from_numpy(np.require(out, requirements="C"))  # keeps 0-d arrays 0-d
     return out
+
+
+# the largest finite value of each float record dtype (bfloat16: 0x7F7F)
+FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+             "float32": float(np.finfo(np.float32).max), "float64": float(np.finfo(np.float64).max)}
+
+
+def saturate(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` clipped to the finite range of record dtype ``dtype`` where that range is narrower
+    (FORMAT.md 2.4: a finite group value never decodes to +-inf, e.g. a QSGD level of a float16
+    record above 65504); unchanged (no copy) otherwise."""
+    big = FLOAT_MAX.get(dtype)
+    if big is None or array.dtype.kind != "f" or np.finfo(array.dtype).max <= big:
+        return array
+    return np.clip(array, -big, big)
 
 
 def name_label(name: str) -> str:

@@ -580,6 +580,9 @@ def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
     """Decompress exactly one zstd frame that MUST declare exactly ``raw_len`` bytes; never produce
     more, and reject anything after the frame (a second or skippable frame, padding): FORMAT.md 2.3."""
     _check_frame_header(data, raw_len, tag)
+    if raw_len == 0:
+        _check_empty_frame(data, tag)
+        return b""
     try:
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len, allow_extra_data=False)
     except zstandard.ZstdError as exc:
@@ -590,6 +593,25 @@ def zstd_decompress_bounded(data: memoryview, raw_len: int, tag: str) -> bytes:
     if len(out) != raw_len:
         raise FormatError(f"section {tag}: zstd frame gave {len(out)} bytes, expected {raw_len}")
     return out
+
+
+def _check_empty_frame(data: memoryview, tag: str) -> None:
+    """The checks of :func:`zstd_decompress_bounded` for a frame that declares 0 bytes, which
+    python-zstandard answers with ``b""`` without reading the frame: it must end exactly at the end
+    of the section (a walk over at most a few block headers) and decode to nothing."""
+    end = zstd_frame_end(data, max_blocks=4)  # a 0-byte frame has one (empty, last) block
+    if end is None or end > len(data):
+        raise FormatError(f"section {tag}: corrupt zstd data (a frame declaring 0 bytes whose blocks "
+                          "do not end within the section)")
+    if end < len(data):
+        raise FormatError(f"section {tag}: bytes after the zstd frame (the payload must be exactly one frame)")
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=False) as r:
+            extra = r.read(1)  # at most the 4 blocks walked above: bounded work and memory
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"section {tag}: corrupt zstd data ({_zstd_reason(exc)})") from None
+    if extra:
+        raise FormatError(f"section {tag}: zstd frame gave more than 0 bytes")
 
 
 def _zstd_reason(exc: Exception) -> str:
@@ -690,14 +712,23 @@ class ZstdStream:
 # ---------------------------------------------------------------------------------------------- header
 
 def parse_header(raw: bytes) -> Header:
-    """Parse and validate HEAD's JSON against the schema and the limits."""
-    depth = json_depth(raw)
-    if depth > MAX_JSON_DEPTH:
-        raise FormatError(f"header JSON nests {depth} levels deep, more than {MAX_JSON_DEPTH}")
+    """Parse and validate HEAD's JSON against the schema and the limits.
+
+    Before ``json.loads`` builds anything, one streaming pass (:func:`json_scan`, constant extra
+    memory) bounds the nesting depth and the number of objects and arrays: a parser's memory grows
+    with the containers it builds (about 60-200 bytes each), so these are checked first."""
+    scan = json_scan(raw)
+    if scan.depth > MAX_JSON_DEPTH:
+        raise FormatError(f"header JSON nests {scan.depth} levels deep, more than {MAX_JSON_DEPTH}")
+    if scan.containers > MAX_JSON_CONTAINERS:
+        raise LimitError(f"header JSON holds {scan.containers} objects and arrays; a header within the "
+                         f"limits ({MAX_RECORDS} records and groups) needs at most {MAX_JSON_CONTAINERS}")
     try:
         obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"header is not valid UTF-8 JSON ({exc})") from None
+    if _SURROGATE_ESCAPE.search(raw):  # "\ud800": valid JSON, but not Unicode text (FORMAT.md 2.4)
+        _check_unicode(obj, "header")
     if not isinstance(obj, dict):
         raise FormatError("header must be a JSON object")
     container = obj.get("container")
@@ -719,20 +750,88 @@ def parse_header(raw: bytes) -> Header:
     return Header(records, groups, container, meta)
 
 
-# a JSON string, or an unterminated one running to the end; possessive, so it scans in linear time
-_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\[\s\S])*+"?')
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+# A valid HEAD has 4 containers of its own, 2 per record (the object, its shape) and 3 per group
+# (the object, params, records) plus what a codec's params nest (none nest today): with 2^20 records
+# and 2^20 groups, 5 * 2^20 and slack.  Counted before parsing, so the parser never builds more.
+MAX_JSON_CONTAINERS = 5 * MAX_RECORDS + 4096
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of [ and { in JSON text (outside strings), in linear time and memory."""
-    brackets = np.frombuffer(_JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS), np.uint8)
-    step = np.where((brackets == 0x5B) | (brackets == 0x7B), 1, -1).astype(np.int32)
-    depth, level = 0, 0
-    for i in range(0, step.size, 1 << 20):
-        c = np.cumsum(step[i: i + (1 << 20)]) + level
-        depth, level = max(depth, int(c.max())), int(c[-1])
-    return depth
+@dataclasses.dataclass(frozen=True)
+class JsonScan:
+    """What :func:`json_scan` counts in JSON text, outside strings."""
+
+    depth: int  # the deepest nesting of [ and {
+    containers: int  # the number of [ and { (objects and arrays the parser would build)
+
+
+_SCAN_CHUNK = 1 << 18  # bytes per step of json_scan: its extra memory is a few arrays of this size
+
+
+def json_scan(raw: bytes | memoryview) -> JsonScan:
+    """Nesting depth and container count of JSON text, outside strings, in one pass over fixed-size
+    chunks (constant extra memory, whatever the text's size).
+
+    A quote toggles "inside a string" unless an odd run of backslashes precedes it; the state (inside
+    a string or not, the backslash run and the nesting level) carries from one chunk to the next.
+    Text that is not JSON may be counted oddly, but the parser rejects it afterwards."""
+    data = np.frombuffer(raw, np.uint8)
+    depth = level = containers = 0
+    in_string, run_before = 0, 0  # run_before: backslashes ending right before the chunk
+    for a in range(0, data.size, _SCAN_CHUNK):
+        c = data[a: a + _SCAN_CHUNK]
+        quotes = c == 0x22
+        bs = c == 0x5C
+        if bs.any():  # a quote after an odd run of backslashes is escaped
+            idx = np.arange(c.size, dtype=np.int32)
+            last_other = np.maximum.accumulate(np.where(bs, -1, idx))  # last non-backslash at or before i
+            run = idx - last_other  # backslashes ending at i (0 where c[i] is not one)
+            run[last_other < 0] += run_before  # the chunk starts inside a run carried over
+            quotes[0] &= not run_before & 1
+            quotes[1:] &= (run[:-1] & 1) == 0
+            run_before = int(run[-1])
+        else:
+            quotes[0] &= not run_before & 1
+            run_before = 0
+        opens = (c == 0x5B) | (c == 0x7B)
+        closes = (c == 0x5D) | (c == 0x7D)
+        if quotes.any() or in_string:
+            outside = (np.cumsum(quotes, dtype=np.int32) + in_string) & 1 == 0
+            in_string = int(not outside[-1])
+            opens &= outside
+            closes &= outside
+        levels = np.cumsum(opens, dtype=np.int32)
+        levels -= np.cumsum(closes, dtype=np.int32)
+        depth = max(depth, level + int(levels.max()))
+        level += int(levels[-1])
+        containers += int(np.count_nonzero(opens))
+    return JsonScan(depth, containers)
+
+
+def json_depth(raw: bytes | memoryview) -> int:
+    """The deepest nesting of [ and { in JSON text (outside strings): :func:`json_scan`'s depth."""
+    return json_scan(raw).depth
+
+
+# a \uD800-\uDFFF escape: a surrogate, lone unless paired (json.loads joins valid pairs)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    """FormatError when a string anywhere in parsed JSON holds a lone surrogate (not UTF-8-encodable:
+    the writer refuses such text, so the reader must too).  Depth is bounded by MAX_JSON_DEPTH."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise FormatError(f"{where}: a lone surrogate (\\u{ord(value[exc.start]):04x}) in {value[:40]!r} is "
+                              "not Unicode text") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k, where)
+            _check_unicode(v, f"{where}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, f"{where}[{i}]")
 
 
 def _reject_constant(name: str) -> None:
