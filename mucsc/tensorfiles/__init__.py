@@ -125,14 +125,14 @@ def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
                 raise TensorFileError(f"{label}: is a directory")
             if fmt == "torch" and wrap is None:
                 size = os.path.getsize(path)
-                loaded = _load_torch(path, label)
+                loaded = _load_torch(path, label, max_bytes if explicit else load_limit(size), size, explicit)
             else:
                 with open(path, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
                     limit = max_bytes if explicit else load_limit(size)
                     g = f if wrap is None else wrap(f)
                     if fmt == "torch":
-                        loaded = _load_torch(g, label)
+                        loaded = _load_torch(g, label, limit, size, explicit)
                     else:
                         loaded = _load_stream(g, fmt, label, limit, size, explicit)
         except OSError as exc:
@@ -150,7 +150,8 @@ def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
         if fmt == "zip":
             fmt = _zip_kind(bio)
         limit = max_bytes if explicit else load_limit(size)
-        loaded = _load_torch(bio, label) if fmt == "torch" else _load_stream(bio, fmt, label, limit, size, explicit)
+        loaded = (_load_torch(bio, label, limit, size, explicit) if fmt == "torch"
+                  else _load_stream(bio, fmt, label, limit, size, explicit))
     limit = max_bytes if explicit else load_limit(size)
     if loaded.nbytes > limit:  # torch views can declare far more than the storages they share
         raise _over_limit(label, "the tensors take", loaded.nbytes, limit, size, explicit)

@@ -4,6 +4,7 @@ refused) and, for .npz, with every member's declared size checked before anythin
 from __future__ import annotations
 
 import math
+import tokenize
 import zipfile
 from collections.abc import Mapping
 from typing import IO, Any
@@ -11,12 +12,10 @@ from typing import IO, Any
 import numpy as np
 
 from mucsc.tensorfiles._common import (
-    _MAX_RANK, _NUMERIC_KINDS, BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native, _over_limit,
-    _readinto_exact,
+    _MAX_RANK, _NUMERIC_KINDS, BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native, _readinto_exact,
 )
+from mucsc.tensorfiles import zips
 from mucsc.tensorfiles.pt import _torch_to_numpy
-
-_NPZ_MAX_MEMBERS = 1_000_000
 
 
 def sniff_npy(head: bytes) -> bool:
@@ -26,7 +25,7 @@ def sniff_npy(head: bytes) -> bool:
 
 def sniff_zip(head: bytes) -> bool:
     """A zip archive: an .npz, or a torch zip checkpoint (told apart by the members)."""
-    return head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06")
+    return zips.is_zip(head)
 
 
 def load_npy(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
@@ -48,8 +47,9 @@ def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
             raise TensorFileError(f"{label}: unsupported .npy format version {version}")
     except TensorFileError:
         raise
-    except (ValueError, EOFError, OSError, SyntaxError) as exc:
-        raise TensorFileError(f"{label}: not a valid .npy array ({exc})") from None
+    except (ValueError, EOFError, OSError, SyntaxError, TypeError, tokenize.TokenError, RecursionError,
+            MemoryError) as exc:  # numpy parses the header dict with tokenize and ast.literal_eval
+        raise TensorFileError(f"{label}: not a valid .npy array ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject or dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
         raise TensorFileError(f"{label}: array of dtype {dtype} is not plain numbers (object or "
                               "structured arrays are refused: they may hold pickles)")
@@ -69,21 +69,12 @@ def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
 
 def _load_npz(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
     """Read an .npz (a zip of .npy members) with declared sizes checked before anything inflates."""
-    try:
-        zf = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise TensorFileError(f"{label}: not a valid .npz (zip) file ({exc})") from None
+    zf = zips.open_checked(f, label, limit, size, explicit, what=".npz (zip) file")
     with zf:
         infos = zf.infolist()
-        if len(infos) > _NPZ_MAX_MEMBERS:
-            raise TensorFileError(f"{label}: {len(infos)} members exceed the limit {_NPZ_MAX_MEMBERS}")
-        total = 0
         for info in infos:
             if not info.filename.endswith(".npy"):
                 raise TensorFileError(f"{label}: member {info.filename!r} is not a .npy array")
-            total += info.file_size
-            if info.file_size > limit or total > limit:
-                raise _over_limit(label, "members declare", total, limit, size, explicit)
         tensors: dict[str, Any] = {}
         for info in infos:
             key = info.filename[: -len(".npy")]
@@ -102,6 +93,8 @@ def _load_npz(f: IO[bytes], label: str, limit: float, size: int, explicit: bool)
 def _save_npz(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
     # numpy.savez would treat keys such as "file" or "allow_pickle" as its own arguments; write the
     # same layout directly (stored members, zip64 allowed).
+    for key in tensors:  # before writing anything: member names are paths to unzip tools
+        zips.check_member_name(key)
     with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, t in tensors.items():
             arr = _as_numpy(key, t, "npz")

@@ -9,6 +9,7 @@ are refused, not skipped: silently dropping part of a model would make the round
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import IO, Any
 import numpy as np
 
 from mucsc.optional import require_torch
+from mucsc.tensorfiles import zips
 from mucsc.tensorfiles._common import BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native
 
 #: keys searched, in order, for a state_dict inside a torch checkpoint dict
@@ -29,9 +31,10 @@ def sniff(head: bytes) -> bool:
 
 
 def load(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
-    """Load a checkpoint from a path or a stream; the caller checks the loaded bytes against ``limit``
-    (torch views can declare far more than the storages they share)."""
-    return _load_torch(src, label)
+    """Load a checkpoint from a path or a stream.  A zip checkpoint's members are checked against
+    ``limit`` before torch inflates any (:mod:`.zips`); the caller checks the loaded bytes against it
+    too (torch views can declare far more than the storages they share)."""
+    return _load_torch(src, label, limit, size, explicit)
 
 
 NEEDS_TORCH = ".pt files and bfloat16 tensors"  # what needs torch, in tensorfiles' error messages
@@ -54,10 +57,28 @@ def _torch_to_numpy(t: Any, key: str, fmt: str | None = None) -> np.ndarray:
         raise TensorFileError(f"tensor {key!r}: {t.dtype} has no numpy equivalent ({exc})") from None
 
 
-def _load_torch(src: str | IO[bytes], label: str) -> Loaded:
+def _check_zip_members(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool) -> None:
+    """A zip checkpoint's members checked before torch reads them (a storage member may be deflated:
+    a 2 MB file can inflate to 2 GiB).  A legacy pickle stream stores its storages uncompressed in the
+    file itself, so it is left to torch."""
+    if isinstance(src, (str, os.PathLike)):
+        with open(src, "rb") as f:
+            _check_zip_members(f, label, limit, size, explicit)
+        return
+    start = src.tell()
+    try:
+        if zips.is_zip(src.read(4)):
+            src.seek(start)
+            zips.open_checked(src, label, limit, size, explicit, what="torch zip checkpoint").close()
+    finally:
+        src.seek(start)
+
+
+def _load_torch(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
     # CVE-2025-32434: torch.load(weights_only=True) could still execute code before torch 2.6
     torch = require_torch("loading .pt checkpoints safely", TensorFileError, min_version=(2, 6),
                           why_version="CVE-2025-32434")
+    _check_zip_members(src, label, limit, size, explicit)
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on a CLI
             warnings.simplefilter("ignore")
