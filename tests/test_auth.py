@@ -314,22 +314,23 @@ def test_load_key_refusals(tmp_path):
 
 
 def test_load_keys_directory(tmp_path):
-    _write(tmp_path / "client-17", K17)
-    _write(tmp_path / "client-18.hex", K18.hex().encode())
+    _write(tmp_path / "client-17.key", K17)
+    _write(tmp_path / "client-18.key", K18.hex().encode())
     _write(tmp_path / "signer.pub", _pem(ed_key(), False), 0o644)
+    _write(tmp_path / "plain", K17)  # no suffix: not a key file of any id
     (tmp_path / "sub").mkdir()
-    _write(tmp_path / "sub" / "x", K17)
+    _write(tmp_path / "sub" / "x.key", K17)
     keys = mucsc.load_keys(tmp_path)
     assert keys("client-17") == K17 and keys("client-18") == K18
-    assert keys("nobody") is None and keys("sub/x") is None and keys("..") is None
+    assert keys("nobody") is None and keys("sub/x") is None and keys("..") is None and keys("plain") is None
     mucsc.verify(mucsc.encode(X, key=K18, key_id="client-18"), keys=keys)
     mucsc.verify(mucsc.encode(X, key=ed_key(), key_id="signer", context=CTX), keys=keys, context=CTX)
-    _write(tmp_path / "client-17.key", K18)
+    _write(tmp_path / "client-17.pub", _pem(ed_key(), False), 0o644)
     keys = mucsc.load_keys(tmp_path)
-    with pytest.raises(KeyFileError, match="several key files"):
+    with pytest.raises(KeyFileError, match="both client-17.key and client-17.pub"):
         keys("client-17")
     with pytest.raises(KeyFileError, match="not a directory"):
-        mucsc.load_keys(tmp_path / "client-18.hex")
+        mucsc.load_keys(tmp_path / "client-18.key")
 
 
 def test_tags_follow_the_spec_formula():

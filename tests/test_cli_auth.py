@@ -40,7 +40,7 @@ def files(tmp_path):
     return {
         "dir": tmp_path, "x": tmp_path / "x.npy", "keys": keys,
         "secret": _file(tmp_path / "c17.key", SECRET),
-        "hex": _file(keys / "client-17.hex", SECRET.hex().encode() + b"\n"),
+        "hex": _file(keys / "client-17.key", SECRET.hex().encode() + b"\n"),
         "pem": _file(tmp_path / "ed.pem", sk.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())),
         "pub": _file(keys / "signer.pub", sk.public_key().public_bytes(
             s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo), 0o644),

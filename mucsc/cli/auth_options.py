@@ -35,7 +35,7 @@ def verifying_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--key-file", metavar="FILE", help="Verify the authentication tag with this key "
                      "(a message without a valid tag fails). " + KEY_FILE_HELP),
         click.option("--keys", "keys_dir", metavar="DIR", help="Verify with the key named by the message's "
-                     "key id: DIR/ID, ID.key, ID.hex, ID.pem or ID.pub."),
+                     "key id ID (letters, digits, '-', '_'): DIR/ID.key (secret) or DIR/ID.pub (public key)."),
         click.option("--key-id", metavar="ID", help="With --key-file: the key id the message must name."),
         click.option("--context", metavar="TEXT", help=CONTEXT_HELP),
     ]):

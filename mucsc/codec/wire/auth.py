@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import hmac
 import os
+import re
 import stat
 import struct
 import zlib
@@ -36,7 +37,12 @@ MIN_SECRET, MAX_SECRET = 16, 64  # BLAKE2b keys up to 64 bytes; fewer than 16 is
 # keeps a mucsc signature from being valid in any other protocol that uses the same key.
 ED25519_LABEL = b"mucsc-1.1 ed25519 blake2b-512\x00"
 MAX_KEY_FILE_BYTES = 64 << 10
-KEY_SUFFIXES = ("", ".key", ".hex", ".pem", ".pub")
+# Key directories (``load_keys``): a key id names a file only if it matches this grammar, and then
+# exactly DIR/<id>.key (a BLAKE2b secret or an Ed25519 private key) or DIR/<id>.pub (an Ed25519 public
+# key); no other name is tried, so no two ids share a file (issue 26: "client-17.key" once found
+# DIR/client-17.key, the file of "client-17").
+KEY_ID_GRAMMAR = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SECRET_SUFFIX, PUBLIC_SUFFIX = ".key", ".pub"
 
 Key = Any  # bytes (BLAKE2b secret) | Ed25519PrivateKey | Ed25519PublicKey
 Keys = Union[Mapping[str, Key], Callable[[str], Key]]
@@ -284,8 +290,9 @@ def check(blob: bytes | bytearray | memoryview, keys: Keys | None, context: Any,
 def load_key(path: str | os.PathLike) -> Any:
     """A key from a file: 32 raw bytes or hex text (a BLAKE2b secret), or PEM (Ed25519 private/public).
 
-    Secret and private keys that other users can read or write are refused (chmod 600); so is a public
-    key file that others can write (whoever can replace it can forge messages).
+    Secret and private keys that anyone but their owner can read or write are refused (chmod 600); so
+    is a public key file that others can write (whoever can replace it can forge messages), and any key
+    file in a directory that others can write (they could swap it).
     """
     p = Path(path)
     try:
@@ -301,13 +308,30 @@ def load_key(path: str | os.PathLike) -> Any:
         key, secret = _load_pem(p, data)
     else:
         key, secret = _load_secret(p, data), True
-    others = st.st_mode & (stat.S_IROTH | stat.S_IWOTH) if secret else st.st_mode & stat.S_IWOTH
-    if others and os.name == "posix":
-        what = "private key" if secret else "public key"
-        access = "read" if st.st_mode & stat.S_IROTH and secret else "write"
-        raise KeyFileError(f"{p}: refusing a {what} that every user can {access} "
-                           f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {p}")
+    if os.name == "posix":
+        _check_permissions(p, st.st_mode, secret)
     return key
+
+
+def _check_permissions(p: Path, mode: int, secret: bool) -> None:
+    """KeyFileError when users other than the owner can read a secret, write any key file, or write the
+    directory holding it."""
+    what = "private key" if secret else "public key"
+    denied = {"read": stat.S_IRGRP | stat.S_IROTH, "write": stat.S_IWGRP | stat.S_IWOTH}
+    for access in ("read", "write") if secret else ("write",):
+        bits = mode & denied[access]
+        if bits:
+            who = "every user" if bits & (stat.S_IROTH | stat.S_IWOTH) else "the file's group"
+            raise KeyFileError(f"{p}: refusing a {what} that {who} can {access} "
+                               f"(mode {stat.S_IMODE(mode):04o}); run: chmod {600 if secret else 644} {p}")
+    parent = p.resolve().parent
+    try:
+        dmode = parent.stat().st_mode
+    except OSError as exc:
+        raise KeyFileError(f"{parent}: cannot check the key file's directory ({exc.strerror or exc})") from None
+    if dmode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyFileError(f"{p}: refusing a {what} in {parent}, a directory other users can write (mode "
+                           f"{stat.S_IMODE(dmode):04o}: they could replace it); run: chmod go-w {parent}")
 
 
 def _load_secret(p: Path, data: bytes) -> bytes:
@@ -341,24 +365,38 @@ def _load_pem(p: Path, data: bytes) -> tuple[Any, bool]:
 
 
 def load_keys(directory: str | os.PathLike) -> Callable[[str], Any]:
-    """A key lookup over a directory with one key file per key id: ``ID``, ``ID.key``, ``ID.hex``,
-    ``ID.pem`` or ``ID.pub``.  Keys are loaded when first asked for; ids that are not plain file
-    names (a path separator, a leading dot) are unknown."""
+    """A key lookup over a directory of key files, by one explicit rule: key id ``ID`` (letters,
+    digits, ``-`` and ``_``, at most 64: :data:`KEY_ID_GRAMMAR`) is ``DIR/ID.key`` (a BLAKE2b secret
+    or an Ed25519 private key) or ``DIR/ID.pub`` (an Ed25519 public key), never both; any other id is
+    unknown.  Keys are loaded (and their permissions checked) when first asked for."""
     root = Path(directory)
     if not root.is_dir():
         raise KeyFileError(f"{root}: not a directory of key files")
     cache: dict[str, Any] = {}
 
     def lookup(key_id: str) -> Any:
-        if key_id in cache:
-            return cache[key_id]
-        if not key_id or key_id.startswith(".") or any(c in key_id for c in "/\\\0"):
-            return None
-        found = [root / (key_id + s) for s in KEY_SUFFIXES if (root / (key_id + s)).is_file()]
-        if len(found) > 1:
-            raise KeyFileError(f"{root}: several key files for key id {key_id!r}: "
-                               + ", ".join(f.name for f in found))
-        cache[key_id] = load_key(found[0]) if found else None
+        if key_id not in cache:
+            cache[key_id] = _key_in_directory(root, key_id)
         return cache[key_id]
 
     return lookup
+
+
+def _key_in_directory(root: Path, key_id: str) -> Any:
+    """The key of ``key_id`` in ``root`` by :func:`load_keys`' rule, or None when there is none."""
+    if not KEY_ID_GRAMMAR.fullmatch(key_id):
+        return None
+    found = [root / (key_id + s) for s in (SECRET_SUFFIX, PUBLIC_SUFFIX)
+             if os.path.lexists(root / (key_id + s))]
+    if len(found) > 1:
+        raise KeyFileError(f"{root}: both {key_id}{SECRET_SUFFIX} and {key_id}{PUBLIC_SUFFIX} exist for "
+                           f"key id {key_id!r}; keep one")
+    if not found:
+        return None
+    key = load_key(found[0])
+    public = not (isinstance(key, bytes) or hasattr(key, "sign"))
+    if public != (found[0].suffix == PUBLIC_SUFFIX):
+        kinds = ("a BLAKE2b secret or an Ed25519 private key", "an Ed25519 public key")
+        raise KeyFileError(f"{found[0]}: holds {kinds[public]}, but a {found[0].suffix} file holds "
+                           f"{kinds[found[0].suffix == PUBLIC_SUFFIX]}")
+    return key
