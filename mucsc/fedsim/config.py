@@ -233,7 +233,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config: top-level keys are SimConfig fields; ``[params.CODEC]`` (both directions),
     ``[params.CODEC.up]`` / ``[params.CODEC.down]`` tables give codec parameters."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:  # a binary file, or text in another encoding
+        raise InputError(f"cannot read config {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start}); a config is a TOML file") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"cannot read config {path}: {exc}") from None
     fields = {f.name for f in dataclasses.fields(SimConfig)}
