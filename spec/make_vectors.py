@@ -178,6 +178,16 @@ def invalid_files():
                              "HEAD is 1000 nested JSON arrays (deeper than 32 levels)"),
         "unknown_critical_section": (_unknown_critical(), "FormatError",
                                      "a group carries a critical section XTRA its codec does not define"),
+        "zstd_empty_second_frame": (_zstd_empty(zstandard.ZstdCompressor().compress(b"more")), "FormatError",
+                                    "a zstd section of raw_length 0: a second frame after the 0-byte one"),
+        "zstd_empty_rle_blocks": (_zstd_empty(None), "FormatError",
+                                  "a zstd section of raw_length 0: a frame declaring 0 bytes, then RLE "
+                                  "blocks of 128 KiB"),
+        "head_lone_surrogate": (_lone_surrogate(), "FormatError",
+                                "a record name holding the JSON escape \\ud800 (a lone surrogate, not Unicode)"),
+        "group_dtype_mismatch": (_group_dtype_mismatch(), "FormatError",
+                                 "a mucsc group of dtype float32 over a float64 record (its records imply "
+                                 "float64)"),
     }
     try:
         from vector_cases_codecs import invalid_cases as codec_invalid_cases
@@ -226,6 +236,32 @@ def _zstd_trailing(extra: bytes) -> bytes:
     tag, group, data = secs[1]
     frame = zstandard.ZstdCompressor(write_content_size=True).compress(data)
     return _assemble([secs[0], (tag, group, frame + extra, len(data))])
+
+
+def _zstd_empty(extra: bytes | None) -> bytes:
+    """A one-centroid mucsc group, whose IDS_ holds 0 bytes, with IDS_ zstd-marked: a 0-byte frame
+    followed by ``extra``, or (None) a 0-byte frame header followed by 16 RLE blocks."""
+    secs = _sections_of(mucsc.encode(np.full(4, 1.5, np.float32), "mucsc", compress="off"))
+    empty = zstandard.ZstdCompressor(write_content_size=True).compress(b"")
+    if extra is None:  # drop the frame's empty last block; 16 RLE blocks of 128 KiB (4 bytes each)
+        extra = b"".join(((131072 << 3) | 2 | (i == 15)).to_bytes(3, "little") + b"\0" for i in range(16))
+        empty = empty[:-3]
+    assert [t for t, _, _ in secs] == ["HEAD", "CENT", "IDS_"] and secs[2][2] == b""
+    return _assemble(secs[:2] + [("IDS_", 0, empty + extra, 0)])
+
+
+def _lone_surrogate() -> bytes:
+    secs = _sections_of(mucsc.encode({"w\u00e9": np.arange(3, dtype=np.int8)}, "raw", compress="off"))
+    head = secs[0][2].replace("w\u00e9".encode(), b"w\\ud800")
+    return _assemble([("HEAD", fmt.MESSAGE_GROUP, head), *secs[1:]])
+
+
+def _group_dtype_mismatch() -> bytes:
+    secs = _sections_of(mucsc.encode({"w": gauss(20, 13, "float64")}, "mucsc", z=4, seed=1, compress="off"))
+    head = json.loads(secs[0][2])
+    assert head["groups"][0]["dtype"] == "float64"
+    head["groups"][0]["dtype"] = "float32"
+    return _assemble([("HEAD", fmt.MESSAGE_GROUP, fmt.canonical_json(head)), *secs[1:]])
 
 
 def _unknown_critical() -> bytes:
