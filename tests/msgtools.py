@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 import zlib
 
 from mucsc.codec.wire import container as fmt
@@ -48,3 +49,18 @@ def build(header_json: bytes, sections: list[tuple], *, major: int = 1, flags: i
 def zstd_frame_header(content_size: int) -> bytes:
     """The header of a zstd frame declaring ``content_size`` (single segment, 8-byte size field)."""
     return struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", content_size)
+
+
+def peak_bytes(fn, *args, **kw):
+    """(peak bytes traced while fn runs, the exception it raised or None): decoders of hostile
+    messages are held to memory bounds with it (numpy buffers, Python objects and zstd output)."""
+    tracemalloc.start()
+    try:
+        fn(*args, **kw)
+        exc = None
+    except Exception as e:  # noqa: BLE001 - returned to the caller, which asserts on it
+        exc = e
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak, exc

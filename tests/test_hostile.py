@@ -8,7 +8,6 @@ small multiple of the message, far below what the message declares.
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -20,23 +19,9 @@ from mucsc.cli.main import main
 from mucsc.codec.wire import container as fmt
 from mucsc.codec.wire import sparse
 from mucsc.errors import FormatError, LimitError
-from msgtools import build, section_offsets, zstd_frame_header
+from msgtools import build, peak_bytes, section_offsets, zstd_frame_header
 
 MiB = 1 << 20
-
-
-def peak_bytes(fn, *args, **kw):
-    """(peak bytes traced while fn runs, the exception it raised or None)."""
-    tracemalloc.start()
-    try:
-        fn(*args, **kw)
-        exc = None
-    except Exception as e:  # noqa: BLE001 - returned to the caller, which asserts on it
-        exc = e
-    finally:
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    return peak, exc
 
 
 def head(records, groups, container="dict", meta=None):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from mucsc import tensorfiles as tf
 from mucsc.codec import format as fmt
 from mucsc.errors import AuthError, FormatError, KeyFileError, LimitError, ParameterError
 from clitools import run
+from msgtools import peak_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("reproducers", ROOT / "fuzz" / "reproducers.py")
@@ -30,20 +30,6 @@ reproducers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reproducers)
 MiB = 1 << 20
 READERS = [mucsc.decode, mucsc.inspect, mucsc.verify]
-
-
-def peak_of(fn, *args, **kw):
-    """(tracemalloc peak while fn runs, the exception it raised or None)."""
-    tracemalloc.start()
-    try:
-        fn(*args, **kw)
-        exc = None
-    except Exception as e:  # noqa: BLE001 - returned to the caller, which asserts on it
-        exc = e
-    finally:
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    return peak, exc
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +43,14 @@ def records_300k():
 def test_deep_head_is_refused_before_it_is_inflated(fn):
     blob = reproducers.deep_head()
     assert 4096 <= len(blob) < 8192  # 16 MiB of HEAD that the old 4096x bound let through
-    peak, exc = peak_of(fn, blob)
+    peak, exc = peak_bytes(fn, blob)
     assert isinstance(exc, LimitError) and "header of 16777216 bytes" in str(exc)
     assert peak < 2 * MiB
 
 
 def test_nesting_scan_takes_constant_memory():
     raw = b"[" * (16 * MiB)
-    peak, exc = peak_of(fmt.json_depth, raw)
+    peak, exc = peak_bytes(fmt.json_depth, raw)
     assert exc is None and peak < 8 * MiB  # the old scan built ~12 bytes per byte of HEAD
     assert fmt.json_scan(raw) == fmt.JsonScan(16 * MiB, 16 * MiB)
 
@@ -72,7 +58,7 @@ def test_nesting_scan_takes_constant_memory():
 def test_deep_head_on_the_trusted_path_costs_its_own_size():
     """max_expansion=None: only the spec's 16 MiB bounds HEAD; it is inflated once, copied once and
     scanned in constant memory."""
-    peak, exc = peak_of(mucsc.decode, reproducers.deep_head(), max_expansion=None)
+    peak, exc = peak_bytes(mucsc.decode, reproducers.deep_head(), max_expansion=None)
     assert isinstance(exc, FormatError) and "levels deep" in str(exc)
     assert peak < 2 * 16 * MiB + 8 * MiB
 
@@ -116,7 +102,7 @@ def test_real_headers_scan_like_the_parser_sees_them():
 @pytest.mark.parametrize("fn", READERS)
 def test_300k_records_are_refused_before_parsing(fn, records_300k):
     assert len(records_300k) < 200_000
-    peak, exc = peak_of(fn, records_300k)
+    peak, exc = peak_bytes(fn, records_300k)
     assert isinstance(exc, LimitError) and "max_expansion" in str(exc)
     assert peak < 2 * MiB
 
@@ -127,7 +113,7 @@ def test_containers_are_counted_before_the_parser_builds_them():
     import zstandard
 
     blob = reproducers.message(raw, [], head_stored=zstandard.ZstdCompressor().compress(raw))
-    peak, exc = peak_of(mucsc.inspect, blob, max_expansion=None)
+    peak, exc = peak_bytes(mucsc.inspect, blob, max_expansion=None)
     assert isinstance(exc, LimitError) and "objects and arrays" in str(exc)
     assert peak < 2 * len(raw) + 8 * MiB  # the inflated HEAD, its copy and the scan; no parse
 
@@ -251,7 +237,7 @@ def test_group_values_beyond_the_record_dtype_saturate():
 @pytest.mark.parametrize("name", ["empty_zstd_trailing_frame", "empty_zstd_rle_blocks"])
 def test_empty_zstd_sections_follow_the_frame_rules(name):
     blob = reproducers.MESSAGES[name]()
-    peak, exc = peak_of(mucsc.decode, blob)
+    peak, exc = peak_bytes(mucsc.decode, blob)
     assert isinstance(exc, FormatError) and "zstd" in str(exc) and peak < 2 * MiB
 
 
