@@ -525,6 +525,8 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     messages while still verifying authenticated ones.  Without keys an authenticated message
     decodes unverified (:func:`inspect` reports it so).
     ``threads``: threads used within and across groups (0: all cores); the result never depends on it.
+    A message that is not bytes-like, or a limit that is not None or a non-negative number, raises
+    :class:`ParameterError` (a MucscError: one ``except MucscError`` covers every untrusted input).
     """
     check_reader_args(blob, max_elements=max_elements, max_expansion=max_expansion)
     if device is not None and not as_torch:
