@@ -17,7 +17,7 @@ from pathlib import Path
 
 import zstandard
 
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 
 MiB = 1 << 20
 

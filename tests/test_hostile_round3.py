@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import mucsc
 from mucsc import tensorfiles as tf
-from mucsc.codec import format as fmt
+from mucsc.codec.wire import container as fmt
 from mucsc.errors import AuthError, FormatError, KeyFileError, LimitError, ParameterError
 from clitools import run
 from msgtools import peak_bytes
