@@ -124,7 +124,7 @@ def test_mod_replaces_reply_with_one_mucsc_array_and_strategy_matches_fedavg():
     expected_models = []
     for r in replies:
         upd = decode_record(r.content["arrays"])
-        expected_models.append({k: (model[k] - upd[k]) if model[k].dtype.kind == "f" else upd[k] for k in model})
+        expected_models.append({k: (model[k] + upd[k]) if model[k].dtype.kind == "f" else upd[k] for k in model})
     weights = np.array([float(r.content["metrics"]["num-examples"]) for r in replies])
     sizes = {r.metadata.src_node_id: len(r.content["arrays"]["mucsc"].data) for r in replies}
     agg, metrics = strategy.aggregate_train(1, replies)
@@ -178,8 +178,8 @@ def test_error_feedback_state_persists_in_context_across_rounds():
         rng = np.random.default_rng(21)   # the train function's draws for node 21
         trained = {k: (v - 0.1 * rng.normal(size=v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v + 1
                    for k, v in glob.items()}
-        upd = {k: (glob[k] - trained[k]).astype(glob[k].dtype) if glob[k].dtype.kind == "f" else trained[k]
-               for k in glob}
+        upd = {k: (trained[k] - glob[k]).astype(glob[k].dtype) if glob[k].dtype.kind == "f" else trained[k]
+               for k in glob}  # the update is new - base (mucsc.update)
         assert blob == ref.compress(upd, seed, epoch=rnd - 1)
         assert "mucsc.memory" in contexts[21].state.array_records
         arrays, _ = strategy.aggregate_train(rnd, replies)
@@ -250,6 +250,15 @@ def test_strategy_validates_and_compressed_record_shape():
         MucscStrategy(object(), codec="mucsc")
     rec = compressed_record(b"\x01\x02\x03")
     assert rec["mucsc"].shape == (3,) and rec["mucsc"].stype == STYPE
+
+
+def test_legacy_opposite_sign_records_are_refused():
+    """mucsc/1 records (base - new, earlier releases) are never taken for ours (mucsc.update's new - base)."""
+    from mucsc.flower import FlowerIntegrationError
+
+    rec = ArrayRecord({"mucsc": flwr.app.Array(dtype="uint8", shape=(3,), stype="mucsc/1", data=b"abc")})
+    with pytest.raises(FlowerIntegrationError, match="mucsc/1 update"):
+        is_compressed(rec)
 
 
 @pytest.mark.slow

@@ -31,11 +31,9 @@ from mucsc.cli.auth_options import (
 from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
 from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
 from mucsc.cli.lazy import LazyGroup
-from mucsc.cli.update import (
-    BASE_KEY, META_KEY, add_base, check_same_layout, dtype_name, layout, squared_norm, subtract_base,
-)
 from mucsc.optional import require_torch
 from mucsc.progress import StageProgress
+from mucsc.update import BASE_KEY, META_KEY, BaseMismatchError, apply_update, make_update, squared_norm, widen_bfloat16
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 LAZY = {
@@ -245,15 +243,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     codebook per tensor.  Integer and bool tensors are always carried losslessly.  The report goes to
     stderr (or, with --json, to stdout).
     """
-    params = chosen_params(codec, codec_values, CODEC_PARAMS)
-    if "max_error" in params:
-        params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
-    # the one codec object of this command (bad values: a usage error before any file is read)
-    mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared,
-                                      update=base is not None)
-    level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
-    # resolved for the container (mucsc's id_packing="auto"), so the report shows what is written
-    codec_obj = codec_obj.for_container(compressing=level != "off")
+    mode, codec_obj, level = _compress_codec(codec, codec_values, shared, base is not None, compress_mode)
     out = output or ("-" if input == "-" else input + ".mucsc")
     if out == "-" and as_json:
         raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
@@ -261,8 +251,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         if path is not None and path != "-":
             _format_of(path)  # an unknown suffix is a usage error, found before any file is read
     _check_input(input)
-    if base is not None:
-        _check_input(base, allow_stdin=input != "-")
+    _check_base_input(input, base)
     _check_output(out, force, inputs=[input, base])
     signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
@@ -273,25 +262,14 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
         progress.phase(f"loading {input}", new_size, measured=True)
         loaded = _load(input, progress, max_memory)
-        tensors, notes = loaded.tensors, list(loaded.notes)
+        tensors, notes, meta = loaded.tensors, list(loaded.notes), None
         if base is not None:
-            progress.phase(f"loading {base}", old_size, measured=True)
-            old = _load(base, progress, max_memory)
-            notes += old.notes
-            check_same_layout(layout(tensors), layout(old.tensors), input, base)
-            base_fp = mucsc.fingerprint(old.tensors)  # before subtracting: OLD is not modified, NEW is
-            progress.phase("subtracting")
-            tensors = subtract_base(tensors, old.tensors)
-            del old
+            tensors, meta = _subtract_base(tensors, input, base, progress, max_memory, notes)
         progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size)  # no hook: time ticks only
         norm2 = squared_norm(tensors)
-        if base is not None and _same_file(input, base):
-            notes.append(f"--base {base} is {input} itself: the update is zero (every float decodes to 0)")
-        elif base is not None and norm2 == 0.0:
-            notes.append(f"{input} and {base} hold the same float values: the update is zero")
+        notes += _zero_update_notes(input, base, norm2)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
         del loaded
-        meta = {META_KEY: os.path.basename(base), BASE_KEY: base_fp} if base is not None else None
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
                                                   meta=meta, policy=mode.policy, threads=threads, **signing)
@@ -310,13 +288,44 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
         click.echo(json.dumps(_compress_json(input, out, base, codec, effective, mode, seed, level,
                                              stats, info, norm2, notes, warning), indent=2))
     elif not quiet:
-        for note in notes:
-            click.echo(f"mucsc: note: {note}", err=True)
-        lines = report.compress_lines(input if input != "-" else "<stdin>", out if out != "-" else "<stdout>",
-                                      codec, effective, mode, stats, info, norm2, base)
+        _echo_notes(notes)
+        lines = report.compress_lines(_label(input), _out_label(out), codec, effective, mode, stats, info, norm2,
+                                      base)
         click.echo("\n".join(lines), err=True)
         if warning:
             click.echo(f"mucsc: warning: {warning}", err=True)
+
+
+def _compress_codec(codec: str, codec_values: dict[str, Any], shared: bool | None, update: bool,
+                    compress_mode: str) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
+    """The one codec object of ``compress`` (bad values: a usage error before any file is read), its
+    mode and the container's compression level."""
+    params = chosen_params(codec, codec_values, CODEC_PARAMS)
+    if "max_error" in params:
+        params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
+    mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared, update=update)
+    level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
+    # resolved for the container (mucsc's id_packing="auto"), so the report shows what is written
+    return mode, codec_obj.for_container(compressing=level != "off"), level
+
+
+def _subtract_base(tensors: dict[str, Any], input: str, base: str, progress: StageProgress,
+                   max_memory: float | None, notes: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--base``: the update IN - OLD (in place in IN's arrays) and the message meta naming OLD."""
+    progress.phase(f"loading {base}", _size(base), measured=True)
+    old = _load(base, progress, max_memory)
+    notes += old.notes
+    progress.phase("subtracting")
+    update = make_update(tensors, old.tensors, in_place=True, names=(input, base))
+    return update, {META_KEY: os.path.basename(base), BASE_KEY: mucsc.fingerprint(old.tensors)}
+
+
+def _zero_update_notes(input: str, base: str | None, norm2: float) -> list[str]:
+    if base is not None and _same_file(input, base):
+        return [f"--base {base} is {input} itself: the update is zero (every float decodes to 0)"]
+    if base is not None and norm2 == 0.0:
+        return [f"{input} and {base} hold the same float values: the update is zero"]
+    return []
 
 
 compress.params.extend(click_options(CODEC_PARAMS))
@@ -366,15 +375,69 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     anything is decoded); without, an authenticated message is decoded unverified, with a note.
     """
     out = output or _default_decompressed_name(input)
-    fmt = OUT_FORMATS[out_format] if out_format else ("safetensors" if out == "-" else _format_of(out))
+    fmt = _out_format(out, out_format)
     _check_input(input)
-    if base is not None:
-        if base != "-":
-            _format_of(base)
-        _check_input(base, allow_stdin=input != "-")
+    if base is not None and base != "-":
+        _format_of(base)
+    _check_base_input(input, base)
     _check_output(out, force, inputs=[input, base])
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
 
+    info, decoded = _decode_file(input, out, fmt, verifying, max_elements, max_expansion, threads)
+    tensors = _recorded_shapes(decoded, info)
+    notes = [n for n in [unverified_note(info)] if n]
+    if base is not None:
+        tensors = _add_base(tensors, info, input, base, ignore_base_mismatch, max_memory, notes)
+    elif META_KEY in info.meta:
+        notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
+                     "use --base OLD to add it back")
+    if fmt in ("npz", "npy"):
+        tensors = _without_bfloat16(tensors, fmt, notes)
+    target = tensors if isinstance(decoded, dict) or fmt != "npy" else tensors[tensorfiles.BARE_NAME]
+    del decoded
+    _save_tensors(out, target, fmt, force)
+    if not quiet:
+        _echo_notes(notes)
+        click.echo(f"{_label(input)} -> {_out_label(out)}: "
+                   f"{len(info.records)} tensor(s), {report.nbytes(info.original_bytes)} bytes ({fmt})",
+                   err=True)
+
+
+def _out_format(out: str, out_format: str | None) -> str:
+    """The tensor format of OUT: -F, else its suffix (safetensors for stdout)."""
+    if out_format:
+        return OUT_FORMATS[out_format]
+    return "safetensors" if out == "-" else _format_of(out)
+
+
+def _recorded_shapes(decoded: Any, info: mucsc.MessageInfo) -> dict[str, Any]:
+    """The decoded tensors by name, each in its record's shape (a view, no copy; a safety net for 0-d
+    tensors)."""
+    tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
+    shapes = {r.name or tensorfiles.BARE_NAME: tuple(r.shape) for r in info.records}
+    return {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
+
+
+def _without_bfloat16(tensors: dict[str, Any], fmt: str, notes: list[str]) -> dict[str, Any]:
+    """.npz / .npy have no bfloat16: such tensors widened (exactly) to float32, with a note."""
+    tensors, widened = widen_bfloat16(tensors)
+    if widened:
+        listed = ", ".join(map(repr, widened[:5])) + (" ..." if len(widened) > 5 else "")
+        notes.append(f"bfloat16 tensors written as float32 (.{fmt} has no bfloat16): {listed}")
+    return tensors
+
+
+def _save_tensors(out: str, target: Any, fmt: str, force: bool) -> None:
+    if out == "-":
+        with _stdout_errors():
+            tensorfiles.save(sys.stdout.buffer, target, fmt=fmt)
+    else:
+        tensorfiles.save(out, target, fmt=fmt, force=force)
+
+
+def _decode_file(input: str, out: str, fmt: str, verifying: dict[str, Any], max_elements: int | None,
+                 max_expansion: float | None, threads: int) -> tuple[mucsc.MessageInfo, Any]:
+    """Read, inspect (verifying first with keys) and decode IN for an output of format ``fmt``."""
     blob = _read_bytes(input)
     with about(_label(input)):
         info = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)  # verifies first with keys
@@ -388,53 +451,32 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         # the same immutable bytes inspect() verified: no second tag check needed
         decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
                                max_expansion=max_expansion, threads=threads)
-    del blob
-    tensors = decoded if isinstance(decoded, dict) else {tensorfiles.BARE_NAME: decoded}
-    # every record's recorded shape (a view, no copy; a safety net for 0-d tensors)
-    shapes = {r.name or tensorfiles.BARE_NAME: tuple(r.shape) for r in info.records}
-    tensors = {k: v if tuple(v.shape) == shapes[k] else v.reshape(shapes[k]) for k, v in tensors.items()}
-    notes = [n for n in [unverified_note(info)] if n]
-    if base is not None:
-        old = _load(base, None, max_memory)
-        notes += old.notes
-        rec_layout = {r.name or tensorfiles.BARE_NAME: (tuple(r.shape), r.dtype) for r in info.records}
-        check_same_layout(rec_layout, layout(old.tensors), input, base)
-        # same layout, other values (another checkpoint of the same model): the fingerprint tells
-        expected = info.meta.get(BASE_KEY)
-        if expected is not None:
-            got = mucsc.fingerprint(old.tensors)
-            if got != expected:
-                made_from = f" ({info.meta[META_KEY]})" if META_KEY in info.meta else ""
-                if not ignore_base_mismatch:
-                    raise Failure(f"{base}: not the base {input} was made from: its fingerprint is {got}, "
-                                  f"the message records {expected}{made_from} (--ignore-base-mismatch adds "
-                                  "the update anyway)")
-                notes.append(f"{base}'s fingerprint {got} differs from the recorded {expected}{made_from}; "
-                             "added the update anyway (--ignore-base-mismatch)")
-        tensors = add_base(tensors, old.tensors)
-        del old
-        if META_KEY not in info.meta:
-            notes.append(f"{input} was not made with --base; added it to {base} anyway")
-    elif META_KEY in info.meta:
-        notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
-                     "use --base OLD to add it back")
-    if fmt in ("npz", "npy"):
-        tensors, widened = _without_bfloat16(tensors)
-        if widened:
-            notes.append(f"bfloat16 tensors written as float32 (.{fmt} has no bfloat16): {widened}")
-    target = tensors if isinstance(decoded, dict) or fmt != "npy" else tensors[tensorfiles.BARE_NAME]
-    del decoded
-    if out == "-":
-        with _stdout_errors():
-            tensorfiles.save(sys.stdout.buffer, target, fmt=fmt)
-    else:
-        tensorfiles.save(out, target, fmt=fmt, force=force)
-    if not quiet:
-        for note in notes:
-            click.echo(f"mucsc: note: {note}", err=True)
-        click.echo(f"{input if input != '-' else '<stdin>'} -> {out if out != '-' else '<stdout>'}: "
-                   f"{len(info.records)} tensor(s), {report.nbytes(info.original_bytes)} bytes ({fmt})",
-                   err=True)
+    return info, decoded
+
+
+def _add_base(tensors: dict[str, Any], info: mucsc.MessageInfo, input: str, base: str, ignore_mismatch: bool,
+              max_memory: float | None, notes: list[str]) -> dict[str, Any]:
+    """``--base``: OLD + the decoded update, after the layout and (same layout, other values: another
+    checkpoint of the same model) the fingerprint check."""
+    old = _load(base, None, max_memory)
+    notes += old.notes
+    rec_layout = {r.name or tensorfiles.BARE_NAME: (tuple(r.shape), r.dtype) for r in info.records}
+    names = (input, base)
+    try:
+        tensors = apply_update(old.tensors, tensors, expect=info.meta.get(BASE_KEY), update_layout=rec_layout,
+                               names=names, in_place=True)
+    except BaseMismatchError as exc:
+        made_from = f" ({info.meta[META_KEY]})" if META_KEY in info.meta else ""
+        if not ignore_mismatch:
+            raise Failure(f"{base}: not the base {input} was made from: its fingerprint is {exc.got}, "
+                          f"the message records {exc.expected}{made_from} (--ignore-base-mismatch adds "
+                          "the update anyway)") from None
+        notes.append(f"{base}'s fingerprint {exc.got} differs from the recorded {exc.expected}{made_from}; "
+                     "added the update anyway (--ignore-base-mismatch)")
+        tensors = apply_update(old.tensors, tensors, update_layout=rec_layout, names=names, in_place=True)
+    if META_KEY not in info.meta:
+        notes.append(f"{input} was not made with --base; added it to {base} anyway")
+    return tensors
 
 
 def _default_decompressed_name(input: str) -> str:
@@ -445,16 +487,6 @@ def _default_decompressed_name(input: str) -> str:
         known = os.path.splitext(stem)[1].lower() in tensorfiles.SUFFIXES
         return stem if known else stem + ".safetensors"
     raise UsageFailure(f"{input}: does not end in .mucsc; give the output name with -o")
-
-
-def _without_bfloat16(tensors: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    out, widened = {}, []
-    for k, v in tensors.items():
-        if dtype_name(v) == "bfloat16":
-            v = v.float().numpy()
-            widened.append(k)
-        out[k] = v
-    return out, ", ".join(map(repr, widened[:5])) + (" ..." if len(widened) > 5 else "")
 
 
 # ---- info and test -------------------------------------------------------------------------------
@@ -534,6 +566,17 @@ def _check_input(path: str, allow_stdin: bool = True) -> None:
             raise UsageFailure("-: stdin can be used for one input only")
         if _is_terminal(sys.stdin):
             raise UsageFailure("<stdin>: refusing to read binary data from a terminal")
+
+
+def _check_base_input(input: str, base: str | None) -> None:
+    """--base OLD: a second input, which cannot also be stdin when IN is."""
+    if base is not None:
+        _check_input(base, allow_stdin=input != "-")
+
+
+def _echo_notes(notes: list[str]) -> None:
+    for note in notes:
+        click.echo(f"mucsc: note: {note}", err=True)
 
 
 def _check_output(out: str, force: bool, inputs: list[str | None]) -> None:
@@ -652,6 +695,11 @@ def _write_bytes(out: str, blob: bytes, force: bool) -> None:
 def _label(path: str) -> str:
     """How a path is named in messages ('-' is '<stdin>')."""
     return "<stdin>" if path == "-" else path
+
+
+def _out_label(path: str) -> str:
+    """How an output is named in messages ('-' is '<stdout>')."""
+    return "<stdout>" if path == "-" else path
 
 
 def _size(path: str | None) -> int:

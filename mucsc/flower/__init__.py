@@ -1,13 +1,14 @@
 """Flower (>= 1.42, Message API) integration: compressed model updates between ClientApps and a ServerApp.
 
 - :func:`mucsc_mod`, a client mod (the pattern of Flower's ``fixedclipping_mod``): keeps the global
-  arrays it received, calls the train function, encodes the update ``global - trained`` with a stateful
+  arrays it received, calls the train function, encodes the update ``trained - global``
+  (:func:`mucsc.update.make_update`: the one convention, ``new = base + update``) with a stateful
   :class:`mucsc.Compressor` (error feedback for biased codecs) and replaces the reply's ArrayRecord
-  (same key) with one ``Array(dtype="uint8", shape=(len(blob),), stype="mucsc/1", data=blob)``.
+  (same key) with one ``Array(dtype="uint8", shape=(len(blob),), stype="mucsc/2", data=blob)``.
   Codec and parameters come from the ConfigRecord the server sends; the compressor's state and the
   model version the node holds persist in ``context.state`` (ClientApps are ephemeral).
 - :class:`MucscStrategy`, a wrapper around any Flower strategy (FedAvg, FedAdam, ...): injects the codec
-  config in ``configure_train``, decodes every ``mucsc/1`` reply into ``global - update`` under the same
+  config in ``configure_train``, decodes every ``mucsc/2`` reply into ``global + update`` under the same
   key in ``aggregate_train`` and delegates; with ``downlink=`` it also sends the next global model as a
   compressed update to nodes holding the previous version (the full model otherwise).  It counts the
   bytes of the real Messages (:class:`Traffic`).
@@ -42,8 +43,10 @@ except ImportError as exc:  # an optional extra: say how to get it
     raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
 
 import mucsc
+from mucsc.update import apply_update, make_update
 
-STYPE = "mucsc/1"           # Array.stype of a compressed ArrayRecord's single Array
+STYPE = "mucsc/2"           # Array.stype of a compressed ArrayRecord's single Array (update = new - base)
+LEGACY_STYPE = "mucsc/1"    # earlier releases sent base - new under this stype: refused, never mis-applied
 ARRAY_KEY = "mucsc"         # the key of that Array inside its ArrayRecord
 ERROR_CODE = 6              # flwr ErrorCode.MOD_FAILED_PRECONDITION
 
@@ -69,8 +72,13 @@ def compressed_record(blob: bytes) -> ArrayRecord:
 
 
 def is_compressed(record: ArrayRecord) -> bool:
-    """True for an ArrayRecord made by :func:`compressed_record`."""
-    return len(record) == 1 and ARRAY_KEY in record and record[ARRAY_KEY].stype == STYPE
+    """True for an ArrayRecord made by :func:`compressed_record`; FlowerIntegrationError for one made by
+    an earlier mucsc, whose update had the opposite sign (never to be taken for a model or applied)."""
+    stype = record[ARRAY_KEY].stype if len(record) == 1 and ARRAY_KEY in record else None
+    if stype == LEGACY_STYPE:
+        raise FlowerIntegrationError(f"a {LEGACY_STYPE} update (base - new, from an earlier mucsc): this mucsc "
+                                     f"sends and reads {STYPE} (new - base); upgrade every node together")
+    return stype == STYPE
 
 
 def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -82,31 +90,12 @@ def numpy_to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
-def delta(base: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What a message carries to turn ``base`` into ``new``: ``base - new`` for float arrays (the
-    paper's U = w - w_i, eq. 5), the new values themselves for other dtypes (sent losslessly)."""
-    if list(base) != list(new):
-        raise FlowerIntegrationError(f"array keys differ: {list(base)[:5]} vs {list(new)[:5]}")
-    out = {}
-    for k, b in base.items():
-        n = np.asarray(new[k])
-        if n.shape != b.shape:
-            raise FlowerIntegrationError(f"array {k!r} changed shape: {b.shape} -> {n.shape}")
-        out[k] = (b - n).astype(b.dtype, copy=False) if b.dtype.kind == "f" else n
-    return out
-
-
-def apply_delta(base: Mapping[str, np.ndarray], decoded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`delta` on the decoded message: ``base - d`` (floats) or ``d`` (others)."""
-    if set(decoded) != set(base):
-        raise FlowerIntegrationError(f"message holds arrays {sorted(decoded)[:5]}, the model {list(base)[:5]}")
-    out = {}
-    for k, b in base.items():
-        d = np.asarray(decoded[k])
-        if d.shape != b.shape:
-            raise FlowerIntegrationError(f"array {k!r}: message shape {d.shape}, model {b.shape}")
-        out[k] = (b - d).astype(b.dtype, copy=False) if b.dtype.kind == "f" else d.astype(b.dtype, copy=False)
-    return out
+def model_update(new: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``new - base`` (:func:`mucsc.update.make_update`) with ``new`` first cast to the base model's
+    dtypes: FedAvg returns integer arrays (step counters) as float64 averages, and a train function may
+    hand back other float widths; the model keeps the dtypes the server gave it."""
+    cast = {k: np.asarray(v).astype(base[k].dtype, copy=False) if k in base else v for k, v in new.items()}
+    return make_update(cast, base)
 
 
 def decode_record(record: ArrayRecord, keys: Any = None, context: str | None = None) -> dict[str, np.ndarray]:
@@ -230,7 +219,7 @@ def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord) -> tuple[str
         held = None if meta is None else meta.get("version")
         if base is None or held != base or S_MODEL not in ctxt.state.array_records:
             raise FlowerIntegrationError(f"downlink update against version {base}, this node holds {held}")
-        glob = apply_delta(record_to_numpy(ctxt.state.array_records[S_MODEL]), decode_record(rec))
+        glob = apply_update(record_to_numpy(ctxt.state.array_records[S_MODEL]), decode_record(rec))
         msg.content[key] = numpy_to_record(glob)
     else:
         glob = record_to_numpy(rec)
@@ -267,7 +256,7 @@ def _node_key(ctxt: Context, key: Any, key_id: str | None) -> tuple[Any, str | N
 
 
 def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Client mod: compress the reply's model to a mucsc message of ``global - trained``.
+    """Client mod: compress the reply's model to a mucsc message of ``trained - global``.
 
     Acts on train messages whose ConfigRecord holds ``mucsc.codec`` (sent by :class:`MucscStrategy`);
     anything else passes through unchanged.  Errors (a downlink update for a version this node does
@@ -296,7 +285,7 @@ def _mod(msg: Message, ctxt: Context, call_next: ClientAppCallable, key: Any, ke
         out_key, rec = _single_array_record(out.content, "the train reply")
         if out_key != in_key:
             raise FlowerIntegrationError(f"reply ArrayRecord key {out_key!r} differs from {in_key!r}")
-        update = delta(glob, record_to_numpy(rec))
+        update = model_update(record_to_numpy(rec), glob)
         comp = _load_compressor(ctxt.state, spec)
         seed = int(cfg.get(K_SEED, 0))
         epoch = int(cfg.get(K_ROUND, cfg.get("server-round", 1))) - 1  # DGC's warm-up follows the round
@@ -378,7 +367,7 @@ class MucscStrategy(Strategy):
     codecs).  Each uplink message's seed is ``derived_seed(seed, round, node_id)`` unless the message's
     config sets ``mucsc.seed``.  ``downlink``: a codec name for the server's update, with
     ``downlink_params`` and ``downlink_seed(round) -> int``; the aggregate the wrapped strategy returns is
-    then replaced by ``previous - decode(encode(previous - aggregate))``, exactly what the clients
+    then replaced by ``previous + decode(encode(aggregate - previous))``, exactly what the clients
     rebuild, and nodes holding the previous version get the compressed update (others the full model).
     ``keys`` (a mapping key id -> key, or a callable): every uplink message must carry a tag that
     verifies over its run, round and node (:func:`uplink_context`); replies that fail are left out of
@@ -449,7 +438,7 @@ class MucscStrategy(Strategy):
         return messages
 
     def decode_reply(self, msg: Message, server_round: int | None = None) -> Message:
-        """Replace a reply's ``mucsc/1`` ArrayRecord by the client's model ``global - update``
+        """Replace a reply's ``mucsc/2`` ArrayRecord by the client's model ``global + update``
         (and remove the mod's info record)."""
         if not msg.has_content():
             return msg
@@ -464,7 +453,7 @@ class MucscStrategy(Strategy):
                 if self.keys is not None and ctx is None:
                     raise mucsc.ParameterError("verifying a signed reply needs its server round")
                 decoded = decode_record(rec, self.keys, ctx)
-                msg.content[key] = numpy_to_record(apply_delta(self._current, decoded))
+                msg.content[key] = numpy_to_record(apply_update(self._current, decoded))
         return msg
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[Any, Any]:
@@ -499,9 +488,9 @@ class MucscStrategy(Strategy):
             return arrays, metrics
         new = record_to_numpy(arrays)
         t0 = time.perf_counter()
-        blob = self._down.compress(delta(self._current, new), self._downlink_seed(server_round),
+        blob = self._down.compress(model_update(new, self._current), self._downlink_seed(server_round),
                                    epoch=server_round - 1)
-        applied = apply_delta(self._current, decode_record(compressed_record(blob)))
+        applied = apply_update(self._current, decode_record(compressed_record(blob)))
         timing["down_encode_s"] = time.perf_counter() - t0
         self._version += 1
         self._current, self._down_blob = applied, blob
