@@ -1,8 +1,8 @@
 """Worker processes that train a round's clients (and evaluate) concurrently: ``--workers N``.
 
-Each worker holds one :class:`~mucsc.fedsim.simulation.LocalTrainer` per setup of the sweep (one
+Each worker holds one :class:`~mucsc.fedsim.training.LocalTrainer` per setup of the sweep (one
 per seed: model + data on its device, torch pinned to ``cfg.threads`` threads), built on first use;
-a task ships the global weights and a chunk of :class:`~mucsc.fedsim.simulation.ClientTask` s and
+a task ships the global weights and a chunk of :class:`~mucsc.fedsim.training.ClientTask` s and
 returns the updates as host arrays.  The codec, the server and every piece of per-client state stay
 in the main process, so the results are those of the in-process path for any number of workers.
 The training and test arrays travel once, through shared memory, not once per worker.
@@ -33,8 +33,8 @@ import numpy as np
 from mucsc.errors import InputError
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.models import build_model
-from mucsc.fedsim.simulation import (ClientTask, Executor, InProcess, LocalTrainer, Setup, client_task,
-                                     resolve_device, select_clients)
+from mucsc.fedsim.simulation import Executor, InProcess, Setup, client_task, resolve_device, select_clients
+from mucsc.fedsim.training import ClientTask, LocalTrainer
 
 
 def default_workers(device: str) -> int:

@@ -9,7 +9,7 @@ One round (E local iterations per selected client):
      every client decodes the same bytes and applies w <- w - D~ (eq. 12), so all stay in sync.
 Because every client applies the same D~, one shared model stands for all N clients.
 
-Step 2 is ``client_step``'s first half (``LocalTrainer.train``, on ``--device``, possibly in a
+Step 2 is ``client_step``'s first half (``training.LocalTrainer.train``, on ``--device``, possibly in a
 worker process: module ``parallel``), step 3 its second; a sweep's runs are state machines
 (``_Run``) advanced by ``sweep`` as their training and evaluation futures complete.
 """
@@ -17,7 +17,6 @@ worker process: module ``parallel``), step 3 its second; a sweep's runs are stat
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as futures_wait
@@ -25,13 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mucsc.errors import InputError
 from mucsc.fedsim import network, partition
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, num_params
+from mucsc.fedsim.training import ClientTask, LocalTrainer
 from mucsc.fedsim.transport import Authenticator, LinkCodec, Sender, check_codec, receive, seal
 from mucsc.fedsim.updates import UpdateSaver
 
@@ -154,17 +153,6 @@ class RunResult:
 
 # ---- one client's local work -------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class ClientTask:
-    """What a client is told for one round's local work (besides the global model it receives)."""
-
-    round: int                  # 0-based global round
-    slot: int                   # position among the round's participants (keys its batch stream)
-    client: int
-    batches: np.ndarray         # (E, B) indices into the client's own samples
-    lrs: tuple[float, ...]      # eta_t for each of its E steps
-
-
 def client_task(cfg: SimConfig, setup: Setup, rnd: int, slot: int, client: int) -> ClientTask:
     """The round's work for participant ``slot``: batches from the (seed, round, slot) stream, eta_t."""
     E = cfg.local_iters
@@ -185,87 +173,10 @@ def resolve_device(name: str) -> str:
     return name
 
 
-class LocalTrainer:
-    """The model and the training/test data on one device: local SGD for any client, and evaluation.
-
-    It keeps no state between calls (every call loads the weights it is given), so the in-process
-    path and every worker process compute the same floats for the same task.  ``resident`` (default:
-    on a GPU) keeps each update a tensor on the device, where the codec's torch backend encodes it,
-    as a GPU client would; otherwise updates leave the device as host float32 arrays (a worker
-    process's updates always do: they cross to the main process by pickling).
-    """
-
-    def __init__(self, model_name: str, data: Dataset, parts: tuple[np.ndarray, ...], seed: int,
-                 device: str = "cpu", threads: int = 1, resident: bool | None = None) -> None:
-        torch.set_num_threads(threads)
-        self.device = torch.device(device)
-        self.resident = self.device.type != "cpu" if resident is None else resident
-        self.model = build_model(model_name, data.input_shape, data.num_classes, seed).to(self.device)
-        self.names = [n for n, _ in self.model.named_parameters()]
-        self.params = [p for _, p in self.model.named_parameters()]
-        dev = self.device
-        self.x_train, self.y_train, self.x_test, self.y_test = (
-            _canonical(a).to(dev) for a in (data.x_train, data.y_train, data.x_test, data.y_test))
-        self.parts = [torch.from_numpy(np.asarray(p, dtype=np.int64)).to(dev) for p in parts]
-
-    def _load(self, weights: list[np.ndarray]) -> list[torch.Tensor]:
-        ws = [torch.from_numpy(w).to(self.device) for w in weights]
-        with torch.no_grad():
-            for p, w in zip(self.params, ws):
-                p.copy_(w)
-        return ws
-
-    def train(self, weights: list[np.ndarray], task: ClientTask) -> tuple[dict[str, Any], float]:
-        """E plain SGD steps w <- w - eta_t grad F_i(w, B_t) (eq. 3) from ``weights`` on the task's
-        batches -> (U_i = w - w_i per parameter (eq. 5): float32 tensors on the device when
-        ``resident``, else host arrays; wall seconds)."""
-        t0 = time.perf_counter()
-        start = self._load(weights)
-        own = self.parts[task.client]
-        for idx, lr in zip(task.batches, task.lrs):
-            bi = own[torch.from_numpy(idx).to(self.device)]
-            loss = F.cross_entropy(self.model(self.x_train[bi]), self.y_train[bi])
-            grads = torch.autograd.grad(loss, self.params)
-            with torch.no_grad():
-                for p, g in zip(self.params, grads):
-                    p.sub_(g, alpha=lr)
-        if self.resident:
-            update = {n: w - p.detach() for n, w, p in zip(self.names, start, self.params)}
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the training time includes the device's work
-        else:  # .cpu() waits for the device
-            update = {n: (w - p.detach()).cpu().numpy() for n, w, p in zip(self.names, start, self.params)}
-        return update, time.perf_counter() - t0
-
-    def evaluate(self, weights: list[np.ndarray]) -> tuple[float, float]:
-        """Test accuracy and mean cross-entropy of ``weights`` (batches of 1024)."""
-        self._load(weights)
-        self.model.eval()
-        correct, loss_sum, n = 0, 0.0, len(self.y_test)
-        with torch.no_grad():
-            for i in range(0, n, 1024):
-                out = self.model(self.x_test[i:i + 1024])
-                loss_sum += float(F.cross_entropy(out, self.y_test[i:i + 1024], reduction="sum"))
-                correct += int((out.argmax(1) == self.y_test[i:i + 1024]).sum())
-        self.model.train()
-        return correct / n, loss_sum / n
-
-
 def _on(a: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A host array or a tensor as a tensor of ``dtype`` on ``device``."""
     t = a if torch.is_tensor(a) else torch.from_numpy(np.ascontiguousarray(a))
     return t.to(device, dtype)
-
-
-def _canonical(a: np.ndarray) -> torch.Tensor:
-    """A tensor over ``a``'s values with row-major strides for every dimension, size-1 ones included.
-
-    numpy calls (n, 1, 8, 8) arrays with a size-1 axis stride of 4 bytes "C-contiguous", but torch
-    reads such strides as channels-last and picks another convolution algorithm, whose float sums
-    differ in the last bits; without this, a worker (whose data arrive with plain strides) and the
-    main process would train differently."""
-    a = np.ascontiguousarray(a)
-    return torch.from_numpy(a.reshape(-1)).view(a.shape)
 
 
 @dataclasses.dataclass(frozen=True)
