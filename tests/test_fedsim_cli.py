@@ -60,12 +60,15 @@ def test_legend_explains_columns_and_traffic_above_nc():
     from mucsc.fedsim.config import SimConfig
 
     base = dict(comm_min=1.0, comp_min=0.1, total_min=1.1, pct_nc_time=100.0, final_acc=0.9, codec_share=0.1,
-                ratio=1.0, rate_measured=1.8, rate_paper=None, T=10, reached=True, uplink="x")
-    nc = dict(base, codec="none", downlink="none", rounds=2, traffic_MB=10.0, down_MB=9.0, pct_nc_traffic=100.0)
-    up_only = dict(base, codec="dgc", downlink="none", rounds=4, traffic_MB=19.5, down_MB=18.0,
-                   pct_nc_traffic=195.0)
-    both = dict(base, codec="mucsc", downlink="mucsc(z=16)", rounds=2, traffic_MB=1.0, down_MB=0.5,
-                pct_nc_traffic=10.0)
+                ratio=1.0, rate_measured=1.8, rate_paper=None, T=10, reached=True, uplink="x", up_MB=0.0,
+                train_s=1.0, encode_s=0.1, decode_s=0.1, best_acc=0.9, mean_up_bytes=1.0, mean_down_bytes=1.0,
+                d=10, auth_MB=0.0, auth_bytes_per_msg=0, auth_up_bytes_per_msg=0.0)
+    nc = report.SummaryRow(**base, codec="none", downlink="none", rounds=2, traffic_MB=10.0, down_MB=9.0,
+                           pct_nc_traffic=100.0)
+    up_only = report.SummaryRow(**base, codec="dgc", downlink="none", rounds=4, traffic_MB=19.5, down_MB=18.0,
+                                pct_nc_traffic=195.0)
+    both = report.SummaryRow(**base, codec="mucsc", downlink="mucsc(z=16)", rounds=2, traffic_MB=1.0,
+                             down_MB=0.5, pct_nc_traffic=10.0)
     text = " ".join(report.format_table([nc, up_only, both], SimConfig()).split())
     for words in ("NC = no compression", "E = 5 local SGD iterations", "in MiB", "in minutes",
                   "ratio = plain size ratio", "rate = the paper's compression rate", "2 / (1 + K/N)"):

@@ -77,7 +77,7 @@ def test_byte_totals_are_message_lengths(monkeypatch):
         assert rec.down_recipients == len(np.unique(nxt)) and rec.bytes_down == msgs[-1] * rec.down_recipients
     row = report.summarize(res, cfg)
     total = sum(rec.bytes_up + rec.bytes_down for rec in res.records)
-    assert math.isclose(row["traffic_MB"] * report.MB, total)
+    assert math.isclose(row.traffic_MB * report.MB, total)
 
 
 @pytest.mark.parametrize("codec", ["none", "mucsc", "bmucsc", "qsgd", "signsgd", "stc", "dgc",

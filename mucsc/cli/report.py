@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mucsc.texttable import text_table
+
 MAX_ROWS = 20  # larger tables show the first rows and one summary row
 WORST_ROWS = 5  # the per-tensor quality table lists this many tensors of largest relative error
 WARN_ERROR = 0.10  # a model with a float tensor beyond this relative error gets a warning
@@ -41,16 +43,6 @@ def fmt_float(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     return f"{v:.3g}" if v == 0 or 1e-3 <= abs(v) < 1e4 else f"{v:.3e}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
-    """Aligned text columns (right-aligned where ``right``)."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
-
-    return [line(headers), *(line(r) for r in rows)]
 
 
 def record_bytes(dtype: str, shape: Sequence[int]) -> int:
@@ -99,7 +91,7 @@ def compress_lines(src: str, dst: str, codec: str, params: dict[str, Any], mode:
     out = [f"{src} -> {dst}", f"  {mode.reason}",
            "  codec " + " ".join([codec] + [f"{k}={v}" for k, v in params.items()])
            + (f"; update relative to {base}" if base else "")]
-    out += ["  " + s for s in table(["group", "tensors", "codec", "elements", "tensor B", "stored B",
+    out += ["  " + s for s in text_table(["group", "tensors", "codec", "elements", "tensor B", "stored B",
                                      "bits/elem", "J"], rows, [True, False, False, True, True, True, True, True])]
     out += worst_lines(stats.tensors)
     out.append("  total: " + totals_phrase(stats.original_bytes, stats.message_bytes, stats.elements,
@@ -119,7 +111,7 @@ def worst_lines(tensors: Sequence[Any]) -> list[str]:
              fmt_float(t.bits_per_element), error_text(t)] for t in lossy[:WORST_ROWS]]
     title = (f"  worst tensors by relative error ||decoded - x|| / ||x|| (measured; {len(lossy)} lossy of "
              f"{len(tensors)}):")
-    return [title] + ["    " + s for s in table(["tensor", "codec", "dtype", "shape", "bits/elem", "rel error"],
+    return [title] + ["    " + s for s in text_table(["tensor", "codec", "dtype", "shape", "bits/elem", "rel error"],
                                                 rows, [False, False, False, False, True, True])]
 
 
@@ -205,18 +197,18 @@ def info_lines(name: str, info: Any) -> list[str]:
     if info.auth is not None:
         out.append("  " + auth_phrase(info.auth))
     out.append("records:")
-    out += ["  " + s for s in table(["name", "dtype", "shape", "group"],
+    out += ["  " + s for s in text_table(["name", "dtype", "shape", "group"],
                                     [[r.name or "(array)", r.dtype, "x".join(map(str, r.shape)) or "scalar",
                                       str(r.group)] for r in info.records], [False, False, False, True])]
     out.append("groups:")
-    out += ["  " + s for s in table(
+    out += ["  " + s for s in text_table(
         ["group", "codec", "dtype", "elements", "bytes", "bits/elem", "params"],
         [[str(g.index), g.codec, g.dtype, nbytes(g.elements), nbytes(g.bytes),
           fmt_float(8 * g.bytes / g.elements if g.elements else math.nan),
           " ".join(f"{k}={v}" for k, v in g.params.items())] for g in info.groups],
         [True, False, False, True, True, True, False])]
     out.append("sections:")
-    out += ["  " + s for s in table(
+    out += ["  " + s for s in text_table(
         ["group", "tag", "encoding", "stored B", "raw B"],
         [["-" if s.group is None else str(s.group), s.tag, s.encoding, nbytes(s.stored_bytes),
           nbytes(s.raw_bytes)] for s in info.sections], [True, False, False, True, True])]

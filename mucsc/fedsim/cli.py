@@ -20,31 +20,68 @@ from mucsc.errors import InputError, MucscError
 from mucsc.progress import SweepProgress
 
 
-def _csv(kind):
-    def convert(ctx, param, value):
-        if value is None:
-            return None
+class CommaList(click.ParamType):
+    """A comma-separated list of ``kind`` values, as a tuple (``--codecs none,mucsc``, ``--seeds 0,1``)."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.name = f"{kind.__name__}[,{kind.__name__}...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
         try:
-            items = tuple(kind(v.strip()) for v in value.split(",") if v.strip())
+            items = tuple(self.kind(v.strip()) for v in value.split(",") if v.strip())
         except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list, got {value!r}") from None
+            self.fail(f"expected a comma-separated list, got {value!r}", param, ctx)
         if not items:
-            raise click.BadParameter("the list is empty")
+            self.fail("the list is empty", param, ctx)
         return items
-    return convert
 
 
-def _workers(ctx, param, value):
+class Workers(click.ParamType):
     """``--workers``: a count >= 1 or ``auto``."""
-    if value is None or value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"expected a number >= 1 or 'auto', got {value!r}") from None
-    if n < 1:
-        raise click.BadParameter("must be >= 1 (or 'auto')")
-    return n
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int):
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"expected a number >= 1 or 'auto', got {value!r}", param, ctx)
+        if n < 1:
+            self.fail("must be >= 1 (or 'auto')", param, ctx)
+        return n
+
+
+def setting_option(st) -> click.Option:
+    """The click option of one SimConfig setting (:func:`mucsc.fedsim.config.settings`): its flags,
+    type (Choice, IntRange / FloatRange, comma lists, directories, flags for booleans) and help; the
+    default is None, so that the TOML file and SimConfig's own defaults apply."""
+    short = [f for f in st.flags if len(f) == 2]
+    long = [f for f in st.flags if len(f) > 2] or [st.option]
+    decls = [*short, *long, st.name]
+    if st.kind is bool:
+        decls = [f"{st.option}/--no-{st.option[2:]}", st.name]
+        return click.Option(decls, default=None, help=st.help)
+    return click.Option(decls, type=_click_type(st), default=None, metavar=st.metavar, help=st.help)
+
+
+def _click_type(st) -> click.ParamType:
+    if st.name == "workers":
+        return Workers()
+    if st.choices is not None:
+        return click.Choice(st.choices)
+    if st.many:
+        return CommaList(st.kind)
+    if st.directory:
+        return click.Path(file_okay=False)
+    if st.kind in (int, float) and (st.min is not None or st.max is not None):
+        ranged = click.IntRange if st.kind is int else click.FloatRange
+        return ranged(st.min, st.max, min_open=st.min_open)
+    return click.types.convert_type(st.kind)
 
 
 def data_summary(cfg, setup) -> dict[str, object]:
@@ -85,80 +122,12 @@ def machine_info() -> dict[str, object]:
 @click.command("sim", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="TOML file of settings (flags override it).")
-@click.option("--dataset", type=click.Choice(["digits", "synthetic", "cifar10", "femnist", "mnist"]),
-              help="Data set [digits: built in, offline].")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Where cifar10/femnist/mnist live.")
-@click.option("--download/--no-download", default=None, help="CIFAR-10 only: fetch the archive if missing.")
-@click.option("--model", type=click.Choice(["allcnn", "lenet", "cnn", "logreg"]), help="Model [per data set].")
-@click.option("--partition", type=click.Choice(["iid", "noniid", "dirichlet", "natural"]),
-              help="Client split [per data set].")
-@click.option("-N", "--clients", type=int, help="Clients N [100].")
-@click.option("-K", "--per-round", type=int, help="Clients per round K [10].")
-@click.option("--sampling", type=click.Choice(["uniform", "weighted"]),
-              help="uniform without replacement, or by data size with replacement (Assumption 4).")
-@click.option("-E", "--local-iters", type=int, help="Local SGD iterations per round E [5].")
-@click.option("-B", "--batch-size", type=int, help="Batch size B [8].")
-@click.option("--lr-schedule", type=click.Choice(["paper", "inverse", "constant"]),
-              help="Learning rate: paper = max(0.5 / (1 + t/400), 0.01); inverse = max(lr0 / (1 + t/lr-decay), "
-              "lr-min); constant = lr0 [per data set: paper for digits/synthetic, inverse 0.1/400/0.01 for "
-              "femnist/mnist, 0.05/400/0.005 for cifar10].")
-@click.option("--lr0", type=float, help="Initial learning rate [per schedule / data set].")
-@click.option("--lr-decay", type=float, help="Iterations to halve the inverse schedule [400].")
-@click.option("--lr-min", type=float, help="Floor of the inverse schedule [per data set].")
-@click.option("--normalize", type=click.Choice(["auto", "off"]),
-              help="Input normalisation: auto = the data set's (femnist: inverted grey levels, "
-              "standardised; mnist, cifar10: standardised; digits, synthetic: as is); off = raw [auto].")
-@click.option("--rounds", type=int, help="Round limit [per data set].")
-@click.option("--target", type=float, help="Stop at this test accuracy; 0 = never [per data set].")
-@click.option("--eval-every", type=int, help="Evaluate every this many rounds [per data set].")
-@click.option("--samples-per-client", type=int, help="iid partition: samples per client [500].")
-@click.option("--noniid-min", type=int, help="non-iid partition: min samples [300].")
-@click.option("--noniid-max", type=int, help="non-iid partition: max samples [500].")
-@click.option("--classes-per-client", type=int, help="non-iid partition: classes per client [5].")
-@click.option("--dirichlet-alpha", type=float, help="dirichlet partition: alpha [0.5].")
-@click.option("--synthetic-alpha", type=float, help="Synthetic(alpha, beta) [1].")
-@click.option("--synthetic-beta", type=float, help="Synthetic(alpha, beta) [1].")
-@click.option("--codecs", callback=_csv(str), help="Comma-separated codecs to sweep "
-              "[none,mucsc,bmucsc,qsgd,signsgd,stc,dgc].")
-@click.option("--z-up", callback=_csv(int), help="MUCSC uplink Z per client group [4,8,16].")
-@click.option("--z-down", type=int, help="MUCSC downlink Z [16].")
 @click.option("-p", "--param", "params", multiple=True, metavar="CODEC[.up|.down].KEY=VALUE",
               help="A codec parameter, e.g. -p stc.keep=0.01 (repeatable).")
-@click.option("--down-codec", help="Downlink codec for every run (e.g. none) [per codec, paper].")
-@click.option("--error-feedback", type=click.Choice(["auto", "on", "off"]),
-              help="Residual accumulation [auto: biased codecs].")
-@click.option("--compress", type=click.Choice(["auto", "off"]),
-              help="Container zstd of compressible sections; off = fixed-width, the paper's counts [auto].")
-@click.option("--downlink", type=click.Choice(["all", "participants"]),
-              help="Count the downlink to all N clients (paper) or next round's participants [all].")
-@click.option("--up-mbps", type=float, help="Mean uplink speed, Mb/s [1.4].")
-@click.option("--down-mbps", type=float, help="Mean downlink speed, Mb/s [1.4].")
-@click.option("--speed-sd", type=float, help="Speed standard deviation / mean [0.1].")
-@click.option("--auth", type=click.Choice(["off", "blake2b", "ed25519"]),
-              help="Tag every message (a key per client and for the server; the context binds run, "
-              "round and direction) and verify it before decoding [off].")
-@click.option("--seed", type=int, help="Seed of everything [0].")
-@click.option("--seeds", callback=_csv(int), help="Several seeds, e.g. 0,1,2: every codec runs with each "
-              "(independent runs, in parallel with --workers); results per seed in DIR/seed<S>/.")
-@click.option("--threads", type=int, help="torch threads per process [1].")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
-              help="Where models train and aggregate: auto = cuda when available [auto].")
-@click.option("--workers", callback=_workers, metavar="N|auto",
-              help="Processes training a round's clients (and independent runs) concurrently; results do "
-              "not depend on it. auto: times round 1's first clients in one process, and with several "
-              "workers when a client takes >= 50 ms; keeps the workers only if >= 1.4x as fast [auto; "
-              "1 on cuda].")
 @click.option("--engine", type=click.Choice(["builtin", "flower"]), default="builtin",
               help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
                    "every update a real Flower Message (pip install 'mucsc[flower]'; RAY_ADDRESS selects a cluster).")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
-@click.option("--save-updates", type=click.Path(file_okay=False), metavar="DIR",
-              help="Save raw client updates U_i (before compression) as .safetensors with a manifest.json, "
-              "one directory per run: DIR/<codec>-seed<S>/ (docs/fedsim.md). Only --save-rounds and "
-              "--save-clients; refused if over 4 GiB or the free space.")
-@click.option("--save-rounds", callback=_csv(int), help="Rounds whose updates --save-updates saves, e.g. 1,20 [1].")
-@click.option("--save-clients", "save_slots", type=int,
-              help="Participants saved per saved round: the first N selected [1].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
 def sim(config_file, out, quiet, params, engine, **flags):
     """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table.
@@ -183,6 +152,15 @@ def sim(config_file, out, quiet, params, engine, **flags):
     _run_sweep(cfg, Path(out) if out else None, quiet, engine)
 
 
+def _sim_options() -> list[click.Option]:
+    from mucsc.fedsim.config import settings
+
+    return [setting_option(st) for st in settings() if st.cli]
+
+
+sim.params[1:1] = _sim_options()  # after --config, in SimConfig's field order
+
+
 def _require_sim_dependencies(dataset: str | None, out: str | None, engine: str = "builtin") -> None:
     """One clear line (exit 1) instead of an ImportError when the simulator's extras are missing."""
     needed = ["torch"]
@@ -201,135 +179,193 @@ def _require_sim_dependencies(dataset: str | None, out: str | None, engine: str 
 def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> None:
     import torch
 
-    from mucsc.fedsim import parallel, report, simulation
-    from mucsc.fedsim.transport import check_codec
+    from mucsc.fedsim import simulation
 
     torch.set_num_threads(cfg.threads)
-    try:  # every codec and parameter checked before any training
+    _check_codecs(cfg)
+    try:
+        device = simulation.resolve_device(cfg.device)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
+    sweep = _Sweep.prepare(cfg, out, quiet)
+    runner = _start_engine(engine, cfg, sweep.setups, len(sweep.specs), device)
+    try:  # the pool is closed below; until then, here
+        machine = _machine(runner, device, engine)
+        sweep.start(runner, device)
+    except BaseException:
+        runner.close()
+        raise
+    failure = sweep.run(runner)
+    text = sweep.report(machine)
+    click.echo(text)
+    if out and sweep.show:
+        click.echo(f"results in {out}/", err=True)
+    if failure:
+        raise click.ClickException(failure + (f"; results so far are in {out}/" if out else ""))
+
+
+def _check_codecs(cfg) -> None:
+    """Every codec and parameter checked before any training (a usage error)."""
+    from mucsc.fedsim.transport import check_codec
+
+    try:
         for name in cfg.codecs:
             ups, down = cfg.links(name, cfg.clients, [i % len(cfg.z_up) for i in range(cfg.clients)])
             for link in {*ups, down}:
                 check_codec(link)
     except MucscError as exc:
         raise click.UsageError(f"codec settings: {exc}") from None
-    try:
-        device = simulation.resolve_device(cfg.device)
-    except InputError as exc:
-        raise click.ClickException(str(exc)) from None
-    seeds = cfg.seed_list()
-    cfgs = [cfg.with_seed(s) for s in seeds]
-    try:  # each seed draws its own split, partition and Z groups
-        setups = [simulation.prepare(c) for c in cfgs]
-    except (MucscError, OSError) as exc:
-        raise click.ClickException(f"data: {exc}") from None
-    many = len(seeds) > 1
-    specs = [simulation.RunSpec(c, name, st, k) for k, (c, st) in enumerate(zip(cfgs, setups)) for name in cfg.codecs]
-    if cfg.save_updates:  # bounded, and no run directory overwritten: checked before any training
-        from mucsc.fedsim import updates
 
-        try:
-            updates.check_budget(cfg.save_updates, sum(
-                updates.planned_bytes(1, cfg.save_rounds, cfg.save_slots, sp.setup.d, cfg.resolved("rounds"))
-                for sp in specs))
-            for sp in specs:
-                d = updates.run_dir(cfg.save_updates, sp.codec, sp.cfg.seed)
-                if d.exists() and any(d.iterdir()):
-                    raise InputError(f"--save-updates: {d} exists and is not empty (choose a new DIR)")
-        except InputError as exc:
-            raise click.UsageError(str(exc)) from None
-    labels = [f"{sp.codec} (seed {sp.cfg.seed})" if many else sp.codec for sp in specs]
-    try:  # --engine flower: Ray runs the clients, so no worker processes of ours
-        executor, choice = (None, parallel.WorkerChoice(1, "--engine flower")) if engine == "flower" else \
-            parallel.start_executor(cfg, setups, runs=len(specs))
+
+def _check_save_updates(cfg, specs) -> None:
+    """--save-updates: bounded, and no run directory overwritten (checked before any training)."""
+    from mucsc.fedsim import updates
+
+    try:
+        updates.check_budget(cfg.save_updates, sum(
+            updates.planned_bytes(1, cfg.save_rounds, cfg.save_slots, sp.setup.d, cfg.resolved("rounds"))
+            for sp in specs))
+        for sp in specs:
+            d = updates.run_dir(cfg.save_updates, sp.codec, sp.cfg.seed)
+            if d.exists() and any(d.iterdir()):
+                raise InputError(f"--save-updates: {d} exists and is not empty (choose a new DIR)")
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _start_engine(engine: str, cfg, setups, runs: int, device: str):
+    """The sweep's engine (--engine flower: Ray runs the clients, so no worker processes of ours)."""
+    from mucsc.fedsim import engines
+
+    try:
+        return engines.start(engine, cfg, setups, runs, device)
     except (MucscError, OSError, RuntimeError) as exc:
         raise click.ClickException(f"workers: {exc}") from None
-    workers = choice.workers
-    concurrent = 1 if workers == 1 else min(workers, len(specs))
-    tty = sys.stderr.isatty()
-    show = not quiet and tty
-    try:  # the pool is closed below; until then, here
-        machine = machine_info()
-        machine.update(device=device, workers=workers, workers_reason=choice.reason, concurrent_runs=concurrent,
-                       engine=engine)
-        if device == "cuda":
-            machine["gpu"] = torch.cuda.get_device_name()
-        data_infos = [data_summary(c, st) for c, st in zip(cfgs, setups)]
-        if not quiet:  # on a terminal above the progress bar; piped, the first line of the log
-            for s, info in zip(seeds, data_infos):
-                click.echo((f"seed {s}: " if many else "") + data_line(info) + f"; device {device}, {workers} "
-                           f"worker process{'es' if workers > 1 else ''} ({choice.reason})", err=True)
-        progress = SweepProgress(show, tuple(labels), cfg.resolved("rounds"), log=not quiet and not tty)
-    except BaseException:
-        if executor is not None:
-            executor.close()
-        raise
-    writers: dict[int, report.RunWriter] = {}
-    done: dict[int, object] = {}
-    run_dir = (lambda sp: out / f"seed{sp.cfg.seed}") if many else (lambda sp: out)
-
-    def on_start(i: int, name: str) -> None:
-        if out:
-            writers[i] = report.RunWriter(run_dir(specs[i]), name, specs[i].cfg)
-        progress.start_run(i)
-
-    def on_round(i: int, rec) -> None:
-        if out:
-            writers[i].add(rec)
-        progress.round(i, rec)
-
-    def on_done(i: int, res) -> None:
-        progress.end_run(i)
-        if out:
-            writers.pop(i).close(res)
-        done[i] = res
-
-    failure, failed = None, None
-    try:
-        if executor is None:
-            from mucsc.flower.sim import sweep_runs as flower_sweep_runs
-
-            flower_sweep_runs(specs, device, on_start=on_start, on_round=on_round, on_done=on_done)
-        else:
-            simulation.sweep_runs(specs, executor, on_start=on_start, on_round=on_round, on_done=on_done,
-                                  concurrent=concurrent)
-    except simulation.RunFailed as exc:
-        if not isinstance(exc.cause, (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt)):
-            raise exc.cause from None
-        what = "was interrupted" if isinstance(exc.cause, KeyboardInterrupt) else "failed"
-        failure, failed = f"run {labels[exc.index]!r} {what} after {exc.rounds} rounds: {exc}", exc.index
-    except KeyboardInterrupt:
-        failure = "interrupted"
-    finally:
-        if executor is not None:
-            executor.close()
-    for i, w in writers.items():  # runs stopped by a failure keep their rows
-        w.close(None, error=failure if i == failed else f"stopped: {failure}")
-    progress.close()
-    tables, all_rows = [], []
-    for k, (c, st, s) in enumerate(zip(cfgs, setups, seeds)):
-        results = [done[i] for i in sorted(done) if specs[i].key == k]
-        rows = [report.summarize(res, c) for res in results]
-        report.add_relative(rows)
-        table = report.format_table(rows, c) if rows else "(no run completed)"
-        tables.append((f"seed {s}\n" if many else "") + table)
-        all_rows.append(rows)
-        if out:
-            report.write_summary(run_dir(specs[k * len(cfg.codecs)]), rows, c, table, machine, data_infos[k])
-            if results:
-                report.plot(run_dir(specs[k * len(cfg.codecs)]), results)
-    text = "\n\n".join(tables)
-    if many:
-        text += "\n\n" + across_seeds(cfg.codecs, seeds, all_rows)
-        if out:
-            (out / "summary.txt").write_text(text + "\n")
-    click.echo(text)
-    if out and show:
-        click.echo(f"results in {out}/", err=True)
-    if failure:
-        raise click.ClickException(failure + (f"; results so far are in {out}/" if out else ""))
 
 
-def across_seeds(codecs: tuple[str, ...], seeds: tuple[int, ...], rows_by_seed: list[list[dict]]) -> str:
+def _machine(runner, device: str, engine: str) -> dict[str, object]:
+    """machine_info() plus how this sweep runs (for summary.json)."""
+    machine = machine_info()
+    machine.update(device=device, workers=runner.workers, workers_reason=runner.reason,
+                   concurrent_runs=runner.concurrent, engine=engine)
+    if device == "cuda":
+        import torch
+
+        machine["gpu"] = torch.cuda.get_device_name()
+    return machine
+
+
+class _Sweep:
+    """One ``mucsc sim`` sweep: its runs (codec x seed), their progress and result files, the table."""
+
+    def __init__(self, cfg, out: Path | None, quiet: bool, seeds, cfgs, setups, specs) -> None:
+        self.cfg, self.out, self.quiet = cfg, out, quiet
+        self.seeds, self.cfgs, self.setups, self.specs = seeds, cfgs, setups, specs
+        self.many = len(seeds) > 1
+        self.labels = [f"{sp.codec} (seed {sp.cfg.seed})" if self.many else sp.codec for sp in specs]
+        self.show = not quiet and sys.stderr.isatty()
+        self.writers: dict[int, object] = {}
+        self.done: dict[int, object] = {}
+        self.progress = None
+        self.data_infos: list[dict[str, object]] = []
+
+    @classmethod
+    def prepare(cls, cfg, out: Path | None, quiet: bool) -> _Sweep:
+        """Data, partition and Z groups per seed, and the run specs (bad data: exit 1)."""
+        from mucsc.fedsim import simulation
+
+        seeds = cfg.seed_list()
+        cfgs = [cfg.with_seed(s) for s in seeds]
+        try:  # each seed draws its own split, partition and Z groups
+            setups = [simulation.prepare(c) for c in cfgs]
+        except (MucscError, OSError) as exc:
+            raise click.ClickException(f"data: {exc}") from None
+        specs = [simulation.RunSpec(c, name, st, k) for k, (c, st) in enumerate(zip(cfgs, setups))
+                 for name in cfg.codecs]
+        if cfg.save_updates:
+            _check_save_updates(cfg, specs)
+        return cls(cfg, out, quiet, seeds, cfgs, setups, specs)
+
+    def run_dir(self, spec) -> Path:
+        return self.out / f"seed{spec.cfg.seed}" if self.many else self.out
+
+    def start(self, runner, device: str) -> None:
+        """The data lines (on a terminal above the progress bar; piped, the first lines of the log)."""
+        
+        self.data_infos = [data_summary(c, st) for c, st in zip(self.cfgs, self.setups)]
+        if not self.quiet:
+            workers = runner.workers
+            for s, info in zip(self.seeds, self.data_infos):
+                click.echo((f"seed {s}: " if self.many else "") + data_line(info) + f"; device {device}, {workers} "
+                           f"worker process{'es' if workers > 1 else ''} ({runner.reason})", err=True)
+        self.progress = SweepProgress(self.show, tuple(self.labels), self.cfg.resolved("rounds"),
+                                      log=not self.quiet and not sys.stderr.isatty())
+
+    def on_start(self, i: int, name: str) -> None:
+        from mucsc.fedsim import report
+
+        if self.out:
+            self.writers[i] = report.RunWriter(self.run_dir(self.specs[i]), name, self.specs[i].cfg)
+        self.progress.start_run(i)
+
+    def on_round(self, i: int, rec) -> None:
+        if self.out:
+            self.writers[i].add(rec)
+        self.progress.round(i, rec)
+
+    def on_done(self, i: int, res) -> None:
+        self.progress.end_run(i)
+        if self.out:
+            self.writers.pop(i).close(res)
+        self.done[i] = res
+
+    def run(self, runner) -> str | None:
+        """Run every spec on ``runner`` (closed after); the failure to report, if any."""
+        from mucsc.fedsim import simulation
+
+        failure, failed = None, None
+        try:
+            runner.sweep_runs(self.specs, on_start=self.on_start, on_round=self.on_round, on_done=self.on_done)
+        except simulation.RunFailed as exc:
+            if not isinstance(exc.cause, (MucscError, ValueError, RuntimeError, ArithmeticError, KeyboardInterrupt)):
+                raise exc.cause from None
+            what = "was interrupted" if isinstance(exc.cause, KeyboardInterrupt) else "failed"
+            failure, failed = f"run {self.labels[exc.index]!r} {what} after {exc.rounds} rounds: {exc}", exc.index
+        except KeyboardInterrupt:
+            failure = "interrupted"
+        finally:
+            runner.close()
+        for i, w in self.writers.items():  # runs stopped by a failure keep their rows
+            w.close(None, error=failure if i == failed else f"stopped: {failure}")
+        self.progress.close()
+        return failure
+
+    def report(self, machine: dict[str, object]) -> str:
+        """The tables (per seed, and across seeds), written under --out too."""
+        from mucsc.fedsim import report
+
+        tables, all_rows = [], []
+        for k, (c, s) in enumerate(zip(self.cfgs, self.seeds)):
+            results = [self.done[i] for i in sorted(self.done) if self.specs[i].key == k]
+            rows = [report.summarize(res, c) for res in results]
+            report.add_relative(rows)
+            table = report.format_table(rows, c) if rows else "(no run completed)"
+            tables.append((f"seed {s}\n" if self.many else "") + table)
+            all_rows.append(rows)
+            if self.out:
+                where = self.run_dir(self.specs[k * len(self.cfg.codecs)])
+                report.write_summary(where, rows, c, table, machine, self.data_infos[k])
+                if results:
+                    report.plot(where, results)
+        text = "\n\n".join(tables)
+        if self.many:
+            text += "\n\n" + across_seeds(self.cfg.codecs, self.seeds, all_rows)
+            if self.out:
+                (self.out / "summary.txt").write_text(text + "\n")
+        return text
+
+
+def across_seeds(codecs: tuple[str, ...], seeds: tuple[int, ...], rows_by_seed: list[list]) -> str:
     """Per codec over the seeds: rounds run (R, > when the target was missed), final accuracy mean
     and standard deviation, traffic mean."""
     import statistics
@@ -337,12 +373,12 @@ def across_seeds(codecs: tuple[str, ...], seeds: tuple[int, ...], rows_by_seed: 
     lines = [f"across seeds {', '.join(map(str, seeds))}:",
              f"{'codec':<10} {'R per seed':<24} {'acc mean':>8} {'acc sd':>7} {'traffic MB mean':>16}"]
     for name in codecs:
-        rows = [r for rows in rows_by_seed for r in rows if r["codec"] == name]
+        rows = [r for rows in rows_by_seed for r in rows if r.codec == name]
         if not rows:
             continue
-        accs = [r["final_acc"] for r in rows]
-        rr = ",".join(f"{r['rounds']}" if r["reached"] else f">{r['rounds']}" for r in rows)
+        accs = [r.final_acc for r in rows]
+        rr = ",".join(f"{r.rounds}" if r.reached else f">{r.rounds}" for r in rows)
         sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
         lines.append(f"{name:<10} {rr:<24} {statistics.fmean(accs):>8.3f} {sd:>7.3f} "
-                     f"{statistics.fmean(r['traffic_MB'] for r in rows):>16.3f}")
+                     f"{statistics.fmean(r.traffic_MB for r in rows):>16.3f}")
     return "\n".join(lines)

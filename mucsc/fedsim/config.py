@@ -11,18 +11,19 @@ FEMNIST with LeNet it leaves the network dead at chance level (docs/fedsim.md, m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mucsc
 from mucsc.errors import InputError
 from mucsc.fedsim.transport import LinkCodec
 
 DEFAULT_CODECS = ("none", "mucsc", "bmucsc", "qsgd", "signsgd", "stc", "dgc")
-LR_SCHEDULES = ("paper", "inverse", "constant")
-DEVICES = ("auto", "cpu", "cuda")
 
 # Per data set: model, partition, target accuracy, round limit, evaluation period.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -48,95 +49,172 @@ LR_PRESETS: dict[tuple[str, str | None], tuple[str, float, float, float]] = {
 }
 
 
+def setting(default: Any, help: str, *, flags: tuple[str, ...] = (), label: str | None = None,
+            min: float | None = None, max: float | None = None, min_open: bool = False,
+            metavar: str | None = None, directory: bool = False, cli: bool = True) -> Any:
+    """A SimConfig field with what the command line, the TOML reader and the validation need: its help
+    text, extra flags (``-N``), the name errors use, an inclusive range (``min_open``: min excluded),
+    applied to every item of a tuple, and whether a string names a directory; choices come from a
+    ``Literal`` annotation.  ``cli=False``: no generated option."""
+    meta = {"help": help, "flags": flags, "label": label, "min": min, "max": max, "min_open": min_open,
+            "metavar": metavar, "directory": directory, "cli": cli}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One SimConfig field as the command line, the TOML reader and the validation see it."""
+
+    name: str
+    kind: type                          # int, float, str or bool (of each item, for a tuple)
+    choices: tuple[str, ...] | None     # a Literal field's values
+    many: bool                          # a tuple of ``kind``
+    optional: bool                      # None allowed (the data set's default)
+    default: Any
+    help: str
+    flags: tuple[str, ...]
+    label: str
+    min: float | None
+    max: float | None
+    min_open: bool
+    metavar: str | None
+    directory: bool
+    cli: bool
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> None:
+        """InputError naming the setting unless ``value`` has its type, choices and range."""
+        if value is None and self.optional:
+            return
+        for v in (value if self.many and isinstance(value, tuple) else (value,)):
+            self._check_item(v)
+
+    def _check_item(self, v: Any) -> None:
+        if self.choices is not None:
+            _check(v in self.choices, f"{self.label} must be one of {', '.join(self.choices)}, got {v!r}")
+            return
+        ok = isinstance(v, self.kind) or (self.kind is float and isinstance(v, int))
+        if not ok or (isinstance(v, bool) and self.kind is not bool):
+            raise InputError(f"{self.label} must be {_KIND_NAMES.get(self.kind, self.kind.__name__)}, got {v!r}")
+        lo_ok = self.min is None or (v > self.min if self.min_open else v >= self.min)
+        if not (lo_ok and (self.max is None or v <= self.max)):
+            raise InputError(f"{self.label} must be {self.range_text()}")
+
+    def range_text(self) -> str:
+        lo = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:g}"
+        if self.max is not None and lo is not None and not self.min_open:
+            return f"in [{self.min:g}, {self.max:g}]"
+        return lo or f"<= {self.max:g}"
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
-    """Everything one sweep needs.  ``None`` means: take the data set's default."""
+    """Everything one sweep needs.  ``None`` means: take the data set's default.
 
-    dataset: str = "digits"
-    data_dir: str | None = None
-    download: bool = False
-    model: str | None = None
-    partition: str | None = None
-    clients: int = 100                 # N
-    per_round: int = 10                # K
-    sampling: str = "uniform"          # "uniform" without replacement, "weighted" with (Assumption 4)
-    local_iters: int = 5               # E
-    batch_size: int = 8                # B
-    lr_schedule: str | None = None     # "paper", "inverse", "constant"; None: the data set's preset
-    lr0: float | None = None           # eta_t = max(lr0 / (1 + t / lr_decay), lr_min); None: preset
-    lr_decay: float | None = None
-    lr_min: float | None = None
-    normalize: str = "auto"            # "auto": the data set's input normalisation; "off": raw [0, 1]
-    rounds: int | None = None          # round limit
-    target: float | None = None        # stop at this test accuracy (0 = never)
-    eval_every: int | None = None
-    samples_per_client: int = 500      # iid
-    noniid_min: int = 300              # the paper's non-iid: 300..500 samples from 5 classes
-    noniid_max: int = 500
-    classes_per_client: int = 5
-    dirichlet_alpha: float = 0.5
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    codecs: tuple[str, ...] = DEFAULT_CODECS
-    z_up: tuple[int, ...] = (4, 8, 16)  # MUCSC uplink Z, clients split into equal random groups
-    z_down: int = 16
-    params: tuple[tuple[str, str, str, Any], ...] = ()  # (codec, "up"|"down"|"both", key, value)
-    down_codec: str | None = None      # override every preset's downlink codec (e.g. "none")
-    error_feedback: str = "auto"       # "auto" (biased codecs), "on", "off"
-    compress: str = "auto"             # container zstd: "auto" or "off" (fixed-width, paper counts)
-    downlink: str = "all"              # downlink accounting: "all" N clients, or "participants"
-    up_mbps: float = 1.4
-    down_mbps: float = 1.4
-    speed_sd: float = 0.1
-    seed: int = 0
-    seeds: tuple[int, ...] = ()        # several seeds: every codec runs with each (empty: just ``seed``)
-    threads: int = 1                   # torch threads per process (main and each worker)
-    device: str = "auto"               # "auto" (cuda when available), "cpu", "cuda"
-    workers: int | str = "auto"        # processes training clients / runs; "auto" (or None): measured,
-                                       # mucsc.fedsim.parallel.start_executor (1 on cuda)
-    auth: str = "off"                  # authenticate every message: "off", "blake2b" or "ed25519"
-    save_updates: str | None = None    # DIR: save raw client updates U_i (mucsc.fedsim.updates)
-    save_rounds: tuple[int, ...] = (1,)  # ... of these rounds (from 1)
-    save_slots: int = 1                # ... of the first this many participants of each such round
+    Every field's help, choices (``Literal``) and range live here, in the field's metadata
+    (:func:`setting`): ``mucsc sim``'s options, the TOML reader and the validation are made from them
+    (:func:`settings`)."""
+
+    dataset: Literal["digits", "synthetic", "cifar10", "femnist", "mnist"] = setting(
+        "digits", "Data set [digits: built in, offline].", label="data set")
+    data_dir: str | None = setting(None, "Where cifar10/femnist/mnist live.", directory=True)
+    download: bool = setting(False, "CIFAR-10 only: fetch the archive if missing.")
+    model: Literal["allcnn", "lenet", "cnn", "logreg"] | None = setting(None, "Model [per data set].")
+    partition: Literal["iid", "noniid", "dirichlet", "natural"] | None = setting(
+        None, "Client split [per data set].")
+    clients: int = setting(100, "Clients N [100].", flags=("-N",), min=1)
+    per_round: int = setting(10, "Clients per round K [10].", flags=("-K",), min=1, label="clients per round")
+    sampling: Literal["uniform", "weighted"] = setting(
+        "uniform", "uniform without replacement, or by data size with replacement (Assumption 4).")
+    local_iters: int = setting(5, "Local SGD iterations per round E [5].", flags=("-E",), min=1,
+                               label="local iterations")
+    batch_size: int = setting(8, "Batch size B [8].", flags=("-B",), min=1, label="batch size")
+    lr_schedule: Literal["paper", "inverse", "constant"] | None = setting(
+        None, "Learning rate: paper = max(0.5 / (1 + t/400), 0.01); inverse = max(lr0 / (1 + t/lr-decay), "
+        "lr-min); constant = lr0 [per data set: paper for digits/synthetic, inverse 0.1/400/0.01 for "
+        "femnist/mnist, 0.05/400/0.005 for cifar10].", label="learning-rate schedule")
+    lr0: float | None = setting(None, "Initial learning rate [per schedule / data set].", min=0, min_open=True)
+    lr_decay: float | None = setting(None, "Iterations to halve the inverse schedule [400].", min=0,
+                                     min_open=True, label="lr-decay")
+    lr_min: float | None = setting(None, "Floor of the inverse schedule [per data set].", min=0, label="lr-min")
+    normalize: Literal["auto", "off"] = setting(
+        "auto", "Input normalisation: auto = the data set's (femnist: inverted grey levels, standardised; "
+        "mnist, cifar10: standardised; digits, synthetic: as is); off = raw [auto].")
+    rounds: int | None = setting(None, "Round limit [per data set].", min=1)
+    target: float | None = setting(None, "Stop at this test accuracy; 0 = never [per data set].", min=0, max=1,
+                                   label="target accuracy")
+    eval_every: int | None = setting(None, "Evaluate every this many rounds [per data set].", min=1,
+                                     label="eval period")
+    samples_per_client: int = setting(500, "iid partition: samples per client [500].")
+    noniid_min: int = setting(300, "non-iid partition: min samples [300].")
+    noniid_max: int = setting(500, "non-iid partition: max samples [500].")
+    classes_per_client: int = setting(5, "non-iid partition: classes per client [5].")
+    dirichlet_alpha: float = setting(0.5, "dirichlet partition: alpha [0.5].")
+    synthetic_alpha: float = setting(1.0, "Synthetic(alpha, beta) [1].")
+    synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta) [1].")
+    codecs: tuple[str, ...] = setting(DEFAULT_CODECS, "Comma-separated codecs to sweep "
+                                      "[none,mucsc,bmucsc,qsgd,signsgd,stc,dgc].")
+    z_up: tuple[int, ...] = setting((4, 8, 16), "MUCSC uplink Z per client group [4,8,16].",
+                                    min=mucsc.Z_RANGE[0], max=mucsc.Z_RANGE[1], label="Z")
+    z_down: int = setting(16, "MUCSC downlink Z [16].", min=mucsc.Z_RANGE[0], max=mucsc.Z_RANGE[1], label="Z")
+    params: tuple[tuple[str, str, str, Any], ...] = setting(
+        (), "(codec, 'up'|'down'|'both', key, value): codec parameters (-p, [params.CODEC] tables).", cli=False)
+    down_codec: str | None = setting(None, "Downlink codec for every run (e.g. none) [per codec, paper].")
+    error_feedback: Literal["auto", "on", "off"] = setting(
+        "auto", "Residual accumulation [auto: biased codecs].", label="error feedback")
+    compress: Literal["auto", "off"] = setting(
+        "auto", "Container zstd of compressible sections; off = fixed-width, the paper's counts [auto].")
+    downlink: Literal["all", "participants"] = setting(
+        "all", "Count the downlink to all N clients (paper) or next round's participants [all].")
+    up_mbps: float = setting(1.4, "Mean uplink speed, Mb/s [1.4].")
+    down_mbps: float = setting(1.4, "Mean downlink speed, Mb/s [1.4].")
+    speed_sd: float = setting(0.1, "Speed standard deviation / mean [0.1].")
+    seed: int = setting(0, "Seed of everything [0].", min=0)
+    seeds: tuple[int, ...] = setting((), "Several seeds, e.g. 0,1,2: every codec runs with each (independent "
+                                     "runs, in parallel with --workers); results per seed in DIR/seed<S>/.", min=0)
+    threads: int = setting(1, "torch threads per process [1].", min=1)
+    device: Literal["auto", "cpu", "cuda"] = setting(
+        "auto", "Where models train and aggregate: auto = cuda when available [auto].")
+    workers: int | str = setting(
+        "auto", "Processes training a round's clients (and independent runs) concurrently; results do not "
+        "depend on it. auto: times round 1's first clients in one process, and with several workers when a "
+        "client takes >= 50 ms; keeps the workers only if >= 1.4x as fast [auto; 1 on cuda].", metavar="N|auto")
+    auth: Literal["off", "blake2b", "ed25519"] = setting(
+        "off", "Tag every message (a key per client and for the server; the context binds run, round and "
+        "direction) and verify it before decoding [off].")
+    save_updates: str | None = setting(
+        None, "Save raw client updates U_i (before compression) as .safetensors with a manifest.json, one "
+        "directory per run: DIR/<codec>-seed<S>/ (docs/fedsim.md). Only --save-rounds and --save-clients; "
+        "refused if over 4 GiB or the free space.", metavar="DIR", directory=True)
+    save_rounds: tuple[int, ...] = setting((1,), "Rounds whose updates --save-updates saves, e.g. 1,20 [1].",
+                                           min=1, label="save rounds")
+    save_slots: int = setting(1, "Participants saved per saved round: the first N selected [1].",
+                              flags=("--save-clients",), min=1, label="save clients (participants per saved round)")
 
     def __post_init__(self) -> None:
-        _check(self.dataset in DATASET_DEFAULTS, f"unknown data set {self.dataset!r}; "
-               f"choose from {', '.join(DATASET_DEFAULTS)}")
-        _check(self.clients >= 1, "clients must be >= 1")
-        _check(1 <= self.per_round, "clients per round must be >= 1")
-        _check(self.sampling != "uniform" or self.per_round <= self.clients,
-               "clients per round cannot exceed clients with uniform sampling without replacement")
-        _check(self.sampling in ("uniform", "weighted"), "sampling must be 'uniform' or 'weighted'")
-        _check(self.local_iters >= 1 and self.batch_size >= 1, "local iterations and batch size must be >= 1")
-        _check(self.lr_schedule is None or self.lr_schedule in LR_SCHEDULES,
-               f"learning-rate schedule must be one of {', '.join(LR_SCHEDULES)}")
-        _check((self.lr0 is None or self.lr0 > 0) and (self.lr_decay is None or self.lr_decay > 0)
-               and (self.lr_min is None or self.lr_min >= 0),
-               "bad learning-rate schedule: need lr0 > 0, lr-decay > 0, lr-min >= 0")
-        _check(self.normalize in ("auto", "off"), "normalize must be 'auto' or 'off'")
-        _check(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}")
         if self.workers is None:  # the Python API's old spelling of "auto"
             object.__setattr__(self, "workers", "auto")
+        for st in settings():
+            st.check(getattr(self, st.name))
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """What a single field's type and range cannot say."""
+        _check(self.sampling != "uniform" or self.per_round <= self.clients,
+               "clients per round cannot exceed clients with uniform sampling without replacement")
         _check(self.workers == "auto" or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
                                           and self.workers >= 1), "workers must be 'auto' or an integer >= 1")
-        _check(all(x >= 0 for x in self.seeds) and len(set(self.seeds)) == len(self.seeds),
-               "seeds must be distinct and >= 0")
-        _check(self.rounds is None or self.rounds >= 1, "rounds must be >= 1")
-        _check(self.target is None or 0 <= self.target <= 1, "target accuracy must be in [0, 1]")
-        _check(self.eval_every is None or self.eval_every >= 1, "eval period must be >= 1")
+        _check(len(set(self.seeds)) == len(self.seeds), "seeds must be distinct and >= 0")
         _check(len(self.codecs) >= 1, "give at least one codec")
-        _check(len(self.save_rounds) >= 1 and all(r >= 1 for r in self.save_rounds),
-               "save rounds must be >= 1 (rounds count from 1)")
-        _check(self.save_slots >= 1, "save clients (participants per saved round) must be >= 1")
+        _check(len(self.save_rounds) >= 1, "save rounds must be >= 1 (rounds count from 1)")
         _check(len(set(self.codecs)) == len(self.codecs), "a codec is listed twice")
-        lo, hi = mucsc.Z_RANGE
-        _check(len(self.z_up) >= 1 and all(lo <= z <= hi for z in self.z_up) and lo <= self.z_down <= hi,
-               f"Z must be in {lo}..{hi}")
-        _check(self.error_feedback in ("auto", "on", "off"), "error feedback must be auto, on or off")
-        _check(self.compress in ("auto", "off"), "compress must be 'auto' or 'off'")
-        _check(self.downlink in ("all", "participants"), "downlink must be 'all' or 'participants'")
-        _check(self.threads >= 1 and self.seed >= 0, "threads must be >= 1 and seed >= 0")
-        _check(self.auth in ("off", "blake2b", "ed25519"), "auth must be 'off', 'blake2b' or 'ed25519'")
+        _check(len(self.z_up) >= 1, "give at least one uplink Z")
         for p in self.params:
             _check(len(p) == 4 and p[1] in ("up", "down", "both"), f"bad codec parameter {p!r}")
 
@@ -226,12 +304,40 @@ def _check(ok: bool, msg: str) -> None:
         raise InputError(msg)
 
 
-_TUPLE_FIELDS = {"codecs": str, "z_up": int, "seeds": int, "save_rounds": int}
+@functools.cache
+def settings() -> tuple[Setting, ...]:
+    """Every SimConfig field as a :class:`Setting`, in field order: the one table behind ``mucsc sim``'s
+    options, the TOML reader and :meth:`SimConfig.__post_init__`."""
+    hints = typing.get_type_hints(SimConfig)
+    out = []
+    for f in dataclasses.fields(SimConfig):
+        kind, choices, many, optional = _parse_type(hints[f.name])
+        m = f.metadata
+        out.append(Setting(f.name, kind, choices, many, optional, f.default, m["help"], m["flags"],
+                           m["label"] or f.name.replace("_", " "), m["min"], m["max"], m["min_open"],
+                           m["metavar"], m["directory"], m["cli"]))
+    return tuple(out)
+
+
+def _parse_type(t: Any) -> tuple[type, tuple[str, ...] | None, bool, bool]:
+    """(item kind, Literal choices, is a tuple, None allowed) of a SimConfig annotation."""
+    args = typing.get_args(t)
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        rest = [a for a in args if a is not type(None)]
+        t = rest[0] if len(rest) == 1 else t
+    if typing.get_origin(t) is Literal:
+        return str, tuple(typing.get_args(t)), False, optional
+    if typing.get_origin(t) is tuple:
+        item = typing.get_args(t)[0]
+        return (item if isinstance(item, type) else object), None, True, optional
+    return (t if isinstance(t, type) else object), None, False, optional
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config: top-level keys are SimConfig fields; ``[params.CODEC]`` (both directions),
-    ``[params.CODEC.up]`` / ``[params.CODEC.down]`` tables give codec parameters."""
+    """Read a TOML config: top-level keys are SimConfig fields (a list, or a single value, for a tuple
+    field); ``[params.CODEC]`` (both directions), ``[params.CODEC.up]`` / ``[params.CODEC.down]``
+    tables give codec parameters."""
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:  # a binary file, or text in another encoding
@@ -239,18 +345,25 @@ def load_toml(path: str | Path) -> dict[str, Any]:
                          f"offset {exc.start}); a config is a TOML file") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"cannot read config {path}: {exc}") from None
-    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    table = {st.name: st for st in settings()}
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "params":
             out["params"] = tuple(_flatten_params(value))
-        elif key not in fields:
+        elif key not in table:
             raise InputError(f"config {path}: unknown setting {key!r}")
-        elif key in _TUPLE_FIELDS:
-            out[key] = tuple(_TUPLE_FIELDS[key](v) for v in (value if isinstance(value, list) else [value]))
+        elif table[key].many:
+            out[key] = tuple(_item(table[key], v) for v in (value if isinstance(value, list) else [value]))
         else:
             out[key] = value
     return out
+
+
+def _item(st: Setting, v: Any) -> Any:
+    try:
+        return st.kind(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{st.label}: {v!r} is not {_KIND_NAMES.get(st.kind, 'valid')}") from None
 
 
 def _flatten_params(table: Mapping[str, Any]):

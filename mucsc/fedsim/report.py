@@ -10,6 +10,7 @@ accounting (per client and round: 2hd / (uplink * K/N + downlink)), and the pape
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import mucsc
 from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.simulation import RoundRecord, RunResult
+from mucsc.texttable import text_table
 
 H = mucsc.rates.H  # bytes per float32 value: the paper's h
 MB = 2 ** 20  # the paper's traffic figures are in MiB (2090.05 MB = 2 * 4 * 1,369,738 B * 200 rounds)
@@ -104,73 +106,116 @@ def paper_formula(result: RunResult, cfg: SimConfig) -> float | None:
 
 # ---- summary -------------------------------------------------------------------------------------------
 
-def summarize(result: RunResult, cfg: SimConfig) -> dict[str, Any]:
-    """One row of the summary table (until the target was reached, else over every round run)."""
+@dataclasses.dataclass
+class SummaryRow:
+    """One row of the summary table (until the target was reached, else over every round run); the
+    fields in the order of summary.csv / summary.json.  The last three are filled by :func:`add_relative`."""
+
+    codec: str
+    uplink: str
+    downlink: str
+    rounds: int
+    reached: bool
+    T: int
+    traffic_MB: float
+    up_MB: float
+    down_MB: float
+    comm_min: float
+    comp_min: float
+    train_s: float
+    encode_s: float
+    decode_s: float
+    codec_share: float
+    final_acc: float
+    best_acc: float
+    ratio: float
+    rate_measured: float
+    rate_paper: float | None
+    mean_up_bytes: float
+    mean_down_bytes: float
+    d: int
+    auth_MB: float
+    auth_bytes_per_msg: int
+    auth_up_bytes_per_msg: float
+    total_min: float = math.nan
+    pct_nc_traffic: float | None = None
+    pct_nc_time: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(result: RunResult, cfg: SimConfig) -> SummaryRow:
+    """The run's row of the summary table (until the target was reached, else over every round run)."""
     recs = result.records
     n = len(recs)
     up = sum(r.bytes_up for r in recs)
     down = sum(r.bytes_down for r in recs)
     n_up = sum(len(r.up_bytes) for r in recs)
-    train = sum(r.train_s for r in recs)
-    enc = sum(r.encode_s for r in recs)
-    dec = sum(r.decode_s for r in recs)
+    train, enc, dec = (sum(getattr(r, k) for r in recs) for k in ("train_s", "encode_s", "decode_s"))
     accs = [r.accuracy for r in recs if r.accuracy is not None]
     mean_up = up / n_up if n_up else 0.0
     mean_down = sum(r.down_msg_bytes for r in recs) / n if n else 0.0
-    kn = cfg.per_round / cfg.clients
-    measured = 2 * H * result.d / (mean_up * kn + mean_down) if n else math.nan
     f32 = H * result.d * (n_up + sum(r.down_recipients for r in recs))  # the same messages as float32
-    formula = paper_formula(result, cfg)
-    return {
-        "codec": result.codec, "uplink": ";".join(result.uplinks), "downlink": result.downlink,
-        "rounds": n, "reached": result.reached_round is not None,
-        "T": n * cfg.local_iters, "traffic_MB": (up + down) / MB, "up_MB": up / MB, "down_MB": down / MB,
-        "comm_min": sum(r.comm_s for r in recs) / 60, "comp_min": sum(r.comp_s for r in recs) / 60,
-        "train_s": train, "encode_s": enc, "decode_s": dec,
-        "codec_share": (enc + dec) / (train + enc + dec) if n else math.nan,
-        "final_acc": accs[-1] if accs else math.nan, "best_acc": max(accs) if accs else math.nan,
-        "ratio": f32 / (up + down) if n else math.nan, "rate_measured": measured, "rate_paper": formula,
-        "mean_up_bytes": mean_up, "mean_down_bytes": mean_down, "d": result.d,
-        "auth_MB": sum(r.auth_up_bytes + r.auth_down_msg_bytes * r.down_recipients for r in recs) / MB,
-        "auth_bytes_per_msg": recs[-1].auth_down_msg_bytes if n else 0,
-        "auth_up_bytes_per_msg": sum(r.auth_up_bytes for r in recs) / n_up if n_up else 0.0,
-    }
+    return SummaryRow(
+        codec=result.codec, uplink=";".join(result.uplinks), downlink=result.downlink,
+        rounds=n, reached=result.reached_round is not None,
+        T=n * cfg.local_iters, traffic_MB=(up + down) / MB, up_MB=up / MB, down_MB=down / MB,
+        comm_min=sum(r.comm_s for r in recs) / 60, comp_min=sum(r.comp_s for r in recs) / 60,
+        train_s=train, encode_s=enc, decode_s=dec,
+        codec_share=(enc + dec) / (train + enc + dec) if n else math.nan,
+        final_acc=accs[-1] if accs else math.nan, best_acc=max(accs) if accs else math.nan,
+        ratio=f32 / (up + down) if n else math.nan,
+        rate_measured=_measured_rate(result.d, mean_up, mean_down, cfg) if n else math.nan,
+        rate_paper=paper_formula(result, cfg), mean_up_bytes=mean_up, mean_down_bytes=mean_down, d=result.d,
+        **_auth_columns(recs, n_up))
 
 
-def add_relative(rows: list[dict[str, Any]]) -> None:
+def _measured_rate(d: int, mean_up: float, mean_down: float, cfg: SimConfig) -> float:
+    """The paper's compression rate (Table II accounting) from measured sizes: 2hd / (up x K/N + down)."""
+    kn = cfg.per_round / cfg.clients
+    return 2 * H * d / (mean_up * kn + mean_down)
+
+
+def _auth_columns(recs: list[RoundRecord], n_up: int) -> dict[str, Any]:
+    """What authentication tags added: total MB, bytes per downlink and per uplink message."""
+    n = len(recs)
+    return {"auth_MB": sum(r.auth_up_bytes + r.auth_down_msg_bytes * r.down_recipients for r in recs) / MB,
+            "auth_bytes_per_msg": recs[-1].auth_down_msg_bytes if n else 0,
+            "auth_up_bytes_per_msg": sum(r.auth_up_bytes for r in recs) / n_up if n_up else 0.0}
+
+
+def add_relative(rows: list[SummaryRow]) -> None:
     """Fill '% of NC' for traffic and total time when the sweep has the uncompressed run."""
-    nc = next((r for r in rows if r["codec"] == "none"), None)
+    nc = next((r for r in rows if r.codec == "none"), None)
     for r in rows:
-        r["total_min"] = r["comm_min"] + r["comp_min"]
-        r["pct_nc_traffic"] = 100 * r["traffic_MB"] / nc["traffic_MB"] if nc else None
-        r["pct_nc_time"] = 100 * r["total_min"] / (nc["comm_min"] + nc["comp_min"]) if nc else None
+        r.total_min = r.comm_min + r.comp_min
+        r.pct_nc_traffic = 100 * r.traffic_MB / nc.traffic_MB if nc else None
+        r.pct_nc_time = 100 * r.total_min / (nc.comm_min + nc.comp_min) if nc else None
 
 
-def format_table(rows: list[dict[str, Any]], cfg: SimConfig) -> str:
+def format_table(rows: list[SummaryRow], cfg: SimConfig) -> str:
     """The paper-style table as aligned text."""
     target = cfg.resolved("target")
     head = ("codec", "R", "T", "traffic MB", "% NC", "comm min", "comp min", "total min", "% NC time",
             "acc", "codec %", "ratio", "rate", "paper rate")
     lines = []
     for r in rows:
-        rr = f"{r['rounds']}" if r["reached"] else f">{r['rounds']}"
+        rr = f"{r.rounds}" if r.reached else f">{r.rounds}"
         lines.append((
-            r["codec"], rr, f"{r['T']}", f"{r['traffic_MB']:.3f}", _pct(r["pct_nc_traffic"]),
-            f"{r['comm_min']:.2f}", f"{r['comp_min']:.3f}", f"{r['total_min']:.2f}", _pct(r["pct_nc_time"]),
-            f"{r['final_acc']:.3f}", f"{100 * r['codec_share']:.0f}%", f"{r['ratio']:.2f}x", f"{r['rate_measured']:.2f}x",
-            "-" if r["rate_paper"] is None else f"{r['rate_paper']:.2f}x"))
-    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            r.codec, rr, f"{r.T}", f"{r.traffic_MB:.3f}", _pct(r.pct_nc_traffic),
+            f"{r.comm_min:.2f}", f"{r.comp_min:.3f}", f"{r.total_min:.2f}", _pct(r.pct_nc_time),
+            f"{r.final_acc:.3f}", f"{100 * r.codec_share:.0f}%", f"{r.ratio:.2f}x", f"{r.rate_measured:.2f}x",
+            "-" if r.rate_paper is None else f"{r.rate_paper:.2f}x"))
     goal = f"target accuracy {target:.2f}" if target else "no target accuracy"
     out = [f"{goal}; N = {cfg.clients} clients, K = {cfg.per_round} per round, E = {cfg.local_iters} local "
-           f"SGD iterations per round, B = {cfg.batch_size}",
-           fmt(head), fmt(["-" * w for w in widths])]
-    out += [fmt(l) for l in lines]
+           f"SGD iterations per round, B = {cfg.batch_size}"]
+    out += text_table(head, lines, [False] + [True] * (len(head) - 1), rule=True)
     out += legend(rows, cfg)
     return "\n".join(out)
 
 
-def legend(rows: list[dict[str, Any]], cfg: SimConfig) -> list[str]:
+def legend(rows: list[SummaryRow], cfg: SimConfig) -> list[str]:
     """The table's legend in plain words, plus a sentence for every run that cost more traffic than NC."""
     recipients = "all N clients" if cfg.downlink == "all" else "the next round's participants"
     text = [
@@ -192,22 +237,22 @@ def legend(rows: list[dict[str, Any]], cfg: SimConfig) -> list[str]:
         tag = {"blake2b": 32, "ed25519": 64}[cfg.auth]
         text.append(f"authentication ({cfg.auth}, {tag} B tag + 4 B header + key id per message; included "
                     "in traffic): " + "; ".join(
-                        f"{r['codec']} +{r['auth_up_bytes_per_msg']:.0f} B/uplink msg, "
-                        f"+{r['auth_bytes_per_msg']} B/downlink msg, {r['auth_MB']:.4f} MB = "
-                        f"{100 * r['auth_MB'] / r['traffic_MB']:.3f} % of its traffic" for r in rows) + ".")
-    nc = next((r for r in rows if r["codec"] == "none"), None)
+                        f"{r.codec} +{r.auth_up_bytes_per_msg:.0f} B/uplink msg, "
+                        f"+{r.auth_bytes_per_msg} B/downlink msg, {r.auth_MB:.4f} MB = "
+                        f"{100 * r.auth_MB / r.traffic_MB:.3f} % of its traffic" for r in rows) + ".")
+    nc = next((r for r in rows if r.codec == "none"), None)
     for r in rows:
-        if nc is None or r is nc or r["pct_nc_traffic"] is None or r["pct_nc_traffic"] <= 100:
+        if nc is None or r is nc or r.pct_nc_traffic is None or r.pct_nc_traffic <= 100:
             continue
         why = []
-        if r["downlink"] == "none":
+        if r.downlink == "none":
             why.append("it compresses only the uplink, so the full-size downlink to "
-                       f"{recipients}, which is {100 * r['down_MB'] / r['traffic_MB']:.0f} % of its traffic, "
+                       f"{recipients}, which is {100 * r.down_MB / r.traffic_MB:.0f} % of its traffic, "
                        "stays as large as NC's every round")
-        if r["rounds"] > nc["rounds"]:
-            why.append(f"it ran {r['rounds']} rounds to NC's {nc['rounds']}")
+        if r.rounds > nc.rounds:
+            why.append(f"it ran {r.rounds} rounds to NC's {nc.rounds}")
         reason = " and ".join(why) if why else "its messages are larger than NC's"
-        text.append(f"{r['codec']} used {r['pct_nc_traffic']:.0f} % of NC's traffic: {reason}.")
+        text.append(f"{r.codec} used {r.pct_nc_traffic:.0f} % of NC's traffic: {reason}.")
     return _wrap(text)
 
 
@@ -222,18 +267,19 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}%"
 
 
-def write_summary(out: Path, rows: list[dict[str, Any]], cfg: SimConfig, table: str,
+def write_summary(out: Path, rows: list[SummaryRow], cfg: SimConfig, table: str,
                   machine: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
     """summary.txt (the table), summary.json (settings, the data loaded, machine and device, rows), .csv."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(table + "\n")
-    doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": rows}
+    dicts = [r.as_dict() for r in rows]
+    doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": dicts}
     (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str))
     if rows:
         with open(out / "summary.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, list(rows[0]))
+            w = csv.DictWriter(f, list(dicts[0]))
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(dicts)
 
 
 def plot(out: Path, results: list[RunResult]) -> list[Path]:
