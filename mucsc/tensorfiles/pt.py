@@ -90,6 +90,14 @@ def _load_torch(src: str | IO[bytes], label: str, limit: float, size: int, expli
     if not isinstance(obj, Mapping):
         raise TensorFileError(f"{label}: holds a {type(obj).__name__}, not a state_dict "
                               "(a mapping of names to tensors)")
+    state, notes = _state_dict(obj, label, torch)
+    tensors = {k: _from_torch(v, label, k) for k, v in state.items()}
+    return Loaded(tensors, "torch", notes=tuple(notes))
+
+
+def _state_dict(obj: Mapping, label: str, torch: Any) -> tuple[Mapping, list[str]]:
+    """The mapping of names to tensors in a loaded checkpoint: itself, or its first entry under
+    STATE_DICT_KEYS that is one (with a note saying what was skipped); TensorFileError otherwise."""
     notes: list[str] = []
     state = obj
     if not _all_tensors(obj, torch):
@@ -109,8 +117,7 @@ def _load_torch(src: str | IO[bytes], label: str, limit: float, size: int, expli
                 if state is obj else "")
         raise TensorFileError(f"{label}: not a state_dict of tensors: entries {shown}{more} are not "
                               f"named tensors{hint}")
-    tensors = {k: _from_torch(v, label, k) for k, v in state.items()}
-    return Loaded(tensors, "torch", notes=tuple(notes))
+    return state, notes
 
 
 def _all_tensors(m: Mapping, torch: Any) -> bool:
