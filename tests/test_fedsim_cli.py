@@ -170,3 +170,22 @@ def test_seeds_sweep_equals_single_seed_runs(tmp_path):
         assert json.loads((tmp_path / "many" / f"seed{seed}" / "summary.json").read_text())["config"]["seed"] == int(seed)
     assert (tmp_path / "many" / "seed1" / "none" / "rounds.csv").read_bytes() != \
         (tmp_path / "many" / "seed2" / "none" / "rounds.csv").read_bytes()
+
+
+def test_options_come_from_simconfig_fields_with_their_types_and_ranges():
+    """Every SimConfig setting is an option with the field's choices, range and help (no hand list)."""
+    from mucsc.fedsim.config import SimConfig, settings
+
+    names = {p.name: p for p in sim.params}
+    for st in settings():  # params: -p CODEC.KEY=VALUE, parsed by hand
+        assert st.name in names and (st.cli or st.name == "params"), st.name
+    assert names["dataset"].type.choices == ("digits", "synthetic", "cifar10", "femnist", "mnist")
+    assert names["clients"].type.min == 1 and names["target"].type.max == 1
+    assert names["save_slots"].opts == ["--save-clients"] and names["clients"].opts == ["-N", "--clients"]
+    assert names["save_rounds"].type.convert("1,20", None, None) == (1, 20)
+    r = CliRunner().invoke(sim, ["-N", "0"])
+    assert r.exit_code == 2 and "-N" in r.output and "x>=1" in r.output
+    with pytest.raises(mucsc.InputError, match="clients per round must be >= 1"):
+        SimConfig(per_round=0)
+    with pytest.raises(mucsc.InputError, match="sampling must be one of uniform, weighted"):
+        SimConfig(sampling="random")
