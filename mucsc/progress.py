@@ -56,17 +56,19 @@ class StageProgress:
     """The progress of ONE job made of stages (``mucsc compress``): "mucsc: STAGE... 42% [#####...] 3.1 s".
 
     The job is a sequence of stages, each a share (``weight``) of ``total``; a stage with a real measure
-    (bytes read) moves the bar through its share via :meth:`advance` and shows an ETA for that stage;
-    a stage without one (encoding: the API has no progress hook) holds the bar at its start while the
-    elapsed time keeps ticking, redrawn every ``interval`` seconds by a daemon thread, so the user sees
-    it is alive.  The line is redrawn with \\r and cleared by :meth:`done` (call it in a ``finally``).
-    Disabled (not a terminal, -q, small input): writes nothing and starts no thread.
+    (bytes read; elements encoded, from the API's ``progress`` hook via :meth:`hook`) moves the bar
+    through its share and shows an ETA for that stage; a stage without one (importing torch) holds the
+    bar at its start while the elapsed time keeps ticking, redrawn every ``interval`` seconds by a
+    daemon thread, so the user sees it is alive.  Nothing is drawn before ``delay`` seconds have
+    passed (a quick job leaves no trace).  The line is redrawn with \\r and cleared by :meth:`done`
+    (call it in a ``finally``).  Disabled (not a terminal, -q): writes nothing and starts no thread.
     """
 
     def __init__(self, enabled: bool, stream: IO[str] | None = None, *, total: float = 0.0,
-                 interval: float = 0.2, columns: int | None = None,
+                 interval: float = 0.2, delay: float = 0.0, columns: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
+        self.delay = delay
         self.stream = stream or sys.stderr
         self.total = float(total)
         self.interval = interval
@@ -82,6 +84,7 @@ class StageProgress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.shown = False  # drawn at least once (then done() clears the line)
 
     def phase(self, text: str, weight: float = 0.0, measured: bool = False) -> None:
         """Start a stage (the previous one counts as complete) taking ``weight`` units of the total."""
@@ -100,6 +103,12 @@ class StageProgress:
         self.count += n
         if self.mark is None:  # the rate is timed from the first read on (not from e.g. importing torch)
             self.mark = (self.clock(), self.count)
+
+    def hook(self) -> Callable[[int, int], None]:
+        """A ``progress(done, total)`` callable (the API's hook) that moves the current stage's share."""
+        def on_progress(done: int, total: int) -> None:
+            self.advance(self.weight * (done / total if total else 1.0) - self.count)
+        return on_progress
 
     def fraction(self) -> float | None:
         """Share of the whole job done, 0..1 (None without a total)."""
@@ -123,10 +132,11 @@ class StageProgress:
         return _fit(f"mucsc: {self.text}...", tail, self.columns)
 
     def draw(self) -> None:
-        if self.enabled:
+        if self.enabled and self.clock() - self.t0 >= self.delay:
             with self._lock:
                 if not self._stop.is_set():
                     _redraw(self.stream, self.render())
+                    self.shown = True
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
@@ -141,7 +151,8 @@ class StageProgress:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        _redraw(self.stream, "")
+        if self.shown:
+            _redraw(self.stream, "")
 
 
 def _columns(stream: IO[str]) -> int:

@@ -177,3 +177,31 @@ def test_id_bits_too_small_is_rejected():
     secs = [(s.group, s.tag, bytes(msg.payload(s))) for s in msg.sections[1:]]
     with pytest.raises(mucsc.FormatError, match="id_bits"):
         mucsc.decode(build(fmt.canonical_json(head), secs))
+
+
+# ---- the progress hook ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["shared", "per-tensor", "policy"])
+def test_progress_hook_counts_elements_up_to_the_total_and_leaves_bytes_alone(how):
+    rng = np.random.default_rng(5)
+    data = {"a": rng.standard_normal(30_000).astype("f4"), "b": rng.standard_normal(500).astype("f4"),
+            "n": np.arange(7)}
+    kw = {"shared": how == "shared", "policy": mucsc.Policy(max_error=0.05) if how == "policy" else None}
+    calls = []
+    blob = mucsc.encode(data, "mucsc", seed=3, progress=lambda done, total: calls.append((done, total)), **kw)
+    assert blob == mucsc.encode(data, "mucsc", seed=3, **kw)
+    elements = sum(v.size for v in data.values())
+    total = calls[0][1]
+    assert total == elements * (2 if how == "policy" else 1)
+    assert all(t == total for _, t in calls) and calls[-1][0] == total
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and len(calls) >= 2
+    back = []
+    mucsc.decode(blob, progress=lambda done, total: back.append((done, total)))
+    assert back[-1] == (elements, elements) and len(back) >= 2
+
+
+def test_progress_hook_must_be_callable():
+    with pytest.raises(mucsc.ParameterError, match="progress must be a callable"):
+        mucsc.encode(np.ones(4, "f4"), progress=1)
+    with pytest.raises(mucsc.ParameterError, match="progress must be a callable"):
+        mucsc.decode(mucsc.encode(np.ones(4, "f4")), progress="bar")

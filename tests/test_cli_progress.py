@@ -113,6 +113,38 @@ def test_elapsed_time_ticks_while_a_stage_has_no_measure():
     assert len(times) >= 3 and times == sorted(times) and times[-1] > times[0]
 
 
+def test_nothing_drawn_before_the_delay():
+    buf, clock = io.StringIO(), FakeClock()
+    p = StageProgress(True, buf, total=10, delay=1.0, interval=60, clock=clock)
+    p.phase("loading x", 10, measured=True)
+    p.advance(5)
+    p.draw()
+    assert buf.getvalue() == ""  # a quick run leaves no trace, not even the clearing
+    clock.t += 1.0
+    p.draw()
+    assert "mucsc: loading x...  50% [" in buf.getvalue()
+    p.done()
+    assert buf.getvalue().endswith(CLEAR)
+    quick = StageProgress(True, io.StringIO(), total=10, delay=1.0, interval=60, clock=FakeClock())
+    quick.phase("loading y", 10)
+    quick.done()
+    assert quick.stream.getvalue() == ""
+
+
+def test_hook_moves_the_stage_by_the_api_fraction():
+    buf, clock = io.StringIO(), FakeClock()
+    p = StageProgress(True, buf, total=40, interval=60, clock=clock)
+    p.phase("loading x", 10, measured=True)
+    p.advance(10)
+    p.phase("encoding", 30, measured=True)
+    hook = p.hook()
+    hook(50, 100)
+    assert p.fraction() == pytest.approx((10 + 15) / 40)
+    hook(100, 100)
+    assert p.fraction() == 1.0
+    p.done()
+
+
 def test_disabled_writes_nothing_and_starts_no_thread():
     buf = io.StringIO()
     p = StageProgress(False, buf, total=10, interval=0.01)
@@ -204,13 +236,19 @@ def test_compress_with_the_bar_forced_on(tmp_path, monkeypatch, suffix):
     assert "% [" not in plain.stderr and CLEAR not in plain.stderr  # CliRunner: not a terminal
 
     monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
-    monkeypatch.setattr(cli_main, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
+    moves, advance = [], StageProgress.advance
+    monkeypatch.setattr(StageProgress, "advance", lambda self, n: (moves.append((self.text, n)), advance(self, n)))
     r = compress([src, "--base", base, "-o", tmp_path / "bar.mucsc"])
     assert (tmp_path / "bar.mucsc").read_bytes() == (tmp_path / "plain.mucsc").read_bytes()
     bar, report_text = r.stderr.rsplit(CLEAR, 1)
     assert report_text == plain.stderr.replace("plain.mucsc", "bar.mucsc")  # cleared, then the report
     assert f"mucsc: loading {src}... " in bar and f"mucsc: loading {base}... " in bar
     assert "mucsc: encoding with mucsc... " in bar and re.search(r"\d+% \[#+\.*\] \d+\.\d s", bar)
+    if suffix == ".pt":  # importing torch is a stage of its own, shown before any byte is read
+        assert bar.index("mucsc: importing torch") < bar.index("mucsc: loading")
+    # the API's progress hook moves the bar through the whole encoding stage
+    assert sum(n for text, n in moves if text.startswith("encoding")) == pytest.approx(cli_main.ENCODE_WEIGHT * src.stat().st_size)
     seen = percents(bar)
     assert seen == sorted(seen) and seen[-1] == 100 and len(set(seen)) >= 3
     assert not ticker_alive()
@@ -222,7 +260,7 @@ def test_compress_error_with_the_bar_clears_it_first(tmp_path, monkeypatch):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     plain = compress([bad], code=1)
     monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
-    monkeypatch.setattr(cli_main, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
     r = compress([bad], code=1)
     bar, message = r.stderr.rsplit(CLEAR, 1)
     assert message == plain.stderr and message.startswith(f"mucsc: {bad}: ")

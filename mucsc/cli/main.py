@@ -40,7 +40,7 @@ LAZY = {
     "sim": ("mucsc.fedsim.cli:sim", "Run the federated-learning simulator (needs torch)."),
     "rate": ("mucsc.cli.rate:rate", "The paper's compression-rate formulas next to measured bytes."),
 }
-PROGRESS_MIN_BYTES = 64 << 20  # a progress bar only for inputs at least this large
+PROGRESS_DELAY_S = 1.0  # the progress line appears once a run has taken this long (none for quick runs)
 # the encode stage's share of the bar, in bytes of NEW (reading takes one unit per byte): encoding a
 # 294 MB float32 .safetensors with mucsc took 0.72 s against 0.26 s to read it from the page cache
 ENCODE_WEIGHT = 2.0
@@ -256,23 +256,26 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
     new_size, old_size = _size(input), _size(base)
-    progress = StageProgress(not quiet and _is_terminal(sys.stderr)
-                             and new_size + old_size >= PROGRESS_MIN_BYTES,
+    progress = StageProgress(not quiet and _is_terminal(sys.stderr), delay=PROGRESS_DELAY_S,
                              total=new_size + old_size + ENCODE_WEIGHT * new_size)
     try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
+        if any(p not in (None, "-") and _format_of(p) == "torch" for p in (input, base)):
+            progress.phase("importing torch (to read .pt files)")  # seconds, before any byte is read
+            require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
         progress.phase(f"loading {input}", new_size, measured=True)
         loaded = _load(input, progress, max_memory)
         tensors, notes, meta = loaded.tensors, list(loaded.notes), None
         if base is not None:
             tensors, meta = _subtract_base(tensors, input, base, progress, max_memory, notes)
-        progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size)  # no hook: time ticks only
+        progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size, measured=True)
         norm2 = squared_norm(tensors)
         notes += _zero_update_notes(input, base, norm2)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
         del loaded
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
-                                                  meta=meta, policy=mode.policy, threads=threads, **signing)
+                                                  meta=meta, policy=mode.policy, threads=threads,
+                                                  progress=progress.hook(), **signing)
         del data, tensors
         progress.phase(f"writing {out}")
         _write_bytes(out, blob, force)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -112,7 +113,8 @@ def tensor_dict(t: TensorStats) -> dict[str, Any]:
 def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
            compress: str | int = "auto", meta: Mapping[str, str] | None = None,
            policy: Policy | None = None, key: Any = None, key_id: str | None = None,
-           context: bytes | str | None = None, threads: int = 1, **params: Any) -> bytes:
+           context: bytes | str | None = None, threads: int = 1, progress: Progress | None = None,
+           **params: Any) -> bytes:
     """Encode an array, a torch tensor or a mapping of them into one mucsc message.
 
     ``codec`` is a name with its ``params`` (e.g. ``"mucsc", z=16``) or a :class:`Codec` object
@@ -128,20 +130,25 @@ def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bo
     ``key`` (32 secret bytes for BLAKE2b, or an Ed25519 private key) with ``key_id`` appends an
     authentication tag that also covers ``context`` (not stored; e.g. ``b"run-4/round-9/up"``): the
     receiver must give the same context.  See docs/security.md.
+
+    ``progress``: a callable ``progress(done, total)``, called (serialised, from the encoding threads)
+    as work finishes, in elements: each tensor's elements count once per pass over them (a
+    ``policy``'s trial encodings are a pass, the message's groups another); the last call has
+    ``done == total``.  For a progress bar; the bytes never depend on it.
     """
     return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   threads, want_stats=False)[0]
+                   threads, want_stats=False, progress=progress)[0]
 
 
 def encode_with_stats(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
                       compress: str | int = "auto", meta: Mapping[str, str] | None = None,
                       policy: Policy | None = None, key: Any = None, key_id: str | None = None,
                       context: bytes | str | None = None, threads: int = 1,
-                      **params: Any) -> tuple[bytes, EncodeStats]:
+                      progress: Progress | None = None, **params: Any) -> tuple[bytes, EncodeStats]:
     """Like :func:`encode`, also returning :class:`EncodeStats` (J, sizes, ratio, and each tensor's
     measured error: every lossy group is decoded once more to measure it)."""
     return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   threads, want_stats=True)
+                   threads, want_stats=True, progress=progress)
 
 
 def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
@@ -167,6 +174,37 @@ def as_codec(codec: str | Codec, **params: Any) -> Codec:
     return get_codec(codec, **params)
 
 
+Progress = Callable[[int, int], Any]
+
+
+def _check_progress(progress: Any) -> Progress | None:
+    """``progress`` itself when it is None or callable, else a ParameterError (before any work)."""
+    if progress is not None and not callable(progress):
+        raise ParameterError(f"progress must be a callable progress(done, total), got {type(progress).__name__}")
+    return progress
+
+
+class _Reporter:
+    """Adds up finished work and passes ``(done, total)`` to the caller's ``progress`` callable, one
+    call at a time (groups may finish on several threads at once)."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = _check_progress(progress), int(total), 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        if self.progress is None:
+            return
+        with self._lock:
+            self.done = min(self.done + int(n), self.total)
+            self.progress(self.done, self.total)
+
+    def finish(self) -> None:
+        """The final ``(total, total)`` call (once, and only if it was not the last call already)."""
+        if self.done < self.total or self.total == 0:
+            self.add(self.total - self.done)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Request:
     """One encode call's settings, checked: the codec (resolved for the container), the seed, how
@@ -181,16 +219,20 @@ class _Request:
     signer: auth.Signer | None
     threads: int
     want_stats: bool
+    progress: Progress | None = None
 
 
-def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats):
+def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats,
+            progress=None):
+    _check_progress(progress)
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
         codec = as_codec(codec, **params).for_container(compressing=level is not None)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
-        req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats)
+        req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats,
+                       progress)
         return _encode_request(data, req)
 
 
@@ -201,10 +243,17 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
         raise InputError("nothing to encode: the mapping is empty")
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     _check_header_limits(records)
-    plan, ready = _plan_message(tensors, container, req)
+    reporter = _Reporter(req.progress, sum(t.size for t in tensors) * (2 if req.policy is not None else 1))
+    plan, ready = _plan_message(tensors, container, req, reporter)
+    sizes = [sum(tensors[i].size for i in m) for _, m in plan]
+
+    def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
+        out = _encode_group(gi, plan, ready, tensors, req)
+        reporter.add(sizes[gi])
+        return out
+
     # small groups side by side, large ones one after another with every thread (parallel.run_groups)
-    done = parallel.run_groups(lambda gi: _encode_group(gi, plan, ready, tensors, req),
-                               [sum(tensors[i].size for i in m) for _, m in plan])
+    done = parallel.run_groups(encode_group, sizes)
     groups = [d[0] for d in done]
     sections = [s for d in done for s in d[1]]
     gstats = tuple(d[2] for d in done if d[2] is not None)
@@ -215,15 +264,16 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads)
+    reporter.finish()
     return blob, (_message_stats(blob, header, gstats, errors) if req.want_stats else None)
 
 
-def _plan_message(tensors: list[Tensor], container: str, req: _Request
+def _plan_message(tensors: list[Tensor], container: str, req: _Request, reporter: _Reporter
                   ) -> tuple[list[tuple[Codec, list[int]]], dict[int, EncodedGroup]]:
     """(codec, member tensors) per group, and the groups already encoded while planning (the
     policy's trials, the other groups of a budget); a goal is resolved here (rate control)."""
     if req.policy is not None:
-        planned = req.policy.plan(tensors, req.codec, req.seed)
+        planned = req.policy.plan(tensors, req.codec, req.seed, on_tensor=lambda i: reporter.add(tensors[i].size))
     else:
         planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, req.codec, req.shared)]
     plan = [(p.codec, list(p.members)) for p in planned]
@@ -509,7 +559,7 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
            max_elements: int | None = DEFAULT_MAX_ELEMENTS,
            max_expansion: float | None = DEFAULT_MAX_EXPANSION, keys: Keys | None = None,
            context: bytes | str | None = None, require_auth: bool | None = None,
-           threads: int = 1) -> Any:
+           threads: int = 1, progress: Progress | None = None) -> Any:
     """Decode a message: an array for a message made from one array, else a dict of arrays.
 
     Original dtypes and shapes are restored (bfloat16 comes back as float32 numpy, or bfloat16 torch
@@ -527,8 +577,11 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     ``threads``: threads used within and across groups (0: all cores); the result never depends on it.
     A message that is not bytes-like, or a limit that is not None or a non-negative number, raises
     :class:`ParameterError` (a MucscError: one ``except MucscError`` covers every untrusted input).
+    ``progress``: a callable ``progress(done, total)`` in elements, called as groups finish (as for
+    :func:`encode`).
     """
     check_reader_args(blob, max_elements=max_elements, max_expansion=max_expansion)
+    _check_progress(progress)
     if device is not None and not as_torch:
         raise ParameterError("device= needs as_torch=True")
     if as_torch:
@@ -538,7 +591,7 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash
     try:
         with parallel.using(threads):
-            return _decode(blob, as_torch, max_elements, max_expansion, device)
+            return _decode(blob, as_torch, max_elements, max_expansion, device, progress)
     except MemoryError:
         raise LimitError("out of memory while decoding: the message decodes to more than this machine "
                          "can hold") from None
@@ -587,13 +640,20 @@ def _max_header(blob: Any, max_expansion: float | None) -> int | None:
 
 
 def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float | None,
-            device: Any = None) -> Any:
+            device: Any = None, progress: Progress | None = None) -> Any:
     msg = fmt.read_message(blob, _max_header(blob, max_expansion))
     header = msg.header
     check_limits(header, msg.size, max_elements, max_expansion)
     out: dict[str, Any] = {}
     sizes = [sum(header.records[i].size for i in g.records) for g in header.groups]
-    flats = parallel.run_groups(lambda gi: _decode_group(msg, gi, header.groups[gi], device), sizes)
+    reporter = _Reporter(progress, sum(sizes))
+
+    def decode_group(gi: int) -> np.ndarray:
+        flat = _decode_group(msg, gi, header.groups[gi], device)
+        reporter.add(sizes[gi])
+        return flat
+
+    flats = parallel.run_groups(decode_group, sizes)
     for gi, group in enumerate(header.groups):
         flat = flats[gi]
         flats[gi] = None
@@ -607,6 +667,7 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
                 part = (part.astype(np.uint32) << 16).view(np.float32)
             out[rec.name] = to_device(from_record(part, rec.dtype, rec.shape, as_torch), device)
     ordered = {r.name: out[r.name] for r in header.records}
+    reporter.finish()
     return ordered[header.records[0].name] if header.container == "tensor" else ordered
 
 

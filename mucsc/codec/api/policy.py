@@ -72,8 +72,10 @@ class Policy:
                 raise ParameterError(f"max_error must be a fraction in (0, 1), e.g. 0.01 for 1%, "
                                      f"got {self.max_error!r}")
 
-    def plan(self, tensors: Sequence[Tensor], codec: Codec, seed: int) -> list[Planned]:
-        """The groups for ``tensors`` (record order of their first member)."""
+    def plan(self, tensors: Sequence[Tensor], codec: Codec, seed: int,
+             on_tensor: Callable[[int], Any] | None = None) -> list[Planned]:
+        """The groups for ``tensors`` (record order of their first member); ``on_tensor(i)`` is called
+        when tensor i's choice is made (the API's progress hook)."""
         if self.max_error is not None and not has_param(codec, "max_error"):
             raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
                                  f"codec {codec.name!r} has no max_error parameter")
@@ -84,6 +86,8 @@ class Policy:
         for i, t in enumerate(tensors):
             if not t.is_float or codec.lossless:
                 self._carry_raw(i, t, raw, raw_pools, plan)
+                if on_tensor is not None:
+                    on_tensor(i)
                 continue
             x = flat_float(t)
             choice = self._choose(i, t, x, codec, fp16, seed)
@@ -93,6 +97,8 @@ class Policy:
                 self._carry_raw(i, t, raw, raw_pools, plan)
             else:
                 plan.append(choice)
+            if on_tensor is not None:
+                on_tensor(i)
         if fp16_pool:
             plan.append(Planned(fp16, tuple(fp16_pool)))
         plan += [Planned(raw, tuple(m)) for m in raw_pools.values()]
