@@ -35,7 +35,7 @@ def one_line_error(result, *fragments):
     err = result.stderr.strip()
     assert "Traceback" not in err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("mucsc: ")
+    assert err.startswith("mucsc: error: ")
     for f in fragments:
         assert f in err, (f, err)
     return err
@@ -135,7 +135,7 @@ def test_default_output_name_and_decompress_name(tmp_path):
     run(["decompress", tmp_path / "m.safetensors.mucsc", "-q"])
     assert (tmp_path / "m.safetensors").exists()
     r = run(["decompress", tmp_path / "m.safetensors.mucsc"], code=1)  # exists now
-    one_line_error(r, "m.safetensors: already exists (use -f to overwrite)")
+    one_line_error(r, "m.safetensors: already exists (-f overwrites it; -o OTHER writes another file)")
 
 
 def test_deterministic_and_seeded(tmp_path):
@@ -399,7 +399,7 @@ def test_failure_while_writing_leaves_no_partial_file(tmp_path, monkeypatch):
 def test_overwrite_refused_without_force(tmp_path):
     write_ckpt(tmp_path / "m.npz", checkpoint())
     (tmp_path / "m.npz.mucsc").write_bytes(b"precious")
-    one_line_error(run(["compress", tmp_path / "m.npz"], code=1), "already exists (use -f")
+    one_line_error(run(["compress", tmp_path / "m.npz"], code=1), "already exists (-f overwrites it")
     assert (tmp_path / "m.npz.mucsc").read_bytes() == b"precious"
     run(["compress", tmp_path / "m.npz", "-f", "-q"])
     mucsc.verify((tmp_path / "m.npz.mucsc").read_bytes())
@@ -492,16 +492,17 @@ def test_lazy_attribute_missing(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "has no 'cmd'" in r.stderr
 
 
-def test_progress_only_on_a_terminal_for_large_inputs(tmp_path, monkeypatch):
+def test_progress_only_on_a_terminal_for_runs_over_the_delay(tmp_path, monkeypatch):
     from mucsc.cli import main as cli_main
 
     src = write_ckpt(tmp_path / "m.npz", checkpoint())
     r = run(["compress", src, "-o", tmp_path / "a.mucsc"])
     assert "loading" not in r.stderr  # CliRunner's stderr is not a terminal
     monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 3600)
     r = run(["compress", src, "-o", tmp_path / "b.mucsc"])
-    assert "loading" not in r.stderr  # a terminal, but a small input
-    monkeypatch.setattr(cli_main, "PROGRESS_MIN_BYTES", 0)
+    assert "loading" not in r.stderr and "\x1b" not in r.stderr  # a terminal, but done before the delay
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
     r = run(["compress", src, "-o", tmp_path / "c.mucsc"])
     assert "mucsc: loading" in r.stderr and "mucsc: encoding with mucsc" in r.stderr
     assert "\r\x1b[2K" in r.stderr

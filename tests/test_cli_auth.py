@@ -18,7 +18,7 @@ SECRET = bytes(range(32))
 
 def one_line(result, *fragments):
     err = result.stderr.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("mucsc: ") and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("mucsc: error: ") and "Traceback" not in err, err
     for f in fragments:
         assert f in err, (f, err)
 
@@ -104,4 +104,4 @@ def test_key_file_refusals_and_usage_errors(files):
                  ["compress", files["x"], "-o", d / "u.mucsc", "--key-file", files["pub"], "--key-id", "a"],
                  ["test", files["x"], "--key-file", files["secret"], "--keys", files["keys"]],
                  ["info", files["x"], "--context", "r"]):
-        assert "Error:" in run(args, code=2).stderr
+        assert "\nmucsc: error: " in run(args, code=2).stderr

@@ -263,7 +263,7 @@ def test_compress_error_with_the_bar_clears_it_first(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
     r = compress([bad], code=1)
     bar, message = r.stderr.rsplit(CLEAR, 1)
-    assert message == plain.stderr and message.startswith(f"mucsc: {bad}: ")
+    assert message == plain.stderr and message.startswith(f"mucsc: error: {bad}: ")
     assert "mucsc: loading" in bar and not ticker_alive()
     assert not list(tmp_path.glob("*.mucsc*"))
 

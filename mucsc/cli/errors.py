@@ -1,8 +1,11 @@
-"""The one place where errors become what the user sees: a single ``mucsc: FILE: problem`` line.
+"""The one place where errors become what the user sees: a single ``mucsc: error: FILE: problem`` line.
 
-Exit codes (also in docs/cli.md): 0 success; 1 bad or unreadable data, I/O failure, refused overwrite;
-2 usage (unknown option, bad parameter value, option the codec does not have, unknown file suffix).
-Library errors never reach the user as tracebacks; genuine bugs still do.
+Every error, ours and click's own (usage errors keep click's usage line and help hint above it),
+starts with the one prefix ``mucsc: error:`` (notes and warnings: ``mucsc: note:``, ``mucsc: warning:``).
+Exit codes (also in README.md and docs/cli.md): 0 success; 1 bad or unreadable data, I/O failure,
+an output that exists (without -f); 2 usage (unknown option, bad parameter value, option the codec
+does not have, unknown file suffix).  Library errors never reach the user as tracebacks; genuine
+bugs still do.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from mucsc.errors import MucscError, ParameterError, UnknownCodecError
 from mucsc.tensorfiles import TensorFileError
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE = 0, 1, 2
+PREFIX = "mucsc: error: "
 
 
 class Failure(click.ClickException):
@@ -27,7 +31,30 @@ class Failure(click.ClickException):
     exit_code = EXIT_DATA
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"mucsc: {self.format_message()}", err=True)
+        click.echo(PREFIX + self.format_message(), err=True)
+
+
+class Prefixed(click.ClickException):
+    """Any other click error (a usage error, a bad parameter, the simulator's failures) shown with the
+    one prefix: click's usage line and help hint for usage errors, then ``mucsc: error: ...``."""
+
+    def __init__(self, exc: click.ClickException) -> None:
+        super().__init__(exc.format_message())
+        self.exit_code = exc.exit_code
+        self.ctx = getattr(exc, "ctx", None) if isinstance(exc, click.UsageError) else None
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        ctx = self.ctx
+        if ctx is not None:
+            hint = (f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.\n"
+                    if ctx.command.get_help_option(ctx) is not None else "")
+            click.echo(f"{ctx.get_usage()}\n{hint}", err=True, color=ctx.color)
+        click.echo(PREFIX + self.format_message(), err=True)
+
+
+def prefixed(exc: click.ClickException) -> click.ClickException:
+    """``exc`` as shown with the one prefix (ours already are)."""
+    return exc if isinstance(exc, (Failure, Prefixed)) else Prefixed(exc)
 
 
 class FileProblem(Exception):
@@ -55,7 +82,7 @@ def to_click_error(exc: BaseException) -> click.ClickException | None:
     if isinstance(exc, FileProblem):
         path, exc = exc.path, exc.exc
     if isinstance(exc, (UnknownCodecError, ParameterError)):
-        return click.UsageError(str(exc))
+        return Prefixed(click.UsageError(str(exc)))
     if isinstance(exc, TensorFileError):
         return Failure(str(exc))
     if isinstance(exc, MucscError):

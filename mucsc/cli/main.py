@@ -29,7 +29,7 @@ from mucsc.cli.auth_options import (
     signing_kwargs, signing_options, unverified_note, verifying_kwargs, verifying_options,
 )
 from mucsc.cli.codec_options import chosen_params, click_options, codec_params, codecs_epilog
-from mucsc.cli.errors import EXIT_USAGE, Failure, about, to_click_error
+from mucsc.cli.errors import EXIT_USAGE, Failure, about, prefixed, to_click_error
 from mucsc.cli.lazy import LazyGroup
 from mucsc.optional import require_torch
 from mucsc.progress import StageProgress
@@ -46,8 +46,8 @@ PROGRESS_DELAY_S = 1.0  # the progress line appears once a run has taken this lo
 ENCODE_WEIGHT = 2.0
 OUT_FORMATS = {"safetensors": "safetensors", "pt": "torch", "torch": "torch", "npz": "npz", "npy": "npy"}
 EXIT_CODES = """\b
-Exit codes: 0 success; 1 bad or unreadable data, I/O error, refused overwrite;
-2 usage error (bad option or value, unknown file suffix)."""
+Exit codes: 0 success; 1 bad or unreadable data, I/O error, an existing output (without -f);
+2 usage error (bad option or value, unknown file suffix).  Every error starts "mucsc: error:"."""
 
 
 class Limit(click.ParamType):
@@ -169,7 +169,15 @@ class UsageFailure(Failure):
 
 
 class MainGroup(LazyGroup):
-    """The command group; maps every library error to one line on stderr, in one place."""
+    """The command group; maps every library error to one line on stderr, in one place, and gives
+    every error (click's own too) the one prefix ``mucsc: error:``."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:  # the group's own options (`mucsc --bogus`) are parsed here
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            raise prefixed(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -178,7 +186,9 @@ class MainGroup(LazyGroup):
         except BrokenPipeError:  # the reader went away (`mucsc info x.mucsc | head`): quietly, status 1
             _silence_stdout()
             raise click.exceptions.Exit(1) from None
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except click.ClickException as exc:
+            raise prefixed(exc) from None
+        except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
             err = to_click_error(exc)
@@ -542,7 +552,7 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
                 how = f" (authenticated: key id {_key_id(blob)!r})" if verifying else ""
                 click.echo(f"{_label(path)}: OK{how}")
         except Exception as exc:  # noqa: BLE001 - mapped to one line, or re-raised when not ours
-            err = exc if isinstance(exc, click.ClickException) else to_click_error(exc)
+            err = prefixed(exc) if isinstance(exc, click.ClickException) else to_click_error(exc)
             if err is None:
                 raise
             results.append({"file": path, "ok": False, "error": err.format_message()})
@@ -595,7 +605,7 @@ def _check_output(out: str, force: bool, inputs: list[str | None]) -> None:
     if os.path.isdir(out):
         raise Failure(f"{out}: is a directory")
     if not force and os.path.lexists(out):
-        raise Failure(f"{out}: already exists (use -f to overwrite)")
+        raise Failure(f"{out}: already exists (-f overwrites it; -o OTHER writes another file)")
 
 
 def _format_of(path: str) -> str:
