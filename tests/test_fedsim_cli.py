@@ -31,7 +31,7 @@ def test_outputs_and_table(tmp_path):
     heads = sorted(line.split(" acc ")[0] for line in err[1:])  # concurrent runs interleave
     assert heads == ["run 1/2 none round 1/2", "run 1/2 none round 2/2", "run 2/2 mucsc round 1/2",
                      "run 2/2 mucsc round 2/2"]
-    assert "traffic MB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
+    assert "traffic MiB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
     for codec in ("none", "mucsc"):
         lines = (tmp_path / codec / "rounds.csv").read_text().splitlines()
         assert len(lines) == 3 and lines[0].startswith("round,iteration,lr,accuracy")
@@ -45,14 +45,14 @@ def test_outputs_and_table(tmp_path):
     assert summary["data"]["classes"] == 10 and summary["data"]["d"] == 650 and summary["data"]["clients"] == 6
     assert summary["machine"]["device"] == "cpu"
     rows = summary["runs"]
-    assert rows[1]["rate_paper"] == pytest.approx(2 * 4 * rows[1]["d"] / (  # eq. CompressionRateofMUCSC
+    assert rows[1]["rate_paper"] == pytest.approx(2 * 4 * rows[1]["d"] / (  # MUCSC's rate formula
         sum(b / 8 * rows[1]["d"] + 4 * z for b, z in ((2, 4), (3, 8), (4, 16))) / 3 * 0.5
-        + 4 * 16 + 0.5 * rows[1]["d"]), rel=1e-9)
+        + 4 * 16 + 0.5 * rows[1]["d"]), rel=1e-7)  # files keep 8 significant digits
 
 
 def test_quiet_prints_only_the_table():
     r = _run(["--codecs", "none", "-q"])
-    assert r.exit_code == 0 and r.stderr == "" and "traffic MB" in r.stdout
+    assert r.exit_code == 0 and r.stderr == "" and "traffic MiB" in r.stdout
 
 
 def test_legend_explains_columns_and_traffic_above_nc():
@@ -70,13 +70,77 @@ def test_legend_explains_columns_and_traffic_above_nc():
     both = report.SummaryRow(**base, codec="mucsc", downlink="mucsc(z=16)", rounds=2, traffic_MB=1.0,
                              down_MB=0.5, pct_nc_traffic=10.0)
     text = " ".join(report.format_table([nc, up_only, both], SimConfig()).split())
-    for words in ("NC = no compression", "E = 5 local SGD iterations", "in MiB", "in minutes",
-                  "ratio = plain size ratio", "rate = the paper's compression rate", "2 / (1 + K/N)"):
+    for words in ("% NC = share of the uncompressed run (codec none)", "E = 5 local SGD iterations", "in MiB",
+                  "in minutes", "ratio = float32 bytes / message bytes", "rate = the paper's compression rate",
+                  "Full legend: docs/fedsim.md, section \"Reading the table\""):
         assert words in text
+    legend = report.legend([both], SimConfig())
+    assert len(legend) <= 6  # short; the full legend is in the docs
+    assert "Reading the table" in (__import__("pathlib").Path(__file__).parents[1] / "docs" / "fedsim.md").read_text()
     assert "dgc used 195 % of NC's traffic: it compresses only the uplink" in text
     assert "92 % of its traffic" in text and "it ran 4 rounds to NC's 2" in text
     assert "mucsc used" not in text
+    assert "below 1" not in text  # NC's ratio is 1.0 here
+    small = dict(nc, ratio=0.91, mean_up_bytes=4 * 650 + 260, d=650)
+    text = " ".join(report.format_table([small, both], SimConfig()).split())
+    assert "none's ratio 0.91x is below 1 because every message adds the container's framing" in text
+    assert "260 B here" in text
 
+
+def significant_digits(cell: str) -> int:
+    """Significant digits of a number as written ("0.0940" -> 3, "100.0" -> 1, "1.5e-05" -> 2)."""
+    mantissa = cell.lstrip("+-").lower().split("e")[0].replace(".", "")
+    return len(mantissa.strip("0")) or 1
+
+
+def floats_in(value) -> list[str]:
+    """Every float of a parsed JSON document, as the text json wrote it."""
+    if isinstance(value, float):
+        return [json.dumps(value)]
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in floats_in(v)]
+    if isinstance(value, list):
+        return [f for v in value for f in floats_in(v)]
+    return []
+
+
+def png_text(path) -> dict[str, str]:
+    """The tEXt chunks of a PNG file (matplotlib writes savefig's metadata there)."""
+    import struct
+    import zlib
+
+    data, pos, out = path.read_bytes(), 8, {}
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"tEXt":
+            key, _, text = body.partition(b"\0")
+            out[key.decode("latin-1")] = text.decode("latin-1")
+        elif kind == b"zTXt":
+            key, _, rest = body.partition(b"\0")
+            out[key.decode("latin-1")] = zlib.decompress(rest[1:]).decode("latin-1")
+        pos += 12 + n
+    return out
+
+
+def test_files_are_rounded_and_plots_titled(tmp_path):
+    import csv
+
+    r = _run(["--codecs", "none,mucsc,stc", "--seed", "5", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    tables = [tmp_path / "summary.csv"] + [tmp_path / c / f for c in ("none", "mucsc", "stc")
+                                          for f in ("rounds.csv", "timing.csv")]
+    cells = [cell for path in tables for row in csv.reader(path.open()) for cell in row[1:]]
+    numbers = [c for c in cells if c.replace(".", "", 1).replace("e-", "").replace("-", "").isdigit()]
+    assert len(numbers) > 100 and any("." in c for c in numbers)
+    wide = [c for c in numbers if ("." in c or "e" in c) and significant_digits(c) > 8]
+    assert not wide, wide[:5]
+    for doc in [tmp_path / "summary.json"] + [tmp_path / c / "rounds.json" for c in ("none", "mucsc", "stc")]:
+        wide = [f for f in floats_in(json.loads(doc.read_text())) if significant_digits(f) > 8]
+        assert not wide, (doc, wide[:5])
+    for name in ("accuracy_vs_rounds.png", "accuracy_vs_traffic.png"):
+        meta = png_text(tmp_path / name)
+        assert meta["Title"] == "digits, N = 6 clients, K = 3 per round, seed 5", meta
 
 def test_same_seed_same_csv(tmp_path):
     for sub, seed in (("a", "3"), ("b", "3"), ("c", "4")):

@@ -91,6 +91,8 @@ def test_rate_command_json():
 def test_rate_command_text():
     res = CliRunner().invoke(rate, ["--dim", "5000"])
     assert res.exit_code == 0, res.output
-    assert "eq. CompressionRateofMUCSC" in res.output and "eq. CompressRateB" in res.output
+    assert "MUCSC, the paper's formula" in res.output and "B-MUCSC, the paper's formula" in res.output
+    assert "eq." not in res.output and "CompressionRateofMUCSC" not in res.output  # words, not LaTeX labels
+    assert "eq." not in CliRunner().invoke(rate, ["--dim", "5000", "--baselines", "--json"]).output
     bad = CliRunner().invoke(rate, ["--dim", "5000", "--kn", "0"])
     assert bad.exit_code == 2

@@ -33,9 +33,11 @@ Z = click.IntRange(*mucsc.Z_RANGE)
 @click.option("--baselines", is_flag=True, help="Also list the baseline codecs' bytes per transfer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def rate(d, z_u, z_d, kn, keep, z_b, seed, baselines, as_json):
-    """Print eq. CompressionRateofMUCSC and eq. CompressRateB next to measured message bytes.
+    """Print the paper's compression-rate formulas for MUCSC and B-MUCSC next to measured message bytes.
 
     Rate = 2 h d / (K/N * uplink bytes + downlink bytes), h = 4, per client and round (paper IV-D).
+    The formulas' bytes per transfer: MUCSC ceil(log2 Z) d / 8 + h Z; B-MUCSC (ceil(log2 Z) + ceil(log2 d))
+    d0 / 8 + h Z + h.  "vs formula" is each measured row's rate against its formula's.
     Measured rows encode a Gaussian vector of size d; fixed-width modes include the message framing
     (a few hundred bytes), compact modes are the library's defaults.
     """
@@ -50,8 +52,11 @@ def rate(d, z_u, z_d, kn, keep, z_b, seed, baselines, as_json):
                                "z_b": z_b, "rows": [r.__dict__ for r in rows], "baselines": extra}, indent=1))
         return
     d0 = mucsc.rates.keep_count(keep, d)
-    click.echo(f"d = {d:,} ({source}); K/N = {kn}; Z_U = {', '.join(map(str, z_u))} (equal client sets); "
-               f"Z_D = {z_d}; B-MUCSC: d0 = {d0:,}, Z = {z_b}; h = 4")
+    click.echo(f"d = {d:,} parameters ({source}); K/N = {kn} (the fraction of clients uploading per round); "
+               f"uplink Z_U = {', '.join(map(str, z_u))} (equal client sets); downlink Z_D = {z_d}; "
+               f"B-MUCSC keeps d0 = {d0:,} values, Z = {z_b}; h = 4 bytes per float32")
+    click.echo("rate = 2 h d / (K/N x uplink bytes + downlink bytes), per client and round (the paper's "
+               "accounting, section IV-D)\n")
     w = max(len(r.label) for r in rows)
     click.echo(f"{'':{w}}  {'uplink B':>12}  {'downlink B':>12}  {'rate':>8}  vs formula")
     formula = None

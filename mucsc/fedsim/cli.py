@@ -89,7 +89,8 @@ def data_summary(cfg, setup) -> dict[str, object]:
     info = setup.data.describe()
     sizes = setup.sizes
     info.update({"clients": cfg.clients, "client_samples_min": int(sizes.min()),
-                 "client_samples_max": int(sizes.max()), "model": setup.model_name, "d": setup.d})
+                 "client_samples_max": int(sizes.max()), "client_samples_total": int(sizes.sum()),
+                 "model": setup.model_name, "d": setup.d})
     schedule, lr0, decay, lr_min = cfg.lr_settings()
     info["lr"] = (f"constant {lr0:g}" if schedule == "constant"
                   else f"{schedule}: max({lr0:g} / (1 + t/{decay:g}), {lr_min:g})")
@@ -101,8 +102,18 @@ def data_line(info: dict[str, object]) -> str:
     writers = f", {info['writers']} writers" if "writers" in info else ""
     return (f"{info['dataset']}: {info['train_samples']} train / {info['test_samples']} test samples, "
             f"{info['classes']} classes{writers}, input {'x'.join(map(str, info['input_shape']))} "
-            f"({info['normalize']}); {info['clients']} clients with {info['client_samples_min']}.."
-            f"{info['client_samples_max']} samples; model {info['model']} d = {info['d']}; lr {info['lr']}")
+            f"({info['normalize']}); {info['clients']} clients with {_samples(info)}; "
+            f"model {info['model']} d = {info['d']}; lr {info['lr']}")
+
+
+def _samples(info: dict[str, object]) -> str:
+    """ "500 samples each" or "300..500 samples", and why N clients can hold more than the data set."""
+    lo, hi, total = info["client_samples_min"], info["client_samples_max"], info["client_samples_total"]
+    text = f"{lo} samples each" if lo == hi else f"{lo}..{hi} samples"
+    if total > info["train_samples"]:  # type: ignore[operator]
+        text += (f" (drawn with overlap: {total} client samples from {info['train_samples']} train samples, "
+                 "no repeats within a client)")
+    return text
 
 
 def machine_info() -> dict[str, object]:
@@ -356,7 +367,7 @@ class _Sweep:
                 where = self.run_dir(self.specs[k * len(self.cfg.codecs)])
                 report.write_summary(where, rows, c, table, machine, self.data_infos[k])
                 if results:
-                    report.plot(where, results)
+                    report.plot(where, results, c)
         text = "\n\n".join(tables)
         if self.many:
             text += "\n\n" + across_seeds(self.cfg.codecs, self.seeds, all_rows)
@@ -371,7 +382,7 @@ def across_seeds(codecs: tuple[str, ...], seeds: tuple[int, ...], rows_by_seed: 
     import statistics
 
     lines = [f"across seeds {', '.join(map(str, seeds))}:",
-             f"{'codec':<10} {'R per seed':<24} {'acc mean':>8} {'acc sd':>7} {'traffic MB mean':>16}"]
+             f"{'codec':<10} {'R per seed':<24} {'acc mean':>8} {'acc sd':>7} {'traffic MiB mean':>16}"]
     for name in codecs:
         rows = [r for rows in rows_by_seed for r in rows if r.codec == name]
         if not rows:

@@ -4,7 +4,9 @@ Table columns follow Tables III-VIII: rounds to the target (R, and T = R * E glo
 traffic and its % of the uncompressed run (NC), communication time, computation time, total time.
 Next to them: the compression rate measured from the real message lengths, in the paper's own
 accounting (per client and round: 2hd / (uplink * K/N + downlink)), and the paper's formula
-(eq. CompressionRateofMUCSC / CompressRateB) for the same settings where the paper gives one.
+(MUCSC's and B-MUCSC's compression rates, section IV-D) for the same settings where the paper gives one.
+Files hold every measured value to SIGNIFICANT digits (no float noise such as 99.99999999999999);
+byte counts are exact integers.  Traffic is in MiB everywhere (table, CSV/JSON, plots).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from mucsc.texttable import text_table
 
 H = mucsc.rates.H  # bytes per float32 value: the paper's h
 MB = 2 ** 20  # the paper's traffic figures are in MiB (2090.05 MB = 2 * 4 * 1,369,738 B * 200 rounds)
+SIGNIFICANT = 8  # digits kept of every float written to CSV/JSON
+LEGEND_DOC = "docs/fedsim.md, section \"Reading the table\""
 
 # rounds.csv holds what the seed determines (byte-identical across runs with the same seed);
 # timing.csv holds the measured wall times of the same rounds.
@@ -72,8 +76,16 @@ def _nan_none(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {o!r}")
 
 
-def _fmt(x: float | None, nd: int = 6) -> Any:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+def rounded(x: Any, digits: int = SIGNIFICANT) -> Any:
+    """A float to ``digits`` significant digits (0.1 + 0.2 -> 0.3, 99.99999999999999 -> 100.0); other
+    values (ints, strings, None, NaN, infinities) as they are."""
+    if isinstance(x, float) and math.isfinite(x):
+        return float(f"{x:.{digits}g}")
+    return x
+
+
+def _fmt(x: float | None) -> Any:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else rounded(x)
 
 
 def _row(rec: RoundRecord, cum: int) -> dict[str, Any]:
@@ -197,7 +209,7 @@ def add_relative(rows: list[SummaryRow]) -> None:
 def format_table(rows: list[SummaryRow], cfg: SimConfig) -> str:
     """The paper-style table as aligned text."""
     target = cfg.resolved("target")
-    head = ("codec", "R", "T", "traffic MB", "% NC", "comm min", "comp min", "total min", "% NC time",
+    head = ("codec", "R", "T", "traffic MiB", "% NC", "comm min", "comp min", "total min", "% NC time",
             "acc", "codec %", "ratio", "rate", "paper rate")
     lines = []
     for r in rows:
@@ -216,29 +228,29 @@ def format_table(rows: list[SummaryRow], cfg: SimConfig) -> str:
 
 
 def legend(rows: list[SummaryRow], cfg: SimConfig) -> list[str]:
-    """The table's legend in plain words, plus a sentence for every run that cost more traffic than NC."""
+    """A short legend (the full one: :data:`LEGEND_DOC`), a sentence where NC's own ratio is below 1,
+    and one for every run that cost more traffic than NC."""
     recipients = "all N clients" if cfg.downlink == "all" else "the next round's participants"
     text = [
-        "NC = no compression (codec none), the 100 % of the % columns. R = rounds run (>R: target not "
-        "reached within the round limit); T = R*E global SGD iterations.",
-        f"traffic MB = every uplink message + the downlink message x {recipients}, in MiB (2^20 bytes). "
-        "comm min = simulated transfer time at the drawn link speeds (per round: slowest uplink + slowest "
-        "downlink); comp min = measured compute wall time on this machine (per round: slowest client's "
-        "training + encoding, the server's decoding and encoding, one client's decoding); total = comm + comp; "
-        "all times in minutes. acc = test accuracy at the last evaluation. codec % = encode + decode time "
-        "/ (local training + encode + decode).",
-        "ratio = plain size ratio: the same messages as raw float32 / their actual bytes. rate = the paper's "
-        "compression rate (Table II accounting) from the measured sizes: 2hd / (mean uplink message x K/N "
-        "+ downlink message), h = 4 bytes, d = model parameters; its numerator counts an upload and a "
-        "download per client but its denominator only K/N of the uploads, so rate > ratio and NC itself "
-        "scores 2 / (1 + K/N). paper rate = the paper's formula for the same d, Z and K/N (MUCSC, B-MUCSC).",
+        "R = rounds run (>R: target not reached); T = R*E. % NC = share of the uncompressed run (codec none). "
+        f"traffic = uplinks + downlink to {recipients}, in MiB; comm (simulated links) + comp (measured here) "
+        "= total, in minutes. acc = last test accuracy; codec % = encode + decode share of compute. "
+        "ratio = float32 bytes / message bytes; rate = the paper's compression rate from the measured bytes "
+        "(it counts only K/N of the uploads, so rate > ratio); paper rate = the paper's formula. "
+        f"Full legend: {LEGEND_DOC}.",
     ]
+    for r in rows:
+        if r.codec == "none" and r.ratio < 1:
+            framing = r.mean_up_bytes - H * r.d
+            text.append(f"none's ratio {r.ratio:.3g}x is below 1 because every message adds the container's "
+                        f"framing (header, section table, checksum: {framing:.0f} B here) to the d = {r.d:,} "
+                        "raw float32 values; the smaller the model, the more it shows.")
     if cfg.auth != "off":
         tag = {"blake2b": 32, "ed25519": 64}[cfg.auth]
         text.append(f"authentication ({cfg.auth}, {tag} B tag + 4 B header + key id per message; included "
                     "in traffic): " + "; ".join(
                         f"{r.codec} +{r.auth_up_bytes_per_msg:.0f} B/uplink msg, "
-                        f"+{r.auth_bytes_per_msg} B/downlink msg, {r.auth_MB:.4f} MB = "
+                        f"+{r.auth_bytes_per_msg} B/downlink msg, {r.auth_MB:.4f} MiB = "
                         f"{100 * r.auth_MB / r.traffic_MB:.3f} % of its traffic" for r in rows) + ".")
     nc = next((r for r in rows if r.codec == "none"), None)
     for r in rows:
@@ -260,7 +272,6 @@ def _wrap(paragraphs: list[str], width: int = 110) -> list[str]:
     import textwrap
 
     return [line for p in paragraphs for line in textwrap.wrap(p, width)]
-    return "\n".join(out)
 
 
 def _pct(x: float | None) -> str:
@@ -272,7 +283,7 @@ def write_summary(out: Path, rows: list[SummaryRow], cfg: SimConfig, table: str,
     """summary.txt (the table), summary.json (settings, the data loaded, machine and device, rows), .csv."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(table + "\n")
-    dicts = [r.as_dict() for r in rows]
+    dicts = [{k: rounded(v) for k, v in r.as_dict().items()} for r in rows]
     doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": dicts}
     (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str))
     if rows:
@@ -282,15 +293,23 @@ def write_summary(out: Path, rows: list[SummaryRow], cfg: SimConfig, table: str,
             w.writerows(dicts)
 
 
-def plot(out: Path, results: list[RunResult]) -> list[Path]:
-    """accuracy_vs_rounds.png and accuracy_vs_traffic.png (cumulative MB), one line per codec."""
+def plot_title(cfg: SimConfig) -> str:
+    """What a figure shows: data set, N, K and seed (the figure alone must say which run it is)."""
+    return f"{cfg.dataset}, N = {cfg.clients} clients, K = {cfg.per_round} per round, seed {cfg.seed}"
+
+
+def plot(out: Path, results: list[RunResult], cfg: SimConfig) -> list[Path]:
+    """accuracy_vs_rounds.png and accuracy_vs_traffic.png (cumulative MiB), one line per codec, titled
+    (:func:`plot_title`, also the PNG's Title metadata), with the target accuracy as a dashed line and
+    a marker where each run stopped: a star where it reached the target, a cross at the round limit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    title, target = plot_title(cfg), cfg.resolved("target")
     paths = []
-    for name, xlabel in (("rounds", "round"), ("traffic", "cumulative traffic (MB)")):
+    for name, xlabel in (("rounds", "round"), ("traffic", "cumulative traffic (MiB)")):
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         for res in results:
             xs, ys, cum = [], [], 0
@@ -299,16 +318,24 @@ def plot(out: Path, results: list[RunResult]) -> list[Path]:
                 if r.accuracy is not None:
                     xs.append(r.round if name == "rounds" else cum / MB)
                     ys.append(r.accuracy)
-            ax.plot(xs, ys, marker=".", label=res.codec)
+            line, = ax.plot(xs, ys, marker=".", label=res.codec)
+            if xs:  # where the run stopped
+                ax.plot(xs[-1], ys[-1], linestyle="none", color=line.get_color(), markersize=11,
+                        marker="*" if res.reached_round is not None else "X")
+        if target:
+            ax.axhline(target, color="0.4", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.plot([], [], linestyle="none", marker="*", color="0.3", label="stopped: target reached")
+        ax.plot([], [], linestyle="none", marker="X", color="0.3", label="stopped: round limit")
         if name == "traffic":
             ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
         p = out / f"accuracy_vs_{name}.png"
-        fig.savefig(p)
+        fig.savefig(p, metadata={"Title": title, "Description": f"test accuracy vs {xlabel}"})
         plt.close(fig)
         paths.append(p)
     return paths

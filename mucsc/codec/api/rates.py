@@ -133,13 +133,13 @@ def paper_check(d: int, z_u: Sequence[int] = (4, 8, 16), z_d: int = 16, kn: floa
         return RateRow(label, kind, up, down, rate(d, up, down, kn))
 
     zs = list(z_u)
-    rows = [row("MUCSC eq. CompressionRateofMUCSC", "formula",
+    rows = [row("MUCSC, the paper's formula", "formula",
                 _mean(paper_mucsc_bytes(d, z) for z in zs), paper_mucsc_bytes(d, z_d))]
     for comp, label in (("off", "MUCSC fixed-width IDs (compress=off)"), ("auto", "MUCSC zstd'd IDs (compress=auto)")):
         rows.append(row(label, "measured", _mean(size("mucsc", z=z, compress=comp) for z in zs),
                         size("mucsc", z=z_d, compress=comp)))
     b_formula = get_codec("bmucsc", keep=keep, z=z_b).paper_bytes(d)  # d0 = ceil(keep d)
-    rows.append(row("B-MUCSC eq. CompressRateB", "formula", b_formula, b_formula))
+    rows.append(row("B-MUCSC, the paper's formula", "formula", b_formula, b_formula))
     for comp, pos, label in (("off", "paper", "B-MUCSC positions=paper, compress=off"),
                              ("auto", "auto", "B-MUCSC positions=auto, compress=auto")):
         b = size("bmucsc", keep=keep, z=z_b, positions=pos, compress=comp)
