@@ -79,3 +79,24 @@ def test_runnable_blocks_run(doc, tmp_path):
         r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, (f"{doc.name}:{line}: exit {r.returncode}\n--- code\n{code}--- stdout\n"
                                    f"{r.stdout[-3000:]}--- stderr\n{r.stderr[-3000:]}")
+
+
+def test_reference_is_up_to_date():
+    """docs/reference/*.md are what docs/make_reference.py writes from the code's help and docstrings."""
+    r = subprocess.run([sys.executable, str(ROOT / "docs" / "make_reference.py"), "--check"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "37"}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_reference_covers_every_command_and_public_function():
+    cli_text = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for command in ("compress", "decompress", "info", "test", "rate", "sim"):
+        assert f"## `mucsc {command}`" in cli_text
+    api_text = (ROOT / "docs" / "reference" / "api.md").read_text()
+    import inspect
+
+    import mucsc
+
+    for name in mucsc.__all__:
+        if inspect.isfunction(getattr(mucsc, name)) or inspect.isclass(getattr(mucsc, name)):
+            assert f"### `mucsc.{name}`" in api_text, name
