@@ -100,3 +100,15 @@ def test_reference_covers_every_command_and_public_function():
     for name in mucsc.__all__:
         if inspect.isfunction(getattr(mucsc, name)) or inspect.isclass(getattr(mucsc, name)):
             assert f"### `mucsc.{name}`" in api_text, name
+
+
+def test_readme_is_a_users_page():
+    """No commit hashes, no project-internal bookkeeping, no paths that exist only on one machine."""
+    text = (ROOT / "README.md").read_text()
+    hashes = [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", h) and re.search(r"[a-f]", h)]
+    assert not hashes, hashes
+    assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
+    absolute = re.findall(r"(?:^|[\s`'\"(=])(/(?:work|tmp|home|root|opt|srv|mnt)/\S*)", text)
+    assert not absolute, absolute  # paths of one machine (the quick start's relative .venv is the reader's)
+    for machine_specific in (".lock", "flock ", "nice -20", "autogroup"):
+        assert machine_specific not in text, machine_specific
