@@ -305,3 +305,21 @@ def test_sweep_progress_eta_bar_and_log_lines():
     p.round(0, Rec(1, 0.5))
     p.close()
     assert quiet.getvalue() == ""
+
+
+def test_decompress_shows_decoding_progress_on_a_terminal(tmp_path, monkeypatch):
+    src = tmp_path / "m.npz"
+    tf.save(src, {"a": np.linspace(-1, 1, 5000, dtype=np.float32), "b": np.ones(300, np.float32)})
+    compress([src, "-o", tmp_path / "m.mucsc", "-q"])
+    plain = CliRunner().invoke(main, ["decompress", str(tmp_path / "m.mucsc"), "-o", str(tmp_path / "a.npz")])
+    assert plain.exit_code == 0 and CLEAR not in plain.stderr
+    monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
+    moves, advance = [], StageProgress.advance
+    monkeypatch.setattr(StageProgress, "advance", lambda self, n: (moves.append((self.text, n)), advance(self, n)))
+    r = CliRunner().invoke(main, ["decompress", str(tmp_path / "m.mucsc"), "-o", str(tmp_path / "b.npz")])
+    assert r.exit_code == 0, r.stderr
+    bar, report_text = r.stderr.rsplit(CLEAR, 1)
+    assert "mucsc: decoding " in bar and report_text == plain.stderr.replace("a.npz", "b.npz")
+    assert sum(n for text, n in moves if text.startswith("decoding")) == pytest.approx(1.0)
+    assert not ticker_alive()

@@ -396,7 +396,7 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     _check_output(out, force, inputs=[input, base])
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
 
-    info, decoded = _decode_file(input, out, fmt, verifying, max_elements, max_expansion, threads)
+    info, decoded = _decode_file(input, out, fmt, verifying, max_elements, max_expansion, threads, quiet)
     tensors = _recorded_shapes(decoded, info)
     notes = [n for n in [unverified_note(info)] if n]
     if base is not None:
@@ -449,7 +449,7 @@ def _save_tensors(out: str, target: Any, fmt: str, force: bool) -> None:
 
 
 def _decode_file(input: str, out: str, fmt: str, verifying: dict[str, Any], max_elements: int | None,
-                 max_expansion: float | None, threads: int) -> tuple[mucsc.MessageInfo, Any]:
+                 max_expansion: float | None, threads: int, quiet: bool = False) -> tuple[mucsc.MessageInfo, Any]:
     """Read, inspect (verifying first with keys) and decode IN for an output of format ``fmt``."""
     blob = _read_bytes(input)
     with about(_label(input)):
@@ -462,8 +462,13 @@ def _decode_file(input: str, out: str, fmt: str, verifying: dict[str, Any], max_
         if as_torch:
             require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
         # the same immutable bytes inspect() verified: no second tag check needed
-        decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
-                               max_expansion=max_expansion, threads=threads)
+        progress = StageProgress(not quiet and _is_terminal(sys.stderr), delay=PROGRESS_DELAY_S, total=1)
+        try:  # a line only when decoding takes over a second; moved by the API's progress hook
+            progress.phase(f"decoding {_label(input)}", 1, measured=True)
+            decoded = mucsc.decode(blob, as_torch=as_torch, max_elements=max_elements,
+                                   max_expansion=max_expansion, threads=threads, progress=progress.hook())
+        finally:
+            progress.done()
     return info, decoded
 
 
