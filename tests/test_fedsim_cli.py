@@ -81,7 +81,7 @@ def test_legend_explains_columns_and_traffic_above_nc():
     assert "92 % of its traffic" in text and "it ran 4 rounds to NC's 2" in text
     assert "mucsc used" not in text
     assert "below 1" not in text  # NC's ratio is 1.0 here
-    small = dict(nc, ratio=0.91, mean_up_bytes=4 * 650 + 260, d=650)
+    small = __import__("dataclasses").replace(nc, ratio=0.91, mean_up_bytes=4 * 650 + 260, d=650)
     text = " ".join(report.format_table([small, both], SimConfig()).split())
     assert "none's ratio 0.91x is below 1 because every message adds the container's framing" in text
     assert "260 B here" in text
