@@ -158,3 +158,35 @@ def test_fingerprint_is_order_and_format_independent():
     assert mucsc.fingerprint(renamed) != mucsc.fingerprint(sd)
     reshaped = dict(sd, **{"fc.weight": sd["fc.weight"].reshape(256, 128)})
     assert mucsc.fingerprint(reshaped) != mucsc.fingerprint(sd)
+
+
+def test_model_keeps_1d_tensors_within_a_tenth_of_a_percent_and_lossless_globs(ckpt, tmp_path):
+    r = run(["compress", ckpt, "-o", tmp_path / "a.mucsc", "--lossless", "conv.w*", "--json"])
+    rep = json.loads(r.stdout)
+    by = {t["name"]: t for t in rep["tensors"]}
+    assert by["conv.bias"]["codec"] == "fp16" and by["conv.bias"]["rel_error"] <= 0.001
+    assert by["conv.weight"]["codec"] == "raw" and by["conv.weight"]["rel_error"] == 0
+    assert "conv.w*" in rep["mode_reason"]
+    assert "not with --shared" in run(["compress", ckpt, "-o", tmp_path / "b.mucsc", "--shared", "--lossless",
+                                       "x"], code=2).stderr
+
+
+def test_model_bits_budget_caps_errors_and_json_warnings_go_to_stderr_too(tmp_path):
+    rng = np.random.default_rng(1)
+    sd = {"big.weight": rng.standard_t(4, (512, 512)).astype(np.float32),
+          "key.weight": (1e-3 * rng.standard_normal((32, 64))).astype(np.float32),
+          "ln.weight": np.ones(512, np.float32) + 0.01}
+    path = tmp_path / "m.safetensors"
+    tf.save(path, sd)
+    rep = json.loads(run(["compress", path, "-o", tmp_path / "a.mucsc", "--bits", "4.5", "--json"]).stdout)
+    assert max(t["rel_error"] for t in rep["tensors"]) <= 0.10 and rep["warning"] is None
+    r = run(["compress", path, "-o", tmp_path / "b.mucsc", "--bits", "1.2", "--json"])
+    rep = json.loads(r.stdout)
+    assert rep["warning"] and "below the smallest message that keeps every tensor within 10%" in rep["warning"]
+    assert f"mucsc: warning: {rep['warning']}" in r.stderr and "big.weight" in rep["warning"]
+
+
+def test_help_states_model_modes_real_defaults():
+    text = " ".join(run(["compress", "-h"]).stdout.split())
+    assert "defaults: model mode (no --base): 1% per tensor" in text
+    assert "--lossless PATTERN" in text

@@ -168,3 +168,31 @@ def test_stats_tensors_in_record_order_and_to_dict():
     d = st.to_dict()["tensors"][0]
     assert set(d) >= {"name", "dtype", "shape", "codec", "bits_per_element", "rel_error"}
     assert fmt.MINOR == 1
+
+
+def test_vectors_as_fp16_within_their_bound_and_named_tensors_exact():
+    """Model mode's 1-D rule (fp16 within vector_max_error, else raw) and ``lossless`` globs."""
+    sd = weights()
+    sd["ln.weight"] = (1 + 0.05 * np.random.default_rng(3).normal(size=512)).astype(np.float32)
+    sd["tiny.bias"] = np.full(300, 1e-6, np.float32)  # fp16 subnormals: ~1.7% off, so raw
+    policy = mucsc.Policy(max_error=0.05, vector_max_error=0.001, lossless=("fc.w*",))
+    blob, stats = mucsc.encode_with_stats(sd, policy=policy)
+    out = mucsc.decode(blob)
+    by = {t.name: t for t in stats.tensors}
+    assert by["ln.weight"].codec == "fp16" and rel(out["ln.weight"], sd["ln.weight"]) <= 0.001
+    assert by["conv.bias"].codec == "fp16" and by["tiny.bias"].codec == "raw"
+    assert np.array_equal(out["tiny.bias"], sd["tiny.bias"])
+    assert by["fc.weight"].codec == "raw" and np.array_equal(out["fc.weight"], sd["fc.weight"])
+    assert by["conv.weight"].codec == "mucsc"  # not named, not 1-D: coded
+    plain = {t.name: t for t in mucsc.encode_with_stats(sd, policy=mucsc.Policy(max_error=0.05))[1].tensors}
+    assert plain["ln.weight"].codec == "mucsc" and plain["fc.weight"].codec == "mucsc"
+
+
+def test_bad_vector_bound_and_lossless_patterns():
+    for bad in (0, 1, float("inf"), True):
+        with pytest.raises(ParameterError, match="vector_max_error"):
+            mucsc.Policy(vector_max_error=bad)
+    for bad in ("fc.*", ("",), (3,)):
+        with pytest.raises(ParameterError, match="glob"):
+            mucsc.Policy(lossless=bad)
+    assert mucsc.Policy(lossless=["a*"]).lossless == ("a*",)

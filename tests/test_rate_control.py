@@ -217,3 +217,42 @@ def test_goal_messages_respect_the_centroid_limit():
     from mucsc.codec.ratecontrol.search import UNIFORM_STEPS, uniform_levels
 
     assert uniform_levels(-1.0, 3.0, max(UNIFORM_STEPS)).size <= MAX_Z
+
+
+# ---- a checkpoint's budget: size weighting and the per-group error cap -----------------------------
+
+def test_relative_curves_and_caps():
+    curves = [[Option(10, 4.0, "a"), Option(20, 1.0, "b")], [Option(5, 9.0, "c"), Option(8, 0.25, "d")]]
+    norm2s = [100.0, 25.0]  # relative errors: a 20%, b 10%, c 60%, d 10%
+    w = allocate.relative_curves(curves, [4, 2], norm2s)
+    assert [o.J for o in w[0]] == [0.16, 0.04] and [o.J for o in w[1]] == [0.72, 0.02]
+    assert [[o.key for o in c] for c in allocate.capped(curves, norm2s, 0.15)] == [["b"], ["d"]]
+    assert allocate.capped(curves, norm2s, 0.05) is None
+    fits = lambda budget: (lambda chosen: sum(o.bytes for o in chosen) <= budget)  # noqa: E731
+    assert allocate.least_cap(curves, norm2s, 0.10, fits(28)) == 0.10
+    assert allocate.least_cap(curves, norm2s, 0.10, fits(18)) == pytest.approx(0.20)  # a + d
+    assert allocate.least_cap(curves, norm2s, 0.10, fits(14)) is None  # even a + c is 15
+
+
+def test_budget_with_cap_and_size_weighting_keeps_small_tensors_usable():
+    """Total J starves a small-norm tensor next to a large one; the cap and the weighting do not."""
+    rng = np.random.default_rng(0)
+    xs = {"big": (rng.standard_t(4, 200000)).astype(np.float32),
+          "quiet": (0.01 * rng.standard_normal(50000)).astype(np.float32)}
+
+    def errors(cap=None, **kw):
+        out = mucsc.decode(mucsc.encode(xs, "mucsc", shared=False, bits=4.0, error_cap=cap, **kw))
+        return {k: float(np.linalg.norm(out[k] - v) / np.linalg.norm(v)) for k, v in xs.items()}
+
+    assert errors()["quiet"] > 1.0  # the paper's objective (total J) leaves it at its cheapest
+    assert errors(weighting="size")["quiet"] < 0.2
+    assert max(errors(0.15, weighting="size").values()) <= 0.15 * 1.05
+    # a cap the budget cannot meet: the smallest one it can (the big tensor's ~12%), not none
+    assert 0.1 < max(errors(0.1, weighting="size").values()) < 0.15
+
+
+def test_bad_weighting_and_cap():
+    with pytest.raises(ParameterError, match="weighting"):
+        mucsc.get_codec("mucsc", bits=4, weighting="mean")
+    with pytest.raises(ParameterError, match="error_cap"):
+        mucsc.get_codec("mucsc", bits=4, error_cap=0)

@@ -61,11 +61,12 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def click_options(params: Mapping[str, CodecParam]) -> list[click.Option]:
-    """One click option per codec parameter, each defaulting to None (= the codec's own default)."""
+def click_options(params: Mapping[str, CodecParam], modes: Mapping[str, str] | None = None) -> list[click.Option]:
+    """One click option per codec parameter, each defaulting to None (= the codec's own default);
+    ``modes``: what a command's own modes use instead, by field (shown first in the help)."""
     opts = []
     for p in params.values():
-        defaults = ", ".join(f"{c} {d}" for c, d in p.codecs)
+        defaults = "; ".join(filter(None, [(modes or {}).get(p.field), ", ".join(f"{c} {d}" for c, d in p.codecs)]))
         help_text = f"Codec parameter; defaults: {defaults}."
         if p.kind == "bool":
             name = p.flag[2:]

@@ -19,6 +19,13 @@ import click
 import mucsc
 
 MODEL_MAX_ERROR = 0.01  # the default per-tensor target for a model: ||decoded - x|| / ||x|| <= 1%
+# 1-D tensors of a model (norm weights, biases, scales: ~0.1% of the weights, yet every output
+# feature goes through them) are carried as fp16 when that keeps them within this, else raw
+MODEL_VECTOR_ERROR = 0.001
+# a model's --bits / --size budget: no tensor above this relative error unless the budget cannot
+# keep them all there, each tensor's squared relative error weighted by its size
+MODEL_ERROR_CAP = 0.10
+MODEL_BUDGET = {"weighting": "size", "error_cap": MODEL_ERROR_CAP}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +42,15 @@ class Mode:
     update: bool
 
 
-def parse_error(text: str | float) -> float:
+def parse_error(text: str | float, hint: str = "--max-error") -> float:
     """'0.5%' -> 0.005, '0.01' -> 0.01; a usage error unless it is in (0, 1)."""
     t = str(text).strip()
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a number (e.g. 0.01 or 1%)", param_hint="--max-error") from None
+        raise click.BadParameter(f"{text!r} is not a number (e.g. 0.01 or 1%)", param_hint=hint) from None
     if not (math.isfinite(v) and 0 < v < 1):
-        raise click.BadParameter(f"{text!r} must be above 0 and below 100%", param_hint="--max-error")
+        raise click.BadParameter(f"{text!r} must be above 0 and below 100%", param_hint=hint)
     return v
 
 
@@ -55,10 +62,11 @@ TARGETS = ("z", "bits", "size", "max_error")  # codec parameters that choose the
 
 
 def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
-           update: bool) -> tuple[Mode, mucsc.Codec]:
-    """The mode for these options (``params``: the codec parameters the user gave), and the codec to
-    encode with: ``codec`` itself, or without its ``max_error``, which then moves to the policy that
-    applies it tensor by tensor."""
+           update: bool, lossless: tuple[str, ...] = ()) -> tuple[Mode, mucsc.Codec]:
+    """The mode for these options (``params``: the codec parameters the user gave; ``lossless``:
+    --lossless globs), and the codec to encode with: ``codec`` itself, or without its ``max_error``,
+    which then moves to the policy that applies it tensor by tensor, or (a model under a budget) with
+    the model's budget split (``MODEL_BUDGET``, where the user did not set it)."""
     fields = {f.name for f in dataclasses.fields(codec.params)}
     book = "codebook" if "z" in fields else "group"
     given = [t for t in TARGETS if t in params]
@@ -77,15 +85,23 @@ def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
     elif "bits" in params or "size" in params:
         key = "bits" if "bits" in params else "size"
         target = f"--{key} {params[key]}: one budget for the message, split across the tensors"
+        budget = {k: v for k, v in MODEL_BUDGET.items() if k in fields and k not in params}
+        if not update and budget:
+            codec = codec.replace(**budget)
+            target += (f" (no tensor above {percent(codec.params.error_cap)} relative error where the budget "
+                       "allows; each tensor's error weighted by its size)" if codec.params.error_cap else "")
     elif "z" in fields:
         target = f"Z = {getattr(codec.params, 'fixed_z', codec.params.z)}"
     else:
         target = "no error target (the codec has no --max-error)"
-    policy = mucsc.Policy(max_error=err, lossy_fp16=not update)
+    policy = mucsc.Policy(max_error=err, lossy_fp16=not update, lossless=lossless,
+                          vector_max_error=None if update else MODEL_VECTOR_ERROR)
+    kept = f"; tensors matching {', '.join(lossless)} carried exactly" if lossless else ""
     if update:
         reason = (f"update mode (--base given): {codec.name}, {target}, one {book} per tensor; small and "
-                  "all-zero tensors carried exactly")
+                  f"all-zero tensors carried exactly{kept}")
     else:
-        reason = (f"model mode (no --base): {codec.name}, one {book} per tensor, {target}; small and all-zero "
-                  "tensors carried losslessly (--shared: the paper's flattened update)")
+        reason = (f"model mode (no --base): {codec.name}, one {book} per tensor, {target}; 1-D tensors as fp16 "
+                  f"within {percent(MODEL_VECTOR_ERROR)} (else raw), small and all-zero tensors losslessly{kept} "
+                  "(--shared: the paper's flattened update)")
     return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), codec

@@ -214,7 +214,7 @@ def main() -> None:
 
 _RESERVED = {"output", "codec", "shared", "per-tensor", "seed", "base", "force", "quiet", "json",
              "compress", "help", "version", "format", "max-elements", "max-expansion", "key-file", "key-id",
-             "keys", "context", "threads", "max-memory"}
+             "keys", "context", "threads", "max-memory", "lossless"}
 CODEC_PARAMS = codec_params(_RESERVED)
 
 
@@ -228,6 +228,9 @@ CODEC_PARAMS = codec_params(_RESERVED)
               help="--shared: all float tensors as one vector with one codebook (the paper's flattened "
               "update). --per-tensor (default): one codebook per tensor, small and all-zero tensors "
               "carried losslessly.")
+@click.option("--lossless", "lossless", multiple=True, metavar="PATTERN",
+              help="Carry the float tensors whose names match this glob exactly (e.g. '*.norm.*'; "
+              "repeatable; not with --shared).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the stochastic rounding: same input, options and seed give the same bytes.")
 @click.option("--base", metavar="OLD", help="Compress the update IN - OLD (same names, shapes, dtypes); "
@@ -241,7 +244,8 @@ CODEC_PARAMS = codec_params(_RESERVED)
 @MAX_MEMORY
 @click.option("-q", "--quiet", is_flag=True, help="No report, notes or progress.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def compress(input: str, output: str | None, codec: str, shared: bool | None, seed: int, base: str | None,
+def compress(input: str, output: str | None, codec: str, shared: bool | None, lossless: tuple[str, ...],
+             seed: int, base: str | None,
              compress_mode: str, threads: int, force: bool, key_file: str | None, key_id: str | None,
              context: str | None, max_memory: float | None, quiet: bool, as_json: bool,
              **codec_values: Any) -> None:
@@ -249,11 +253,13 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
 
     Without --base the input is a model: by default every float tensor gets its own codebook with Z
     chosen so that its relative error stays within 1% (--max-error ERR, a fraction or e.g. 0.5%),
-    all-zero and small tensors are carried losslessly.  With --base the input is the update IN - OLD: unbiased mucsc at Z = 16, one
+    1-D tensors (norm weights, biases) as fp16 within 0.1% (else raw), all-zero and small tensors
+    losslessly; with --bits/--size no tensor goes above 10% unless the budget forces it.  With --base the input is the update IN - OLD: unbiased mucsc at Z = 16, one
     codebook per tensor.  Integer and bool tensors are always carried losslessly.  The report goes to
     stderr (or, with --json, to stdout).
     """
-    mode, codec_obj, level = _compress_codec(codec, codec_values, shared, base is not None, compress_mode)
+    mode, codec_obj, level = _compress_codec(codec, codec_values, shared, base is not None, compress_mode,
+                                             lossless)
     out = output or ("-" if input == "-" else input + ".mucsc")
     if out == "-" and as_json:
         raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
@@ -296,10 +302,12 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
     # the parameters used: "auto" choices and a goal's z as the groups resolved them
     effective = report.used_params(codec_obj, stats.groups,
                                    per_tensor=("z", "max_error") if mode.z_per_tensor else ())
-    warning = report.quality_warning(stats) if not mode.update else None
+    warning = report.quality_warning(stats, codec_obj) if not mode.update else None
     if as_json:
         click.echo(json.dumps(_compress_json(input, out, base, codec, effective, mode, seed, level,
                                              stats, info, norm2, notes, warning), indent=2))
+        if warning and not quiet:  # a script reads stdout; whoever runs it still sees the warning
+            click.echo(f"mucsc: warning: {warning}", err=True)
     elif not quiet:
         _echo_notes(notes)
         lines = report.compress_lines(_label(input), _out_label(out), codec, effective, mode, stats, info, norm2,
@@ -310,13 +318,18 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, se
 
 
 def _compress_codec(codec: str, codec_values: dict[str, Any], shared: bool | None, update: bool,
-                    compress_mode: str) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
+                    compress_mode: str, lossless: tuple[str, ...] = ()) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
     """The one codec object of ``compress`` (bad values: a usage error before any file is read), its
     mode and the container's compression level."""
     params = chosen_params(codec, codec_values, CODEC_PARAMS)
     if "max_error" in params:
         params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
-    mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared, update=update)
+    if "error_cap" in params:
+        params["error_cap"] = defaults.parse_error(params["error_cap"], "--error-cap")
+    if shared and lossless:
+        raise click.UsageError("--lossless needs one group per tensor: not with --shared")
+    mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared, update=update,
+                                      lossless=lossless)
     level: str | int = int(compress_mode) if compress_mode.isdigit() else compress_mode
     # resolved for the container (mucsc's id_packing="auto"), so the report shows what is written
     return mode, codec_obj.for_container(compressing=level != "off"), level
@@ -341,7 +354,10 @@ def _zero_update_notes(input: str, base: str | None, norm2: float) -> list[str]:
     return []
 
 
-compress.params.extend(click_options(CODEC_PARAMS))
+compress.params.extend(click_options(CODEC_PARAMS, {
+    "max_error": f"model mode (no --base): {defaults.percent(defaults.MODEL_MAX_ERROR)} per tensor",
+    "error_cap": f"model mode with --bits/--size: {defaults.percent(defaults.MODEL_ERROR_CAP)}",
+    "weighting": "model mode with --bits/--size: size"}))
 
 
 def _compress_json(input, out, base, codec, params, mode, seed, level, stats, info, norm2, notes, warning):

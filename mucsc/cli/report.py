@@ -15,6 +15,7 @@ from mucsc.texttable import text_table
 MAX_ROWS = 20  # larger tables show the first rows and one summary row
 WORST_ROWS = 5  # the per-tensor quality table lists this many tensors of largest relative error
 WARN_ERROR = 0.10  # a model with a float tensor beyond this relative error gets a warning
+CAP_SLACK = 1.05  # a measured error this far above a budget's error cap: the budget could not keep it
 RATIO_BASIS = "tensor bytes (elements x dtype size, not the input file's size) / message bytes"
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -121,13 +122,26 @@ def error_text(t: Any) -> str:
     return f"{100 * t.rel_error:.3g}%"
 
 
-def quality_warning(stats: Any) -> str | None:
-    """A sentence when any float tensor of a model exceeds WARN_ERROR relative error, else None."""
+def quality_warning(stats: Any, codec: Any = None) -> str | None:
+    """A sentence when any float tensor of a model exceeds WARN_ERROR relative error, else None;
+    under a --bits/--size budget with an error cap (``codec``'s), which tensors and why."""
     bad = [t for t in stats.tensors if t.dtype in FLOAT_DTYPES and (t.rel_error is None or t.rel_error > WARN_ERROR)]
     if not bad:
         return None
     bad.sort(key=lambda t: (t.rel_error is not None, -(t.rel_error or 0.0)))
     worst = bad[0]
+    p = getattr(codec, "params", None)
+    target = getattr(p, "target", None)
+    cap = getattr(p, "error_cap", None)
+    # the cap bounds the expected error; a measured one strays a little (CAP_SLACK)
+    if target in ("bits", "size") and cap and (worst.rel_error is None or worst.rel_error > cap * CAP_SLACK):
+        shown = ", ".join(f"{t.name or '(array)'} {error_text(t)}" for t in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        budget = f"--bits {p.bits:g}" if target == "bits" else f"--size {p.size}"
+        return (f"{len(bad)} float tensor(s) exceed {100 * WARN_ERROR:.0f}% relative error: {shown}{more}. "
+                f"{budget} is below the smallest message that keeps every tensor within "
+                f"{100 * p.error_cap:.3g}% (--error-cap), so the budget was split to keep the worst tensor as "
+                "low as it allows; a larger budget or --max-error keeps them all within bounds")
     return (f"{len(bad)} float tensor(s) exceed {100 * WARN_ERROR:.0f}% relative error (worst: "
             f"{worst.name or '(array)'} {error_text(worst)}); the restored model may not work "
             "(the default without --shared/--z keeps every tensor within 1%; see --max-error)")

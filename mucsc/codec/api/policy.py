@@ -12,7 +12,11 @@ large weight matrix gets the matrix's codebook spacing) and turns all-zero tenso
    (mucsc's ``bits=`` / ``size=``) is split across the coded tensors by the API;
 2. a float tensor is carried losslessly whenever coding it would not be smaller: as fp16 when fp16
    holds it exactly (and is smaller), else raw; all-zero tensors are always carried exactly;
-3. lossless tensors are pooled: all fp16-carried tensors in one fp16 group, small raw tensors in one
+3. optionally (model mode), 1-D float tensors -- norm weights, biases, scales: few bytes, yet
+   every output feature goes through them -- are carried as fp16 when that keeps them within
+   ``vector_max_error``, else raw; and tensors whose names match a ``lossless`` glob are carried
+   exactly;
+4. lossless tensors are pooled: all fp16-carried tensors in one fp16 group, small raw tensors in one
    raw group per dtype (format 1.1), so a one-element int tensor does not cost a group of its own.
 
 Determinism: trial encodings draw from ``np.random.default_rng([seed, record index, attempt])``, so the
@@ -22,6 +26,7 @@ same input, codec, policy and seed give the same message.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,17 +65,26 @@ class Policy:
     chooses Z per tensor.  None keeps the codec's parameters as given (e.g. an update at Z = 16).
     ``lossy_fp16``: allow fp16 as the carrier of a tensor it does not hold exactly when that meets
     ``max_error`` and is smaller (a checkpoint may take fp16 rounding; an unbiased update may not).
+    ``vector_max_error``: carry every 1-D float tensor as fp16 when that keeps it within this
+    relative error (fp16 rounds to ~0.02%), else raw; None codes them like the rest.
+    ``lossless``: glob patterns (fnmatch, case-sensitive) over tensor names: a float tensor that
+    matches one is carried exactly (fp16 when it holds the values exactly, else raw).
     """
 
     max_error: float | None = None
     lossy_fp16: bool = True
+    vector_max_error: float | None = None
+    lossless: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_error is not None:
-            if isinstance(self.max_error, bool) or not isinstance(self.max_error, (int, float)) \
-                    or not math.isfinite(self.max_error) or not 0 < self.max_error < 1:
-                raise ParameterError(f"max_error must be a fraction in (0, 1), e.g. 0.01 for 1%, "
-                                     f"got {self.max_error!r}")
+        for name in ("max_error", "vector_max_error"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or not 0 < v < 1):
+                raise ParameterError(f"{name} must be a fraction in (0, 1), e.g. 0.01 for 1%, got {v!r}")
+        if isinstance(self.lossless, str) or not all(isinstance(g, str) and g for g in self.lossless):
+            raise ParameterError(f"lossless must be a sequence of non-empty glob patterns, got {self.lossless!r}")
+        object.__setattr__(self, "lossless", tuple(self.lossless))
 
     def plan(self, tensors: Sequence[Tensor], codec: Codec, seed: int,
              on_tensor: Callable[[int], Any] | None = None) -> list[Planned]:
@@ -105,6 +119,10 @@ class Policy:
         plan.sort(key=lambda p: p.members[0])  # groups in record order: deterministic and easy to read
         return plan
 
+    def named_lossless(self, name: str | None) -> bool:
+        """Whether ``name`` matches one of the ``lossless`` globs."""
+        return name is not None and any(fnmatch.fnmatchcase(name, g) for g in self.lossless)
+
     @staticmethod
     def _carry_raw(i: int, t: Tensor, raw: Codec, pools: dict[str, list[int]], plan: list[Planned]) -> None:
         if math.prod(t.array.shape) * ITEMSIZE[t.dtype] <= POOL_MAX_BYTES:
@@ -121,8 +139,12 @@ class Policy:
         lossless = "fp16" if exact16 and 2 * n < raw_bytes else "raw"
         norm = l2_norm(x)
         # all-zero tensors exactly; and no coding can beat a carrier no bigger than a group's overhead
-        if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8:
+        if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8 or self.named_lossless(t.name):
             return lossless
+        if self.vector_max_error is not None and len(t.array.shape) == 1:
+            fits16 = t.dtype in ("float32", "float64") and relative_error(x, fp16_round_trip(x), norm) \
+                <= self.vector_max_error
+            return "fp16" if fits16 else "raw"
         codec.check_input(x, name_label(t.name))  # before any trial encode (an overflowing cast)
         rng_for = _rng_for(seed, i)
         if self.max_error is None and ratecontrol.needs_plan(codec):

@@ -26,6 +26,8 @@ from mucsc.codec.codecs.clusters import (CENTROID_DTYPES, CENTROID_LIMITS, ID_CO
 from mucsc.codec.numerics import centroids
 from mucsc.errors import ParameterError, SizeError
 
+WEIGHTINGS = ("total", "size")  # how bits= / size= weigh each group's J (MucscParams)
+
 
 @dataclasses.dataclass(frozen=True)
 class MucscParams(GoalTarget):
@@ -40,7 +42,11 @@ class MucscParams(GoalTarget):
     "packed" (IDS_, format 1.0), "rans" (IDSA, static rANS, format 1.1) or "auto" (packed for a fixed
     z, so those messages stay 1.0; with a goal, whichever option is best).  levels / levels_by: the
     levels themselves instead of solving for z (what rate control resolves a goal to: explicit, so
-    they take part in ==, hash and get_config) and who chose them (written to the header's solver)."""
+    they take part in ==, hash and get_config) and who chose them (written to the header's solver).
+    How bits= / size= split the budget over the groups: ``weighting`` "total" minimises the total J
+    (the paper's objective for an update) and "size" each group's squared relative error weighted by
+    its element count (a checkpoint: no small tensor starved); ``error_cap`` keeps every group within
+    that relative error where the budget allows, else within the smallest cap it allows."""
 
     z: int | None = None
     solver: str = "optimal"
@@ -52,6 +58,8 @@ class MucscParams(GoalTarget):
     id_coding: str = "auto"
     levels: tuple[float, ...] | None = dataclasses.field(default=None, metadata=RESOLVED)
     levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
+    weighting: str = "total"
+    error_cap: float | None = None
 
     def __post_init__(self) -> None:
         given = [t for t in TARGETS if getattr(self, t) is not None]
@@ -74,6 +82,11 @@ class MucscParams(GoalTarget):
             raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
         if self.id_coding not in ID_CODINGS:
             raise ParameterError(f"id_coding must be one of {', '.join(ID_CODINGS)}")
+        if self.weighting not in WEIGHTINGS:
+            raise ParameterError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
+        if self.error_cap is not None and not 0 < self.error_cap < math.inf:
+            raise ParameterError(f"error_cap (relative error sqrt(J)/||x|| of each group) must be > 0, "
+                                 f"got {self.error_cap}")
         check_levels(self)
 
 

@@ -11,6 +11,10 @@ per group as :class:`Option` s and asks:
   that did not fit; a final pass spends what is left on any option, hull or not, that lowers J.
 * :func:`cheapest_within` -- per group: the cheapest option whose relative error sqrt(J) / ||x|| is
   at most a bound (``--max-error`` per tensor).
+* :func:`relative_curves` and :func:`capped` -- what a checkpoint's budget split minimises instead of
+  the total J (each group's squared relative error weighted by its element count, so that a small
+  tensor is not starved for a large one's sake) and the per-group error cap it keeps where the
+  budget allows (:func:`least_cap`: the smallest cap the budget can meet).
 
 The module knows nothing about codecs: an option's ``key`` is whatever the caller needs to re-create
 the encoding (the mucsc codec uses the number of centroids).
@@ -20,11 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from mucsc.errors import ParameterError
 
-__all__ = ["Option", "lower_hull", "split_budget", "cheapest_within", "relative_error"]
+__all__ = ["Option", "lower_hull", "split_budget", "cheapest_within", "relative_error", "relative_curves",
+           "capped", "least_cap"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +121,46 @@ def cheapest_within(options: Sequence[Option], norm2: float, max_error: float) -
     """The cheapest option with sqrt(J) / ||x|| <= ``max_error`` (ties: smaller J), or None."""
     ok = [o for o in options if relative_error(o.J, norm2) <= max_error]
     return min(ok, key=lambda o: (o.bytes, o.J)) if ok else None
+
+
+def relative_curves(curves: Sequence[Sequence[Option]], sizes: Sequence[int],
+                    norm2s: Sequence[float]) -> list[list[Option]]:
+    """The curves with J replaced by n * J / ||x||^2 (n elements): minimising their sum minimises the
+    mean over all elements of each one's tensor's squared relative error.  Total J (the paper's
+    objective for an update, where errors add up) lets a small tensor with a small norm -- a bias, a
+    key projection -- go to hundreds of percent for a negligible saving on a large one."""
+    return [[dataclasses.replace(o, J=o.J * n / q) if q > 0 else o for o in c]
+            for c, n, q in zip(curves, sizes, norm2s)]
+
+
+def capped(curves: Sequence[Sequence[Option]], norm2s: Sequence[float], cap: float) -> list[list[Option]] | None:
+    """Each curve's options with relative error sqrt(J) / ||x|| <= ``cap`` (J unweighted), or None
+    when some group has none."""
+    out = [[o for o in c if relative_error(o.J, q) <= cap] for c, q in zip(curves, norm2s)]
+    return None if any(not c for c in out) else out
+
+
+def least_cap(curves: Sequence[Sequence[Option]], norm2s: Sequence[float], cap: float,
+              fits: Callable[[Sequence[Option]], bool]) -> float | None:
+    """The smallest cap >= ``cap`` whose cheapest per-group options (J unweighted) ``fits`` the
+    budget: ``cap`` itself when it fits, None when not even the cheapest options fit.  The caps
+    tried are the groups' own relative errors, so the answer is exact."""
+    def cheapest(c: float) -> list[Option] | None:
+        within = capped(curves, norm2s, c)
+        return None if within is None else [min(o, key=lambda o: (o.bytes, o.J)) for o in within]
+
+    first = cheapest(cap)
+    if first is not None and fits(first):
+        return cap
+    levels = sorted({relative_error(o.J, q) for c, q in zip(curves, norm2s) for o in c if relative_error(o.J, q) > cap})
+    lo, hi = 0, len(levels) - 1  # bisect: fitting is monotone in the cap
+    if not levels or not ((top := cheapest(levels[hi])) is not None and fits(top)):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        c = cheapest(levels[mid])
+        if c is not None and fits(c):
+            hi = mid
+        else:
+            lo = mid + 1
+    return levels[lo]

@@ -104,7 +104,7 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
                               f"bytes ({8 * size / max(ctx.elements, 1):.3g} bits per element){note}")
 
     def split(total: int) -> list[allocate.Option]:
-        curves = [g.options for g in groups]
+        curves = shaped([g.options for g in groups], total)
         cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
         least = cost(cheapest)
         if least > total:
@@ -126,6 +126,20 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
             if size > total:  # the HEAD of this choice is larger: make the next split choose less
                 budget = min(budget, sum(o.bytes for o in chosen) - 1)
         return best
+
+    norm2s = [g.norm2 for g in groups]
+    cap = getattr(codec.params, "error_cap", None)
+
+    def shaped(curves: list, total: int) -> list:
+        """The options the split chooses from: within the error cap (or the smallest cap the budget
+        allows), J weighted as ``p.weighting`` says."""
+        if cap is not None:
+            least = allocate.least_cap(curves, norm2s, cap, lambda chosen: cost(chosen) <= total)
+            if least is not None:
+                curves = allocate.capped(curves, norm2s, least)
+        if getattr(codec.params, "weighting", "total") == "size":
+            curves = allocate.relative_curves(curves, [g.x.size for g in groups], norm2s)
+        return curves
 
     best = split(total)
     if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
