@@ -527,8 +527,8 @@ def test_compress_reports_the_resolved_parameters(tmp_path):
     container, id_coding by each group) and a goal's z per group; never "=auto"."""
     rng = np.random.default_rng(3)
     src = tmp_path / "m.npz"
-    tf.save(src, {"a": rng.standard_normal(20000).astype(np.float32),
-                  "b": (8 * rng.standard_normal(5000)).astype(np.float32)})
+    tf.save(src, {"a": rng.standard_normal((200, 100)).astype(np.float32),  # 2-D: a model's 1-D
+                  "b": (8 * rng.standard_normal((50, 100))).astype(np.float32)})  # tensors go fp16
     r = run(["compress", src, "-f", "--z", "8"])
     assert "codec mucsc z=8 solver=optimal centroid_dtype=float32 id_packing=aligned id_coding=packed" in r.stderr
     r = run(["compress", src, "-f", "--z", "8", "--compress", "off", "--json"])
