@@ -318,7 +318,8 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
 
 
 def _compress_codec(codec: str, codec_values: dict[str, Any], shared: bool | None, update: bool,
-                    compress_mode: str, lossless: tuple[str, ...] = ()) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
+                    compress_mode: str, lossless: tuple[str, ...] = ()
+                    ) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
     """The one codec object of ``compress`` (bad values: a usage error before any file is read), its
     mode and the container's compression level."""
     params = chosen_params(codec, codec_values, CODEC_PARAMS)
