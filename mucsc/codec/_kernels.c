@@ -4,6 +4,8 @@
  *            spec/FORMAT.md 4.3, one pass, bit-identical to the numpy path in quantize.py.
  * dp_levels: the divide-and-conquer DP of centroids.dp_levels (same cost formula, same operation
  *            order, same leftmost-argmin tie rule), bit-identical to the numpy path.
+ * prefix:    centroids._Sorted's unit-weight prefix sums in one pass (numpy's sequential cumsum).
+ * polish:    the exact coordinate polishing of centroids._polish (same operations and order).
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
  * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
@@ -416,6 +418,157 @@ fail_bufs:
 /* tails: the elements outside [lo, hi]                                                           */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Coordinate polishing of levels (centroids._polish)                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* First index i in [0, n) with a[i] > key (right) or a[i] >= key (left): numpy's searchsorted. */
+static inline Py_ssize_t search_right(const double *a, Py_ssize_t n, double key)
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) { Py_ssize_t mid = lo + ((hi - lo) >> 1); if (a[mid] <= key) lo = mid + 1; else hi = mid; }
+    return lo;
+}
+
+static inline Py_ssize_t search_left(const double *a, Py_ssize_t n, double key)
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) { Py_ssize_t mid = lo + ((hi - lo) >> 1); if (a[mid] < key) lo = mid + 1; else hi = mid; }
+    return lo;
+}
+
+PyDoc_STRVAR(polish_doc,
+"polish(xs, W, P1, c, unit, sweeps) -> number of sweeps run\n\n"
+"centroids._polish in place on c (float64): ALQ coordinate updates, odd then even levels, on the\n"
+"sorted centred data xs (float64, n) with prefix weights W and weighted sums P1 (float64, n + 1);\n"
+"unit: W[i] == i.  The same operations, order and tie rules as the numpy path.");
+
+static PyObject *py_polish(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *po, *co;
+    int unit;
+    Py_ssize_t sweeps, done_sweeps = 0;
+    if (!PyArg_ParseTuple(args, "OOOOpn", &xo, &wo, &po, &co, &unit, &sweeps)) return NULL;
+    Py_buffer xb, wb, pb, cb;
+    PyObject *res = NULL;
+    double *fresh = NULL;
+    if (get_buf(xo, &xb, 0, "polish xs") < 0) return NULL;
+    if (get_buf(wo, &wb, 0, "polish W") < 0) goto f1;
+    if (get_buf(po, &pb, 0, "polish P1") < 0) goto f2;
+    if (get_buf(co, &cb, 1, "polish c") < 0) goto f3;
+    Py_ssize_t n = xb.len / 8, z = cb.len / 8;
+    if (float_kind(&xb) != 8 || float_kind(&wb) != 8 || float_kind(&pb) != 8 || float_kind(&cb) != 8
+        || wb.len / 8 != n + 1 || pb.len / 8 != n + 1 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "polish: xs (n), W, P1 (n + 1) and c must be float64, n >= 1");
+        goto done;
+    }
+    fresh = (double *)PyMem_RawMalloc(((size_t)z / 2 + 1) * sizeof(double));
+    if (!fresh) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *p1 = (const double *)pb.buf;
+        double *c = (double *)cb.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
+            int changed = 0;
+            done_sweeps++;
+            for (Py_ssize_t parity = 1; parity <= 2; parity++) {
+                int differ = 0;
+                Py_ssize_t k = 0;
+                /* every new value of this parity from the levels before it (numpy's vector step) */
+                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
+                    double a = c[j - 1], b = c[j + 1];
+                    Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
+                    double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
+                    double t = T / (b - a);
+                    double v = c[j];
+                    if (hi > lo && t > 0) {
+                        Py_ssize_t rank;
+                        if (unit) {
+                            rank = lo - 1 + (Py_ssize_t)ceil(t);
+                        } else {
+                            Py_ssize_t i = search_left(W, n + 1, W[lo] + t);
+                            rank = (i > lo + 1 ? i : lo + 1) - 1;
+                        }
+                        if (rank < 0) rank = 0;
+                        if (rank > n - 1) rank = n - 1;
+                        v = xs[rank];
+                    }
+                    fresh[k] = v;
+                    if (!(v == c[j])) differ = 1;
+                }
+                if (differ) {
+                    changed = 1;
+                    k = 0;
+                    for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
+                }
+            }
+            if (!changed) break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(done_sweeps);
+done:
+    PyMem_RawFree(fresh);
+    PyBuffer_Release(&cb);
+f3:
+    PyBuffer_Release(&pb);
+f2:
+    PyBuffer_Release(&wb);
+f1:
+    PyBuffer_Release(&xb);
+    return res;
+}
+
+PyDoc_STRVAR(prefix_doc,
+"prefix(xs, shift, xc, buf)\n\n"
+"The unit-weight prefix sums of centroids._Sorted in one pass: xc = xs - shift (float64, n) and\n"
+"buf (float64, 3 x (n + 1)) rows W[i] = i, P1 = cumsum(xc), P2 = cumsum(xc * xc) with a leading 0:\n"
+"numpy's sequential accumulate, the same values.");
+
+static PyObject *py_prefix(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *co, *bo;
+    double shift;
+    if (!PyArg_ParseTuple(args, "OdOO", &xo, &shift, &co, &bo)) return NULL;
+    Py_buffer xb, cb, bb;
+    PyObject *res = NULL;
+    if (get_buf(xo, &xb, 0, "prefix xs") < 0) return NULL;
+    if (get_buf(co, &cb, 1, "prefix xc") < 0) goto f1;
+    if (get_buf(bo, &bb, 1, "prefix buf") < 0) goto f2;
+    Py_ssize_t n = xb.len / 8;
+    if (float_kind(&xb) != 8 || float_kind(&cb) != 8 || float_kind(&bb) != 8 || cb.len != xb.len
+        || bb.len / 8 != 3 * (n + 1)) {
+        PyErr_SetString(PyExc_ValueError, "prefix: xs, xc (n) and buf (3 x (n + 1)) must be float64");
+        goto done;
+    }
+    {
+        const double *x = (const double *)xb.buf;
+        double *xc = (double *)cb.buf, *W = (double *)bb.buf, *P1 = W + n + 1, *P2 = P1 + n + 1;
+        Py_BEGIN_ALLOW_THREADS
+        double s1 = 0.0, s2 = 0.0;
+        W[0] = P1[0] = P2[0] = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double v = x[i] - shift;
+            xc[i] = v;
+            s1 += v;
+            s2 += v * v;
+            W[i + 1] = (double)(i + 1);
+            P1[i + 1] = s1;
+            P2[i + 1] = s2;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&bb);
+f2:
+    PyBuffer_Release(&cb);
+f1:
+    PyBuffer_Release(&xb);
+    return res;
+}
+
 PyDoc_STRVAR(outside_doc,
 "outside(x, lo, hi, out_lo, out_hi) -> (n_lo, n_hi)\n\n"
 "The elements of x (float32 or float64) below lo / above hi, in index order, into out_lo / out_hi\n"
@@ -750,6 +903,8 @@ static PyMethodDef methods[] = {
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
+    {"polish", py_polish, METH_VARARGS, polish_doc},
+    {"prefix", py_prefix, METH_VARARGS, prefix_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},

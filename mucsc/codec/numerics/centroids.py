@@ -123,7 +123,8 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     lo, hi = float(bounds[0]), float(bounds[1])
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError("input contains NaN or Inf")
-    cache = None if cache is None or not isinstance(x, np.ndarray) else cache
+    # a small input is sorted once for the distinct-value check and the solver (a call-local cache)
+    cache = None if not isinstance(x, np.ndarray) else {} if cache is None else cache
     few = _few_levels(x, z, lo, hi, cache)
     if few is not None:
         return few
@@ -164,6 +165,9 @@ def _few_levels(x: Any, z: int, lo: float, hi: float, cache: dict | None) -> np.
 def _distinct_if_at_most(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray | None:
     """The sorted distinct values of x when there are at most z of them, else None (cheaply)."""
     if x.size <= FULL_SORT_MAX:
+        s = _cached(cache, ("sort",), lambda: np.sort(x))  # the solver's sorted data too
+        if s.size > 1 and np.count_nonzero(s[1:] != s[:-1]) >= z:  # np.unique's count, without its sort
+            return None
         u = _cached(cache, ("unique",), lambda: np.unique(x).astype(np.float64))
         return u if u.size <= z else None
     step = max(1, x.size // max(4096, 2 * z))
@@ -353,7 +357,8 @@ def _solve_exact(x, z, lo, hi, rng):
 # --------------------------------------------------------------------------------------------------
 
 
-def _sample_sorted(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray | None]:
+def _sample_sorted(x: np.ndarray, lo: float, hi: float,
+                   cache: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Sorted float64 data to solve on and its weights (None: all 1).
 
     Small inputs: all of x.  Large ones: a stratified subsample (one element at a fixed pseudo-random
@@ -364,7 +369,7 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.
     """
     d = x.size
     if d <= FULL_SORT_MAX:
-        return np.sort(x).astype(np.float64), None
+        return _cached(cache, ("sort",), lambda: np.sort(x)).astype(np.float64), None
     block = d // SUBSAMPLE
     g = np.random.Generator(np.random.SFC64(0x6D756373))
     idx = np.arange(SUBSAMPLE, dtype=np.int64) * block + g.integers(0, block, SUBSAMPLE)
@@ -430,6 +435,24 @@ class _Sorted:
         buf = np.empty((3, n + 1))  # one allocation (measured 3x faster than three concatenations)
         buf[:, 0] = 0.0
         self.W, self.P1, self.P2 = buf
+        self._sums(w)
+
+    @classmethod
+    def centred(cls, xs: np.ndarray, shift: float, w: np.ndarray | None) -> "_Sorted":
+        """``_Sorted(xs - shift, w)``; unit weights with the C kernels: centring and the three prefix
+        sums in one pass (the same values: numpy's cumsum adds in sequence)."""
+        if w is not None or not kernels.use_c():
+            return cls(xs - shift, w)
+        S = cls.__new__(cls)
+        S.unit = True
+        S.xc = np.empty(xs.size)
+        buf = np.empty((3, xs.size + 1))
+        kernels.c_module().prefix(np.ascontiguousarray(xs, np.float64), float(shift), S.xc, buf)
+        S.W, S.P1, S.P2 = buf
+        return S
+
+    def _sums(self, w: np.ndarray | None) -> None:
+        xc, n = self.xc, self.xc.size
         wx = xc if w is None else w * xc
         if w is None:
             self.W[1:] = np.arange(1, n + 1)
@@ -485,9 +508,12 @@ def _polish(S: _Sorted, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarra
     weights, lo = #{x <= a}).  Never increases J.
     """
     xs, W, p1 = S.xc, S.W, S.P1
-    c = c.copy()
+    c = np.array(c, dtype=np.float64)  # a copy
     z = c.size
     if z <= 2:
+        return c
+    if kernels.use_c():  # the same sweeps in one call: numpy's ~15 calls per sweep dominate small inputs
+        kernels.c_module().polish(xs, W, p1, c, S.unit, sweeps)
         return c
     for _ in range(sweeps):
         changed = False
@@ -522,8 +548,8 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
     shift = 0.5 * (lo + hi)
 
     def sample() -> tuple[np.ndarray, _Sorted]:
-        xs, w = _sample_sorted(x, lo, hi)
-        return xs, _Sorted(xs - shift, w)  # w itself is not kept (peak memory at d ~ 1e6)
+        xs, w = _sample_sorted(x, lo, hi, cache)
+        return xs, _Sorted.centred(xs, shift, w)  # w itself is not kept (peak memory at d ~ 1e6)
 
     xs, S = _cached(cache, ("sorted", lo, hi), sample)  # read-only below
     zd = min(z, DP_MAX_Z)
