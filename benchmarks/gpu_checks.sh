@@ -17,7 +17,9 @@
 #  3. benchmarks/bench_codec.py --threads: one message's encode/decode with 1..16 threads (issue 14);
 #     3b. bench_codec.py --assembly: the host path's writer share at d = 3e8 (compress off/default);
 #  4. mucsc sim on the FEMNIST sample (LeNet, 1.33M parameters), --device cuda vs --device cpu:
-#     the per-round encode/decode time with updates encoded where they live.
+#     the per-round encode/decode time with updates encoded where they live;
+#     4b. ALL-CNN with --device cuda: the codec's share of a client's compute (benchmarks/sim_share.py);
+#     4c. the quick start with --device auto vs --device cpu (auto keeps small models on the CPU).
 # Each step's output also goes to OUTDIR (default /tmp/gpu_checks).
 set -u
 out=${1:-/tmp/gpu_checks}
@@ -70,6 +72,11 @@ for codec in ("none", "mucsc", "bmucsc", "signsgd"):
         mean = lambda k: sum(float(x[k]) for x in t) / len(t)
         print(f"| {codec} | {dev} | {mean('train_s'):.3f} | {mean('encode_s'):.3f} | {mean('decode_s'):.3f} | {r[0]['bytes_up']} |")
 EOF
+  echo "== 4b. ALL-CNN on the FEMNIST sample, --device cuda: the codec's share of a client's compute (issue 21: <= 25 %)"
+  $py benchmarks/sim_share.py share --device cuda --model allcnn --dataset femnist --data-dir "$femnist" \
+      --codecs mucsc,bmucsc 2>&1 | tee "$out/sim_share.txt"
 else
-  echo "no FEMNIST sample at $femnist: step 4 skipped"
+  echo "no FEMNIST sample at $femnist: steps 4 and 4b skipped"
 fi
+echo "== 4c. the quick start (mucsc sim defaults): --device auto vs --device cpu (issue 21: auto never slower)"
+$py benchmarks/sim_share.py auto 2>&1 | tee "$out/sim_auto.txt"
