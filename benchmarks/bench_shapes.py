@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The codec at the shapes people have (issue 21): one table of ratios measured in one run.
 
-    python benchmarks/bench_shapes.py [--repeat 5] [--no-torch] [--no-cli] [--bert-layers 6]
+    python benchmarks/bench_shapes.py [--repeat 5] [--only fixed,goals,dicts,policy,cli,torch] [--bert-layers 6]
 
 Rows (Gaussian float32 data, seed 0, one thread; every time is the best of ``--repeat`` runs, each
 run looping a small case until it takes >= ~50 ms):
@@ -174,9 +174,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--bert-layers", type=int, default=6)
-    ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--no-cli", action="store_true")
+    ap.add_argument("--only", default="fixed,goals,dicts,policy,cli,torch",
+                    help="sections to run, comma-separated (default: all; policy: the Policy rows of dicts)")
     a = ap.parse_args()
+    only = set(a.only.split(","))
     sizes = [10**3, 10**4, 10**5, 10**6, 10**7]
     dicts = {"LeNet": weights(lenet()), "ALL-CNN": weights(all_cnn()), "BERT-shaped": weights(bert(a.bert_layers))}
     print(f"mucsc {mucsc.__version__} from {Path(mucsc.__file__).parent}; kernels "
@@ -188,13 +189,16 @@ def main() -> int:
     def emit(lines: list[str]) -> None:
         print("\n".join(lines), flush=True)
 
-    emit(fixed_z_rows(lambda x: x, a.repeat, sizes))
-    emit(goal_rows(a.repeat, [10**5, 10**6]))
-    for name, sd in dicts.items():
-        emit(dict_rows(name, sd, a.repeat))
-    if not a.no_cli:
+    if "fixed" in only:
+        emit(fixed_z_rows(lambda x: x, a.repeat, sizes))
+    if "goals" in only:
+        emit(goal_rows(a.repeat, [10**5, 10**6]))
+    if "dicts" in only:
+        for name, sd in dicts.items():
+            emit(dict_rows(name, sd, a.repeat, policy="policy" in only))
+    if "cli" in only:
         emit(cli_rows(dicts["BERT-shaped"], a.repeat))
-    if not a.no_torch:
+    if "torch" in only:
         try:
             import torch
         except ImportError:
