@@ -172,6 +172,32 @@ def test_c_validates_buffers():
         m.dp_levels(v[:3], v[:3], v[:3], v[:3], 3, idx)  # z >= m
     with pytest.raises(ValueError):
         m.dp_levels(v, v, v, v, 3, np.zeros(3, np.int32))
+    w = np.arange(11.0)
+    with pytest.raises(ValueError):
+        m.polish(v, w[:10], w, np.zeros(3), True, 5)  # W not n + 1 long
+    with pytest.raises(ValueError):
+        m.polish(v, w, w, np.zeros(3, np.float32), True, 5)  # float32 levels
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        m.polish(v, w, w, ro, True, 5)  # read-only levels
+    with pytest.raises(ValueError):
+        m.prefix(v, 0.0, np.empty(10), np.empty((3, 10)))  # buf not 3 x (n + 1)
+    with pytest.raises(ValueError):
+        m.prefix(v, 0.0, np.empty(9), np.empty((3, 11)))  # xc not n long
+
+
+@needs_c
+@pytest.mark.parametrize("n", [5, 1000, 100_000])
+def test_prefix_kernel_is_numpys_cumsum(n):
+    """The one-pass prefix sums equal numpy's (sequential) cumsum bit for bit: the solver's DP
+    costs and polishing read them, so the levels stay identical across backends."""
+    xs = np.sort(np.random.default_rng(n).standard_t(3, n)).astype(np.float64)
+    shift = 0.5 * (xs[0] + xs[-1])
+    a = centroids._Sorted.centred(xs, shift, None)
+    b = centroids._Sorted(xs - shift, None)
+    for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
+        np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
 
 
 @needs_c
