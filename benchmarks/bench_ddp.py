@@ -2,9 +2,12 @@
 
     python benchmarks/bench_ddp.py [--params 1000000] [--iters 20]
 
-Prints, per hook: mean wall seconds per training iteration (after 2 warm-up iterations), bytes each
-rank put on the wire per iteration (allreduce: the bucket bytes; mucsc: the padded messages), and the
-final loss.  Loopback is far faster than any real link, so the times show the codec's cost, and the
+Prints, per hook: mean wall seconds per training iteration (after 2 warm-up iterations) and its ratio
+to plain allreduce, bytes each rank put on the wire per iteration (allreduce: the bucket bytes; fp16:
+half; PowerSGD rank r: P and Q of each compressed matrix plus the tensors it allreduces whole; mucsc:
+the padded messages), and the final loss.  Hooks: allreduce (DDP's default), torch's
+``fp16_compress_hook`` and ``powerSGD_hook`` (rank 1 and 4, from iteration 2), mucsc (the
+overlapped default and ``overlap=False``), top-k.  Loopback is far faster than any real link, so the times show the codec's cost, and the
 bytes show what a bandwidth-bound link would carry.
 """
 
@@ -25,6 +28,7 @@ WORKER = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from mucsc.ddp import MucscHookState, mucsc_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     rank, port, out, hook, width, iters = sys.argv[1:7]
     rank, width, iters = int(rank), int(width), int(iters)
@@ -35,7 +39,19 @@ WORKER = textwrap.dedent("""
     model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, 64))
     ddp = DDP(model)
     state = None
-    if hook != "allreduce":
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    wire = nbytes
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        wire = nbytes // 2
+    elif hook == "powersgd":
+        r = params["rank"]
+        ddp.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=r,
+                                                           start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook)
+        # compressed: matrices with r (n + m) < n m send P and Q; every other tensor is allreduced whole
+        wire = sum(4 * r * sum(p.shape) if p.dim() == 2 and r * sum(p.shape) < p.numel() else 4 * p.numel()
+                   for p in model.parameters())
+    elif hook != "allreduce":
         state = MucscHookState(None, codec=hook, seed=0, start_iter=2, **params)
         ddp.register_comm_hook(state, mucsc_hook)
     g = torch.Generator().manual_seed(rank)
@@ -50,8 +66,9 @@ WORKER = textwrap.dedent("""
         opt.step()
         if it >= 2:
             times.append(time.perf_counter() - t0)
-    nbytes = sum(p.numel() * 4 for p in model.parameters())
-    wire = nbytes if state is None else state.stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
+    if state is not None:
+        state.close()
+        wire = state.stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
     json.dump({"s": sum(times) / len(times), "wire": wire, "loss": float(loss.detach()), "d": nbytes // 4}, open(out, "w"))
     dist.barrier()
     dist.destroy_process_group()
@@ -85,16 +102,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args()
     width = max(1, a.params // 129)
-    cases = [("allreduce", {}), ("mucsc", {"z": 16}), ("mucsc", {"z": 4}), ("topk", {"keep": 0.01})]
-    print("| hook | params | s / iteration | bytes / rank / iteration | ratio | final loss |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    base = None
+    cases = [("allreduce", {}), ("fp16", {}), ("powersgd", {"rank": 1}), ("powersgd", {"rank": 4}),
+             ("mucsc", {"z": 16}), ("mucsc", {"z": 16, "overlap": False}), ("mucsc", {"z": 4}),
+             ("topk", {"keep": 0.01})]
+    print("| hook | params | s / iteration | x allreduce | bytes / rank / iteration | ratio | final loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    base = base_s = None
     with tempfile.TemporaryDirectory() as tmp:
         for hook, params in cases:
             r = run(hook, params, width, a.iters, Path(tmp))
-            base = base or r["wire"]
+            base, base_s = base or r["wire"], base_s or r["s"]
             label = hook + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
-            print(f"| {label} | {r['d']} | {r['s']:.4f} | {r['wire']:.0f} | {base / r['wire']:.1f} | {r['loss']:.5f} |")
+            print(f"| {label} | {r['d']} | {r['s']:.4f} | {r['s'] / base_s:.2f} | {r['wire']:.0f} | "
+                  f"{base / r['wire']:.1f} | {r['loss']:.5f} |", flush=True)
 
 
 if __name__ == "__main__":

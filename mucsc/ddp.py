@@ -12,6 +12,9 @@ averaging allreduce: DDP rebuilds its buckets after the first iteration, and per
 needs stable buckets.  Each bucket has its own :class:`mucsc.Compressor`: biased codecs (top-k,
 signSGD, B-MUCSC, ...) get per-bucket error feedback (what the other ranks did not receive is added
 to that bucket's next gradient), and ``dgc`` its momentum correction and masking (``momentum=``).
+The hook returns a pending future: one worker thread per state encodes, gathers and decodes the buckets
+in the order DDP hands them over (the same on every rank, so the collectives match), while backward
+goes on computing the next buckets; DDP waits for the futures only at the end of backward.
 
 When it pays: a ring allreduce sends about 2 (P - 1) / P bucket sizes from each of P ranks; the
 all-gather sends P - 1 message sizes.  With compression ratio R the hook moves fewer bytes when
@@ -22,7 +25,9 @@ Only the public ``mucsc`` API is used.  (No ``from __future__ import annotations
 the hook's annotations against the real ``dist.GradBucket`` and ``Future[Tensor]`` objects.)
 """
 
+import concurrent.futures
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -61,10 +66,13 @@ class MucscHookState:
     (e.g. ``z=16``) are passed to :func:`mucsc.encode`; ``seed`` makes every message reproducible
     (message seed = f(seed, iteration, bucket, rank)).  ``error_feedback=None`` enables it exactly for
     biased lossy codecs.  ``start_iter`` (>= 2 with error feedback) iterations use plain allreduce.
+    ``overlap`` (default): compressed buckets run on a worker thread, so encoding and the all-gathers
+    overlap the rest of backward; False runs them inside the hook (the future is already complete).
     """
 
     def __init__(self, process_group: Any = None, codec: str = "mucsc", seed: int = 0, start_iter: int = 2,
-                 *, error_feedback: bool | None = None, compress: str | int = "auto", **params: Any) -> None:
+                 *, error_feedback: bool | None = None, compress: str | int = "auto", overlap: bool = True,
+                 **params: Any) -> None:
         # validates the codec, its parameters and its memory's options (e.g. DGC's momentum) now
         probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, **params)
         self.error_feedback = probe.error_feedback
@@ -80,6 +88,9 @@ class MucscHookState:
         self.process_group = process_group
         self.codec, self.params, self.seed, self.start_iter = codec, dict(params), seed, start_iter
         self.compress = compress
+        self.overlap = bool(overlap)
+        self.lock = threading.Lock()  # the stats, written by the worker, read by the training loop
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.iter = 0
         self.compressors: dict[int, Any] = {}  # per bucket index: codec + error-feedback memory
         self.stats = HookStats()
@@ -89,14 +100,30 @@ class MucscHookState:
         """What error feedback still owes the other ranks, per bucket index (empty without it)."""
         return {i: c.residual[""] for i, c in self.compressors.items() if "" in c.residual}
 
-    def message_seed(self, bucket_index: int, rank: int) -> int:
-        """The encoder seed of one message: distinct per iteration, bucket and rank, reproducible."""
-        ss = np.random.SeedSequence([self.seed, self.iter, bucket_index, rank])
+    def worker(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread that runs the compressed buckets in hook order (made on first use)."""
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mucsc-ddp")
+        return self._worker
+
+    def close(self) -> None:
+        """Stop the worker thread (after the last iteration; a later hook call starts a new one)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def message_seed(self, bucket_index: int, rank: int, iteration: int | None = None) -> int:
+        """The encoder seed of one message: distinct per iteration (default: the current one), bucket
+        and rank, reproducible."""
+        it = self.iter if iteration is None else iteration
+        ss = np.random.SeedSequence([self.seed, it, bucket_index, rank])
         return int(ss.generate_state(2, np.uint64)[0] >> np.uint64(1))
 
-    def encode_bucket(self, flat: np.ndarray, bucket_index: int, rank: int) -> bytes:
-        """This rank's message for one bucket (float32/64 vector), through the bucket's own
-        :class:`mucsc.Compressor` (its error-feedback memory; DGC's momentum follows ``iter``)."""
+    def encode_bucket(self, flat: np.ndarray, bucket_index: int, rank: int, iteration: int | None = None) -> bytes:
+        """This rank's message for one bucket (float32/64 vector) in ``iteration`` (default: the current
+        one), through the bucket's own :class:`mucsc.Compressor` (its error-feedback memory; DGC's
+        momentum follows the iteration)."""
+        it = self.iter if iteration is None else iteration
         comp = self.compressors.get(bucket_index)
         if comp is None:
             comp = self.compressors[bucket_index] = mucsc.Compressor(
@@ -105,17 +132,15 @@ class MucscHookState:
         if r is not None and r.shape != flat.shape:
             raise mucsc.InputError(f"bucket {bucket_index} changed size ({r.shape[0]} -> {flat.shape[0]}); "
                                    "was start_iter reached before DDP rebuilt its buckets?")
-        return comp.compress(flat, self.message_seed(bucket_index, rank), epoch=self.iter)
-
-
-def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+        return comp.compress(flat, self.message_seed(bucket_index, rank, it), epoch=it)
 
 
 def mucsc_hook(state: "MucscHookState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket over the group through mucsc messages."""
+    """DDP communication hook: average the bucket over the group through mucsc messages.
+
+    Returns at once with a pending future: the bucket's values are copied out, and encoding, the two
+    all-gathers and the decodes run on the state's worker thread while backward goes on producing the
+    next buckets; DDP waits on the future only at the end of backward."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     buf = bucket.buffer()
@@ -125,42 +150,77 @@ def mucsc_hook(state: "MucscHookState", bucket: dist.GradBucket) -> torch.future
             buf.div_(world)
             return (dist.all_reduce(buf, group=group, async_op=True).get_future()
                     .then(lambda fut: fut.value()[0]))
-        return _done(_compressed_average(state, bucket, group, world))
+        work_dtype = torch.float64 if buf.dtype == torch.float64 else torch.float32
+        # a copy taken now: the worker must not read a buffer DDP may reuse once the future is done
+        flat = buf.detach().to("cpu", work_dtype, copy=True).numpy()
+        # the iteration is taken now: the worker may run after this hook has advanced state.iter
+        job = _BucketJob(state, flat, bucket.index(), dist.get_rank(group), state.iter, group, world, buf)
+        if not state.overlap:
+            return _done(job.run())
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        state.worker().submit(job.complete, fut)
+        return fut
     finally:
         if bucket.is_last():  # bucket 0 is the last one reduced in an iteration
             state.iter += 1
 
 
-def _compressed_average(state: "MucscHookState", bucket: dist.GradBucket, group: Any, world: int) -> torch.Tensor:
-    buf = bucket.buffer()
-    rank = dist.get_rank(group)
-    work_dtype = torch.float64 if buf.dtype == torch.float64 else torch.float32
-    flat = buf.detach().to("cpu", work_dtype).numpy()
-    blob = state.encode_bucket(flat, bucket.index(), rank)
-    dev = buf.device
-    # 1) lengths, 2) messages padded to the longest (all_gather needs equal sizes)
-    lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([len(blob)], dtype=torch.int64, device=dev), group=group)
-    sizes = [int(t.item()) for t in lengths]
-    longest = max(sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    gathered = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(world)]
-    dist.all_gather(gathered, mine.to(dev), group=group)
-    # Every rank decodes the same bytes in rank order with the same float arithmetic: identical replicas.
-    total = np.zeros(flat.shape, dtype=flat.dtype)
-    for r, (t, n) in enumerate(zip(gathered, sizes)):
-        # a peer's message must hold exactly this bucket's values: that bounds what decoding allocates
-        decoded = mucsc.decode(t[:n].cpu().numpy().tobytes(), max_elements=flat.size, max_expansion=None)
-        if decoded.shape != flat.shape:
-            raise mucsc.FormatError(f"rank {r}'s message for bucket {bucket.index()} holds {decoded.size} "
-                                    f"values, the bucket {flat.size}")
-        total += decoded.astype(flat.dtype, copy=False)
-    total /= world
-    st = state.stats
-    st.message_bytes += len(blob)
-    st.sent_bytes += longest + 8
-    st.compressed_buckets += 1
-    st.raw_bucket_bytes += buf.numel() * buf.element_size()
-    buf.copy_(torch.from_numpy(total))
-    return buf
+def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+@dataclasses.dataclass
+class _BucketJob:
+    """One bucket's compressed average: encode, all-gather lengths and messages, decode, average.
+
+    Collectives of one process group must be issued in the same order on every rank: the state's one
+    worker thread runs the jobs in the order DDP calls the hook, which is the same on every rank."""
+
+    state: "MucscHookState"
+    flat: np.ndarray
+    index: int
+    rank: int
+    iteration: int
+    group: Any
+    world: int
+    buf: torch.Tensor
+
+    def complete(self, fut: torch.futures.Future[torch.Tensor]) -> None:
+        try:
+            fut.set_result(self.run())
+        except BaseException as exc:  # noqa: BLE001 - surfaces in DDP's wait on the future
+            fut.set_exception(exc)
+
+    def run(self) -> torch.Tensor:
+        state, flat, buf = self.state, self.flat, self.buf
+        blob = state.encode_bucket(flat, self.index, self.rank, self.iteration)
+        dev = buf.device
+        # 1) lengths, 2) messages padded to the longest (all_gather needs equal sizes)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
+        dist.all_gather(lengths, torch.tensor([len(blob)], dtype=torch.int64, device=dev), group=self.group)
+        sizes = [int(t.item()) for t in lengths]
+        longest = max(sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(self.world)]
+        dist.all_gather(gathered, mine.to(dev), group=self.group)
+        # Every rank decodes the same bytes in rank order with the same float arithmetic: identical replicas.
+        total = np.zeros(flat.shape, dtype=flat.dtype)
+        for r, (t, n) in enumerate(zip(gathered, sizes)):
+            # a peer's message must hold exactly this bucket's values: that bounds what decoding allocates
+            decoded = mucsc.decode(t[:n].cpu().numpy().tobytes(), max_elements=flat.size, max_expansion=None)
+            if decoded.shape != flat.shape:
+                raise mucsc.FormatError(f"rank {r}'s message for bucket {self.index} holds {decoded.size} "
+                                        f"values, the bucket {flat.size}")
+            total += decoded.astype(flat.dtype, copy=False)
+        total /= self.world
+        with state.lock:
+            st = state.stats
+            st.message_bytes += len(blob)
+            st.sent_bytes += longest + 8
+            st.compressed_buckets += 1
+            st.raw_bucket_bytes += buf.numel() * buf.element_size()
+        buf.copy_(torch.from_numpy(total))
+        return buf

@@ -140,6 +140,77 @@ def test_world_size_one_exact_message_and_error_feedback(group):
             lin.weight.sub_(0.1 * lin.weight.grad)
 
 
+def _train_grads(group, overlap, steps=4):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(_model())
+    state = MucscHookState(group, codec="mucsc", seed=5, start_iter=2, z=8, overlap=overlap)
+    ddp.register_comm_hook(state, mucsc_hook)
+    out = []
+    for i in range(steps):
+        out.append(_grads_after_step(ddp, i))
+        with torch.no_grad():
+            for p in ddp.parameters():
+                p.sub_(0.1 * p.grad)
+    state.close()
+    return out, state.stats
+
+
+def test_overlapped_hook_gives_the_inline_hooks_gradients(group):
+    """The worker thread changes when the work runs, not what it computes: same gradients, same bytes."""
+    got, st = _train_grads(group, overlap=True)
+    want, st_inline = _train_grads(group, overlap=False)
+    assert all(torch.equal(a, b) for ga, gb in zip(got, want) for a, b in zip(ga, gb))
+    assert st == st_inline and st.compressed_buckets > 0
+
+
+def test_hook_returns_before_the_bucket_is_compressed(group):
+    """The future DDP gets is still pending while the worker encodes: backward is not held up."""
+    import threading
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    release = threading.Event()
+
+    class Held(MucscHookState):
+        def encode_bucket(self, flat, bucket_index, rank, iteration=None):
+            assert release.wait(60), "the hook never returned"
+            return super().encode_bucket(flat, bucket_index, rank, iteration)
+
+    pending = []
+
+    def watching_hook(state, bucket):
+        fut = mucsc_hook(state, bucket)
+        if state.iter >= state.start_iter or not bucket.is_last():
+            pending.append(fut.done())
+        release.set()
+        return fut
+
+    ddp = DDP(_model())
+    state = Held(group, codec="mucsc", seed=5, start_iter=0, z=8)
+    ddp.register_comm_hook(state, watching_hook)
+    _grads_after_step(ddp, 0)
+    state.close()
+    assert pending and pending[0] is False
+    assert state.stats.compressed_buckets >= 1
+
+
+def test_worker_errors_reach_backward(group):
+    """An error on the worker thread fails the training step; it is never swallowed."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Broken(MucscHookState):
+        def encode_bucket(self, flat, bucket_index, rank, iteration=None):
+            raise mucsc.InputError("bucket 0 changed size (test)")
+
+    ddp = DDP(_model())
+    state = Broken(group, codec="mucsc", seed=5, start_iter=0, z=8)
+    ddp.register_comm_hook(state, mucsc_hook)
+    with pytest.raises(Exception, match="changed size"):
+        _grads_after_step(ddp, 0)
+    state.close()
+
+
 _WORKER = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
