@@ -40,7 +40,7 @@ def chunk_seed(data: np.ndarray) -> int:
 
 
 class Mucsc(_NumcodecsCodec):
-    """numcodecs codec: float chunk -> one mucsc message.
+    """Lossy numcodecs codec: float chunk -> one mucsc message (decodes to an approximation).
 
     ``dtype``: the element type of the buffers ``encode`` receives (float16/32/64, either byte order).
     ``codec``: a mucsc codec name (default "mucsc"; "bmucsc", "qsgd", ... work too) and ``params`` its

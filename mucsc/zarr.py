@@ -1,4 +1,7 @@
-"""The mucsc codec as a zarr v3 array-to-bytes codec (a *serializer*), named ``"mucsc"``.
+"""The mucsc codec as a zarr v3 array-to-bytes codec (a *serializer*), named ``"mucsc"``: LOSSY.
+
+Every chunk comes back with quantisation error (unbiased by default; ``rounding``, ``bits=``,
+``max_error=`` as for :func:`mucsc.encode`): never use it for data that must round-trip exactly.
 
     >>> import zarr, mucsc.zarr
     >>> a = zarr.create_array("x.zarr", shape=(1000, 1000), chunks=(250, 1000), dtype="float32",
@@ -13,6 +16,7 @@ entry point (installed package) and on import of this module.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any, Self
 
@@ -30,7 +34,7 @@ NAME = "mucsc"
 
 @dataclasses.dataclass(frozen=True)
 class MucscCodec(ArrayBytesCodec):
-    """zarr v3 serializer: one mucsc message per chunk.  ``codec``/``seed``/``compress``/``params``
+    """Lossy zarr v3 serializer: one mucsc message per chunk, encoded and decoded on worker threads.  ``codec``/``seed``/``compress``/``params``
     as for :class:`mucsc.numcodecs.Mucsc` (seed None: derived from each chunk's bytes)."""
 
     is_fixed_size = False
@@ -63,10 +67,12 @@ class MucscCodec(ArrayBytesCodec):
 
     async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
         arr = np.ascontiguousarray(chunk_array.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_bytes(self._numcodec(chunk_spec).encode(arr))
+        # CPU work off the event loop: zarr runs chunks concurrently, each on a worker thread
+        blob = await asyncio.to_thread(self._numcodec(chunk_spec).encode, arr)
+        return chunk_spec.prototype.buffer.from_bytes(blob)
 
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        flat = self._numcodec(chunk_spec).decode(chunk_bytes.as_numpy_array())
+        flat = await asyncio.to_thread(self._numcodec(chunk_spec).decode, chunk_bytes.as_numpy_array())
         size = int(np.prod(chunk_spec.shape))
         if flat.size != size:
             raise mucsc.FormatError(f"chunk decodes to {flat.size} values, the chunk shape holds {size}")

@@ -146,6 +146,43 @@ def test_zarr_v3_round_trip(tmp_path):
                           compressors=None)
 
 
+def test_zarr_serializer_works_off_the_event_loop(tmp_path, monkeypatch):
+    """Chunks are encoded and decoded on worker threads, never on the thread running zarr's event loop."""
+    zarr = pytest.importorskip("zarr", reason="zarr not installed")
+    import threading
+
+    from mucsc.zarr import MucscCodec
+
+    seen = {"encode": set(), "decode": set()}
+    loop_threads = set()
+    real_encode, real_decode = Mucsc.encode, Mucsc.decode
+
+    def encode(self, buf):
+        seen["encode"].add(threading.get_ident())
+        return real_encode(self, buf)
+
+    def decode(self, buf, out=None):
+        seen["decode"].add(threading.get_ident())
+        return real_decode(self, buf, out)
+
+    real_single = MucscCodec._encode_single
+
+    async def encode_single(self, chunk, spec):
+        loop_threads.add(threading.get_ident())
+        return await real_single(self, chunk, spec)
+
+    monkeypatch.setattr(Mucsc, "encode", encode)
+    monkeypatch.setattr(Mucsc, "decode", decode)
+    monkeypatch.setattr(MucscCodec, "_encode_single", encode_single)
+    x = np.random.default_rng(3).normal(size=(80, 90)).astype("float32")
+    a = zarr.create_array(str(tmp_path / "t.zarr"), shape=x.shape, chunks=(40, 90), dtype="float32",
+                          serializer=MucscCodec(z=16), compressors=None, fill_value=0.0)
+    a[:] = x
+    zarr.open_array(str(tmp_path / "t.zarr"), mode="r")[:]
+    assert seen["encode"] and seen["decode"] and loop_threads
+    assert not (seen["encode"] | seen["decode"]) & loop_threads
+
+
 def test_zarr_v2_format_with_the_numcodecs_codec(tmp_path):
     zarr = pytest.importorskip("zarr", reason="zarr not installed")
     x = _x((64, 64), seed=2)
