@@ -352,3 +352,82 @@ def test_example_app_round_trip_without_ray():
     net.load_state_dict(arrays.to_torch_state_dict())   # the aggregate is an ordinary model again
     down = [m for m in strategy.traffic.messages if m.direction == "down"]
     assert [m.compressed for m in down] == [False, False, True, True]
+
+
+def _eval_app(mod=mucsc_mod):
+    app = ClientApp(mods=[mod] if mod else [])
+
+    @app.evaluate()
+    def evaluate(msg, context):
+        arrays = {k: a.numpy() for k, a in msg.content["arrays"].items()}   # crashes on a mucsc/1 Array
+        return Message(RecordDict({"metrics": MetricRecord({"sum": float(sum(v.sum() for v in arrays.values())),
+                                                            "num-examples": 1})}), reply_to=msg)
+
+    return app
+
+
+def test_round_metrics_and_compressed_evaluate_messages():
+    """Each round's aggregated metrics carry the real bytes and ratios; evaluate messages carry the
+    downlink update to nodes that hold the previous version, and the nodes evaluate the exact model."""
+    nodes = [51, 52, 53, 54]
+    model = _model(5)
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in model.items()})
+    inner = FedAvg(fraction_train=1.0, fraction_evaluate=1.0)
+    strategy = MucscStrategy(inner, codec="mucsc", seed=3, z=16, downlink="mucsc", downlink_params={"z": 64})
+    contexts = {n: _context(n) for n in nodes}
+    train_app, eval_app = _client_app(), _eval_app()
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    arrays, metrics = strategy.aggregate_train(1, _deliver(msgs, contexts, train_app))
+    up = [m for m in strategy.traffic.round(1) if m.direction == "up"]
+    assert metrics["mucsc-bytes-up"] == sum(m.payload_bytes for m in up) > 0
+    dense = sum(v.nbytes for v in model.values())
+    assert metrics["mucsc-ratio-up"] == pytest.approx(4 * dense / metrics["mucsc-bytes-up"], rel=1e-3)
+    assert 0.8 < metrics["mucsc-ratio-down"] <= 1.0  # first round: full models (plus .npy headers)
+    assert metrics["mucsc-rejected"] == 0
+    ev = list(strategy.configure_evaluate(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    assert len(ev) == 4 and all(is_compressed(m.content["arrays"]) for m in ev)
+    replies = _deliver(ev, contexts, eval_app)
+    want = float(sum(a.numpy().sum() for a in arrays.values()))
+    assert all(r.content["metrics"]["sum"] == pytest.approx(want, rel=1e-6) for r in replies)
+    emetrics = strategy.aggregate_evaluate(1, replies)
+    assert emetrics["mucsc-ratio-down"] > 3 and "mucsc-bytes-up" not in emetrics
+    # evaluating left the nodes' state alone: round 2's train messages carry the same update
+    msgs = list(strategy.configure_train(2, arrays, ConfigRecord(), FakeGrid(nodes)))
+    assert all(is_compressed(m.content["arrays"]) for m in msgs)
+    arrays, metrics = strategy.aggregate_train(2, _deliver(msgs, contexts, train_app))
+    assert metrics["mucsc-ratio-down"] > 3
+    assert "evaluate downlink" in strategy.traffic.summary()
+
+
+def test_client_without_the_mod_is_a_clear_error():
+    nodes = [61, 62]
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in _model().items()})
+    contexts = {n: _context(n) for n in nodes}
+    strategy = MucscStrategy(FedAvg(fraction_evaluate=0.0), codec="mucsc", z=16)
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    no_mod = ClientApp()
+    no_mod.train()(_plain_train)
+    with pytest.raises(mucsc.InputError, match=r"without mucsc_mod.*ClientApp\(mods=\[mucsc_mod\]\)"):
+        strategy.aggregate_train(1, _deliver(msgs, contexts, no_mod))
+    # with a compressed downlink, a node without the mod fails on the mucsc/1 Array: named too
+    strategy = MucscStrategy(FedAvg(fraction_train=1.0), codec="mucsc", z=16, downlink="mucsc")
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    arrays, _ = strategy.aggregate_train(1, _deliver(msgs, contexts, _client_app()))
+    ev = list(strategy.configure_evaluate(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    replies = [_run_as_flower_does(_eval_app(mod=None), m, contexts[m.metadata.dst_node_id]) for m in ev]
+    assert all(r.has_error() for r in replies)
+    with pytest.raises(mucsc.InputError, match="without mucsc_mod.*mucsc/1"):
+        strategy.aggregate_evaluate(1, replies)
+
+
+def _run_as_flower_does(app, msg, context):
+    """A ClientApp's exception becomes an error reply (as Flower's runtime makes it, reason with the text)."""
+    try:
+        return app(_wire(msg), context)
+    except Exception as exc:  # noqa: BLE001
+        return Message(flwr.app.Error(2, f"<class '{type(exc).__name__}'>:<'{exc}'>"), reply_to=msg)
+
+
+def _plain_train(msg, context):
+    return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
+                   reply_to=msg)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -35,7 +36,8 @@ from typing import Any
 import numpy as np
 
 try:
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
+    from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord,
+                          RecordDict)
     from flwr.clientapp.typing import ClientAppCallable
     from flwr.serverapp import Grid
     from flwr.serverapp.strategy import Strategy
@@ -59,8 +61,12 @@ R_INFO = "mucsc.info"       # ConfigRecord a mod adds to its reply (encode secon
 S_MODEL, S_META, S_MEMORY = "mucsc.model", "mucsc.meta", "mucsc.memory"
 
 
+LOG = logging.getLogger("flwr")  # Flower's logger: shown by `flwr run --stream` and `flwr log`
+
+
 class FlowerIntegrationError(mucsc.InputError):
-    """A Message that does not fit the mucsc protocol (missing base version, key mismatch, ...)."""
+    """A Message that does not fit the mucsc protocol (missing base version, key mismatch, a client
+    without :func:`mucsc_mod`, ...)."""
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -208,10 +214,12 @@ def _load_compressor(state: RecordDict, spec: CodecSpec) -> Any:
     return comp
 
 
-def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord) -> tuple[str, dict[str, np.ndarray]]:
+def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord,
+                    keep: bool = True) -> tuple[str, dict[str, np.ndarray]]:
     """The global model the server means (applying a downlink update to the held version), written
-    back into the message as ordinary arrays; the held version is updated when the server tracks one."""
-    key, rec = _single_array_record(msg.content, "a mucsc train message")
+    back into the message as ordinary arrays; with ``keep`` the held version is updated when the
+    server tracks one (evaluate messages leave it: the next train message brings the same update)."""
+    key, rec = _single_array_record(msg.content, "a mucsc message")
     version = cfg.get(K_VERSION)
     if is_compressed(rec):
         base = cfg.get(K_BASE)
@@ -223,7 +231,7 @@ def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord) -> tuple[str
         msg.content[key] = numpy_to_record(glob)
     else:
         glob = record_to_numpy(rec)
-    if version is not None:
+    if version is not None and keep:
         ctxt.state[S_MODEL] = numpy_to_record(glob)
         meta = ctxt.state[S_META] if S_META in ctxt.state.config_records else ConfigRecord()
         meta["version"] = int(version)
@@ -267,12 +275,13 @@ def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
 
 
 def _mod(msg: Message, ctxt: Context, call_next: ClientAppCallable, key: Any, key_id: str | None) -> Message:
-    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or not msg.has_content():
-        return call_next(msg, ctxt)
-    found = _config_of(msg)
+    kind = msg.metadata.message_type.split(".")[0]
+    found = _config_of(msg) if msg.has_content() and kind in (MessageType.TRAIN, MessageType.EVALUATE) else None
     if found is None:
         return call_next(msg, ctxt)
     _, cfg = found
+    if kind == MessageType.EVALUATE:
+        return _evaluate(msg, ctxt, call_next, cfg)
     try:
         spec = CodecSpec.from_config(cfg)
         in_key, glob = _restore_global(msg, ctxt, cfg)
@@ -303,6 +312,20 @@ def _mod(msg: Message, ctxt: Context, call_next: ClientAppCallable, key: Any, ke
     return out
 
 
+def _evaluate(msg: Message, ctxt: Context, call_next: ClientAppCallable, cfg: ConfigRecord) -> Message:
+    """An evaluate message from :class:`MucscStrategy`: rebuild the model it means (a downlink update
+    against the held version, or the full model) and call the evaluate function; the node's held
+    version and compressor state are left as they are."""
+    try:
+        _restore_global(msg, ctxt, cfg, keep=False)
+    except mucsc.MucscError as exc:
+        return Message(Error(ERROR_CODE, f"mucsc_mod: {exc}"), reply_to=msg)
+    out = call_next(msg, ctxt)
+    if not out.has_error():
+        out.content[R_INFO] = ConfigRecord({"encode-s": 0.0})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- server
 
 @dataclasses.dataclass(frozen=True)
@@ -315,28 +338,61 @@ class MessageTraffic:
     payload_bytes: int  # sum of len(Array.data): the mucsc message, or the numpy arrays when uncompressed
     message_bytes: int  # the Message and all its objects, deflated (what Flower transfers)
     compressed: bool
+    kind: str = "train"  # "train" or "evaluate" (the Message's type)
+    model_bytes: int = 0  # what the model's arrays take uncompressed (the ratio's numerator)
 
 
 class Traffic:
     """Bytes of every training Message, per node and round, measured from the real Messages."""
 
-    FIELDS = ("round", "node_id", "direction", "payload_bytes", "message_bytes", "compressed")
+    FIELDS = ("round", "node_id", "direction", "payload_bytes", "message_bytes", "compressed", "kind", "model_bytes")
 
     def __init__(self) -> None:
         self.messages: list[MessageTraffic] = []
 
-    def add(self, rnd: int, msg: Message, direction: str, node_id: int) -> MessageTraffic:
+    def add(self, rnd: int, msg: Message, direction: str, node_id: int, kind: str = "train",
+            model_bytes: int = 0) -> MessageTraffic:
         payload, serialised = message_sizes(msg)
         compressed = msg.has_content() and any(is_compressed(r) for r in msg.content.array_records.values())
-        entry = MessageTraffic(rnd, int(node_id), direction, payload, serialised, bool(compressed))
+        entry = MessageTraffic(rnd, int(node_id), direction, payload, serialised, bool(compressed), kind,
+                               int(model_bytes))
         self.messages.append(entry)
         return entry
 
-    def round(self, rnd: int) -> list[MessageTraffic]:
-        return [m for m in self.messages if m.round == rnd]
+    def round(self, rnd: int, kind: str = "train") -> list[MessageTraffic]:
+        """This round's Messages of one kind (train or evaluate)."""
+        return [m for m in self.messages if m.round == rnd and m.kind == kind]
+
+    def metrics(self, rnd: int, kind: str = "train") -> dict[str, int | float]:
+        """A round's bytes as Flower metrics: payload bytes up and down, and how many times smaller
+        they are than the same Messages with uncompressed models (1.0: nothing was compressed)."""
+        out: dict[str, int | float] = {}
+        for direction in ("up", "down"):
+            ms = [m for m in self.round(rnd, kind) if m.direction == direction]
+            sent, dense = sum(m.payload_bytes for m in ms), sum(m.model_bytes for m in ms)
+            if not (sent or dense):
+                continue  # e.g. evaluate replies: metrics only, no model
+            out[f"mucsc-bytes-{direction}"] = sent
+            out[f"mucsc-ratio-{direction}"] = round(dense / sent, 3) if sent and dense else 0.0
+        return out
+
+    def summary(self) -> str:
+        """One line per kind and direction: payload bytes of all Messages and the ratio to uncompressed."""
+        lines = []
+        for kind in ("train", "evaluate"):
+            for direction in ("up", "down"):
+                ms = [m for m in self.messages if m.kind == kind and m.direction == direction]
+                sent, dense = sum(m.payload_bytes for m in ms), sum(m.model_bytes for m in ms)
+                if not (sent or dense):
+                    continue
+                ratio = f" ({dense / sent:.1f}x smaller than the {dense:,} B of uncompressed models)" if sent else ""
+                lines.append(f"mucsc {kind} {'uplink' if direction == 'up' else 'downlink'}: {sent:,} B in "
+                             f"{len(ms)} messages{ratio}")
+        return "\n".join(lines) or "mucsc: no messages"
 
     def rounds(self) -> list[dict[str, int]]:
-        """Per round: bytes_up / bytes_down (payloads), their serialised totals, down recipients."""
+        """Per round (train Messages): bytes_up / bytes_down (payloads), their serialised totals, down
+        recipients."""
         out = []
         for rnd in sorted({m.round for m in self.messages}):
             ms = self.round(rnd)
@@ -416,26 +472,50 @@ class MucscStrategy(Strategy):
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._sent = {}
         for msg in messages:
-            node = msg.metadata.dst_node_id
-            records = dict(msg.content.items())  # the wrapped strategy may share one RecordDict
-            cfg = ConfigRecord(dict(records.get(self.configrecord_key, ConfigRecord())))
-            for k, v in self.spec.to_config().items():
-                cfg.setdefault(k, v)
-            cfg.setdefault(K_SEED, derived_seed(self.seed, server_round, node))
-            cfg[K_ROUND] = server_round
-            if self._down is not None:
-                cfg[K_VERSION] = self._version
-                holds = self._holds.get(node)
-                if self._down_blob is not None and holds == self._version - 1:
-                    records[self.arrayrecord_key] = compressed_record(self._down_blob)
-                    cfg[K_BASE] = holds
-                else:
-                    cfg[K_BASE] = -1
-            records[self.configrecord_key] = cfg
-            msg.content = RecordDict(records)
-            self._sent[node] = self._version
-            self.traffic.add(server_round, msg, "down", node)
+            self._address(msg, server_round, "train")
+            self._sent[msg.metadata.dst_node_id] = self._version
         return messages
+
+    def _model_bytes(self) -> int:
+        return 0 if self._current is None else sum(int(a.nbytes) for a in self._current.values())
+
+    def _address(self, msg: Message, server_round: int, kind: str) -> None:
+        """Add the codec config (and, with a downlink codec, the model version) to a train or evaluate
+        message, replace its model by the compressed update where the node holds the previous
+        version, and count its bytes."""
+        node = msg.metadata.dst_node_id
+        records = dict(msg.content.items())  # the wrapped strategy may share one RecordDict
+        cfg = ConfigRecord(dict(records.get(self.configrecord_key, ConfigRecord())))
+        for k, v in self.spec.to_config().items():
+            cfg.setdefault(k, v)
+        cfg.setdefault(K_SEED, derived_seed(self.seed, server_round, node))
+        cfg[K_ROUND] = server_round
+        if self._down is not None:
+            cfg[K_VERSION] = self._version
+            holds = self._holds.get(node)
+            if self._down_blob is not None and holds == self._version - 1:
+                records[self.arrayrecord_key] = compressed_record(self._down_blob)
+                cfg[K_BASE] = holds
+            else:
+                cfg[K_BASE] = -1
+        records[self.configrecord_key] = cfg
+        msg.content = RecordDict(records)
+        self.traffic.add(server_round, msg, "down", node, kind, self._model_bytes())
+
+    def _received(self, server_round: int, msg: Message, kind: str) -> None:
+        """Count a reply's bytes and stop the run, naming the node, when its ClientApp lacks the mod
+        (an uncompressed reply, or Flower's "Unsupported serialization type" on a compressed model)."""
+        node = msg.metadata.src_node_id
+        self.traffic.add(server_round, msg, "up", node, kind, self._model_bytes() if kind == "train" else 0)
+        if msg.has_error():
+            lacks = f"'{STYPE}'" in msg.error.reason
+        else:
+            lacks = R_INFO not in msg.content.config_records
+        if lacks:
+            raise FlowerIntegrationError(
+                f"node {node} answered a mucsc {kind} message without mucsc_mod (its reply "
+                + (f"is the error {msg.error.reason!r}" if msg.has_error() else "has no mucsc message")
+                + "): list it in the ClientApp's mods, ClientApp(mods=[mucsc_mod])")
 
     def decode_reply(self, msg: Message, server_round: int | None = None) -> Message:
         """Replace a reply's ``mucsc/2`` ArrayRecord by the client's model ``global + update``
@@ -462,7 +542,7 @@ class MucscStrategy(Strategy):
         replies = sorted(replies, key=lambda m: m.metadata.src_node_id)
         for msg in replies:
             node = msg.metadata.src_node_id
-            self.traffic.add(server_round, msg, "up", node)
+            self._received(server_round, msg, "train")
             if msg.has_error():
                 self._holds.pop(node, None)  # e.g. lost its state: send the full model next time
             elif node in self._sent:
@@ -479,8 +559,10 @@ class MucscStrategy(Strategy):
                 node = m.metadata.src_node_id
                 self.rejected.append((server_round, node, str(exc)))
                 self._holds.pop(node, None)
+                LOG.warning("mucsc: round %d: reply of node %d rejected (not aggregated): %s", server_round, node, exc)
         timing["decode_s"] = time.perf_counter() - t0
         arrays, metrics = self.strategy.aggregate_train(server_round, decoded)
+        metrics = self._with_traffic(metrics, server_round, "train")
         if arrays is None:
             return arrays, metrics
         if self._down is None:
@@ -497,13 +579,33 @@ class MucscStrategy(Strategy):
         self._current_record = numpy_to_record(applied)
         return self._current_record, metrics
 
-    # -- evaluation: delegated ---------------------------------------------------------------------
+    def _with_traffic(self, metrics: MetricRecord | None, server_round: int, kind: str) -> MetricRecord:
+        """The wrapped strategy's aggregated metrics plus this round's bytes, ratios and rejections
+        (Flower logs them per round and keeps them in the run's result)."""
+        out = MetricRecord(dict(metrics or {}))
+        out.update(self.traffic.metrics(server_round, kind))
+        if kind == "train":
+            out["mucsc-rejected"] = sum(1 for r in self.rejected if r[0] == server_round)
+        return out
+
+    # -- evaluation: the model travels like a train message's (compressed update or full model) -----
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        if arrays is not self._current_record and self._down is not None:
+            return messages  # not the model this strategy produced: send it as the wrapped strategy does
+        for msg in messages:
+            self._address(msg, server_round, "evaluate")
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        replies = list(replies)
+        for msg in replies:
+            self._received(server_round, msg, "evaluate")
+            if msg.has_content() and R_INFO in msg.content.config_records:
+                del msg.content[R_INFO]
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        return self._with_traffic(metrics, server_round, "evaluate")
 
 
 __all__ = [

@@ -1,8 +1,11 @@
-"""ServerApp: FedAvg wrapped in MucscStrategy (uplink Z=16, downlink updates at Z=64)."""
+"""ServerApp: FedAvg wrapped in MucscStrategy (uplink MUCSC Z=16, downlink updates at Z=64)."""
 
 from __future__ import annotations
 
+from logging import INFO
+
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -10,15 +13,16 @@ from mucsc.flower import MucscStrategy
 from mucsc_flower_app import task
 
 app = ServerApp()
-LAST: dict = {}  # the strategy of the last run, for run_simulation.py's report
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    rounds = int(context.run_config.get("num-server-rounds", 5))
-    strategy = MucscStrategy(FedAvg(fraction_train=0.5, fraction_evaluate=0.0), codec="mucsc", z=16,
-                             downlink="mucsc", downlink_params={"z": 64})
-    LAST["strategy"] = strategy
+    cfg = context.run_config
+    down_z = int(cfg["downlink-z"])
+    strategy = MucscStrategy(FedAvg(fraction_train=float(cfg["fraction-train"]),
+                                    fraction_evaluate=float(cfg["fraction-evaluate"])),
+                             codec=str(cfg["codec"]), z=int(cfg["z"]),
+                             downlink="mucsc" if down_z else None, downlink_params={"z": down_z} if down_z else None)
     _, _, x, y = task.data(0, 1)
 
     def central_eval(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -27,6 +31,7 @@ def main(grid: Grid, context: Context) -> None:
         loss, acc = task.evaluate(net, x, y)
         return MetricRecord({"loss": loss, "accuracy": acc})
 
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(task.model().state_dict()),
-                            train_config=ConfigRecord({"lr": 0.1}), num_rounds=rounds, evaluate_fn=central_eval)
-    LAST["result"] = result
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(task.model().state_dict()),
+                   train_config=ConfigRecord({"lr": float(cfg["lr"])}), num_rounds=int(cfg["num-server-rounds"]),
+                   evaluate_fn=central_eval)
+    log(INFO, "%s", strategy.traffic.summary())
