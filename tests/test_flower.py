@@ -292,7 +292,7 @@ def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path):
     assert int(f[0]["bytes_down"]) > 3 * int(f[1]["down_msg_bytes"])  # round 1: 3 full models
 
 
-def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected():
+def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected(caplog):
     if not hasattr(mucsc, "sign"):
         pytest.skip("this mucsc has no message authentication")
     nodes = [51, 52, 53]
@@ -306,9 +306,11 @@ def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected():
     msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
     replies = [_wire(apps[m.metadata.dst_node_id](_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs]
     kept = {r.metadata.src_node_id: _wire(r) for r in replies}
-    arrays2, _ = strategy.aggregate_train(1, replies)
+    arrays2, metrics1 = strategy.aggregate_train(1, replies)
     assert arrays2 is not None
     assert [(r, n) for r, n, _ in strategy.rejected] == [(1, 53)]
+    assert "round 1: reply of node 53 rejected" in caplog.text and strategy.rejected[0][2] in caplog.text
+    assert metrics1["mucsc-rejected"] == 1
     # round 2: node 52 replays its round-1 reply (a valid tag, but over round 1's context)
     msgs = list(strategy.configure_train(2, arrays2, ConfigRecord(), FakeGrid(nodes)))
     replies = [_wire(apps[m.metadata.dst_node_id](_wire(m), contexts[m.metadata.dst_node_id])) for m in msgs]
@@ -431,3 +433,30 @@ def _run_as_flower_does(app, msg, context):
 def _plain_train(msg, context):
     return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
                    reply_to=msg)
+
+
+def test_per_node_keys_from_a_key_directory_in_the_run_config(tmp_path):
+    """In a simulation every node has the same run config; each signs with DIR/<partition-id>.key and
+    the server verifies with mucsc.load_keys(DIR); a node whose key is missing gets an error reply."""
+    keydir = tmp_path / "keys"
+    keydir.mkdir(mode=0o700)
+    for pid in (0, 1):
+        f = keydir / f"{pid}.key"
+        f.write_bytes(mucsc.generate_key())
+        f.chmod(0o600)
+    nodes = [71, 72, 73]
+    contexts = {n: Context(run_id=7, node_id=n, node_config={"partition-id": i}, state=RecordDict(),
+                           run_config={"mucsc-key-dir": str(keydir)}) for i, n in enumerate(nodes)}
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in _model().items()})
+    strategy = MucscStrategy(FedAvg(fraction_evaluate=0.0, min_available_nodes=3), codec="mucsc", z=8,
+                             keys=mucsc.load_keys(keydir))
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+    replies = _deliver(msgs, contexts, _client_app())
+    by_node = {r.metadata.src_node_id: r for r in replies}
+    assert not by_node[71].has_error() and not by_node[72].has_error()
+    assert by_node[73].has_error() and "no key for key id '2'" in by_node[73].error.reason
+    for n in (71, 72):
+        blob = by_node[n].content["arrays"]["mucsc"].data
+        mucsc.decode(blob, keys=mucsc.load_keys(keydir), context=f"mucsc/flower/up/run=7/round=1/node={n}")
+    agg, metrics = strategy.aggregate_train(1, replies)
+    assert agg is not None and metrics["mucsc-rejected"] == 0 and strategy.rejected == []

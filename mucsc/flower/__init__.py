@@ -254,13 +254,23 @@ def make_mucsc_mod(key: Any = None, key_id: str | None = None) -> Callable[[Mess
 
 
 def _node_key(ctxt: Context, key: Any, key_id: str | None) -> tuple[Any, str | None]:
+    """This node's signing key and key id: the mod's own, the node config's ``mucsc-key-file``, or
+    ``DIR/ID.key`` of a key directory ``mucsc-key-dir`` (node config, else run config: a simulation
+    cannot give each supernode its own node config, so there every node picks its key by partition id,
+    the rule :func:`mucsc.load_keys` follows on the server)."""
     if key is not None:
         return key, key_id
+    kid = str(ctxt.node_config.get("mucsc-key-id", ctxt.node_config.get("partition-id", ctxt.node_id)))
     path = ctxt.node_config.get("mucsc-key-file")
-    if not path:
+    if path:
+        return mucsc.load_key(str(path)), kid
+    directory = ctxt.node_config.get("mucsc-key-dir", ctxt.run_config.get("mucsc-key-dir"))
+    if not directory:
         return None, None
-    default_id = ctxt.node_config.get("partition-id", ctxt.node_id)
-    return mucsc.load_key(str(path)), str(ctxt.node_config.get("mucsc-key-id", default_id))
+    found = mucsc.load_keys(str(directory))(kid)
+    if found is None:
+        raise FlowerIntegrationError(f"no key for key id {kid!r} in {directory} (want {kid}.key)")
+    return found, kid
 
 
 def mucsc_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
