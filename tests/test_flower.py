@@ -361,7 +361,7 @@ def _eval_app(mod=mucsc_mod):
 
     @app.evaluate()
     def evaluate(msg, context):
-        arrays = {k: a.numpy() for k, a in msg.content["arrays"].items()}   # crashes on a mucsc/1 Array
+        arrays = {k: a.numpy() for k, a in msg.content["arrays"].items()}   # crashes on a mucsc/2 Array
         return Message(RecordDict({"metrics": MetricRecord({"sum": float(sum(v.sum() for v in arrays.values())),
                                                             "num-examples": 1})}), reply_to=msg)
 
@@ -411,14 +411,14 @@ def test_client_without_the_mod_is_a_clear_error():
     no_mod.train()(_plain_train)
     with pytest.raises(mucsc.InputError, match=r"without mucsc_mod.*ClientApp\(mods=\[mucsc_mod\]\)"):
         strategy.aggregate_train(1, _deliver(msgs, contexts, no_mod))
-    # with a compressed downlink, a node without the mod fails on the mucsc/1 Array: named too
+    # with a compressed downlink, a node without the mod fails on the mucsc/2 Array: named too
     strategy = MucscStrategy(FedAvg(fraction_train=1.0), codec="mucsc", z=16, downlink="mucsc")
     msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
     arrays, _ = strategy.aggregate_train(1, _deliver(msgs, contexts, _client_app()))
     ev = list(strategy.configure_evaluate(1, arrays, ConfigRecord(), FakeGrid(nodes)))
     replies = [_run_as_flower_does(_eval_app(mod=None), m, contexts[m.metadata.dst_node_id]) for m in ev]
     assert all(r.has_error() for r in replies)
-    with pytest.raises(mucsc.InputError, match="without mucsc_mod.*mucsc/1"):
+    with pytest.raises(mucsc.InputError, match="without mucsc_mod.*mucsc/2"):
         strategy.aggregate_evaluate(1, replies)
 
 

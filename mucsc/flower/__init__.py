@@ -10,11 +10,13 @@
 - :class:`MucscStrategy`, a wrapper around any Flower strategy (FedAvg, FedAdam, ...): injects the codec
   config in ``configure_train``, decodes every ``mucsc/2`` reply into ``global + update`` under the same
   key in ``aggregate_train`` and delegates; with ``downlink=`` it also sends the next global model as a
-  compressed update to nodes holding the previous version (the full model otherwise).  It counts the
-  bytes of the real Messages (:class:`Traffic`).
+  compressed update to nodes holding the previous version (the full model otherwise), for train and
+  evaluate messages alike.  It counts the bytes of the real Messages (:class:`Traffic`) and returns
+  each round's bytes and ratios in the aggregated MetricRecord (Flower logs them and keeps them in
+  the run's result); a client without the mod stops the run with an error naming it.
 
 Authentication (optional): a client signs its messages (``make_mucsc_mod(key=, key_id=)``, or the node
-config keys ``mucsc-key-file`` / ``mucsc-key-id``) with a context naming the run, round and node, and
+config keys ``mucsc-key-file`` / ``mucsc-key-id``, or ``mucsc-key-dir`` in the node or run config) with a context naming the run, round and node, and
 ``MucscStrategy(keys=...)`` (a key map or lookup, as :func:`mucsc.decode` takes) refuses every reply
 whose tag does not verify, so a message cannot be forged, altered or replayed into another round.
 
