@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower"
+BIN = str(Path(sys.executable).parent)  # this environment's flwr and flower-superlink, activated or not
 
 
 def _first_block() -> str:
@@ -38,13 +40,14 @@ def _superlinks(home: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr command is not on PATH")
+@pytest.mark.skipif(shutil.which("flwr", path=BIN) is None, reason="no flwr command beside this Python")
 def test_readme_first_block_runs_flwr_run_offline():
     block = _first_block()
     assert "flwr run ." in block
     tmp = tempfile.mkdtemp(prefix="flwr", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     env = dict(os.environ, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
                FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()), TMPDIR=tmp,
+               PATH=os.pathsep.join([BIN, os.environ.get("PATH", "")]),
                PYTHONPATH=os.pathsep.join([str(APP.parents[1]), os.environ.get("PYTHONPATH", "")]))
     # the block as written, with one round so that the test stays short
     script = block.replace("--stream", "--stream -c num-server-rounds=1")
