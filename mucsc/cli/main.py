@@ -9,6 +9,7 @@ binary to a terminal, no overwrite without ``-f``, atomic outputs, reports on st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -287,6 +288,9 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
         norm2 = squared_norm(tensors)
         notes += _zero_update_notes(input, base, norm2)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
+        if loaded.bare and mode.policy is not None and mode.policy.vector_max_error is not None:
+            # a bare array is the data itself, not a model's norm or bias: the 1-D carve-out is for checkpoints
+            mode = dataclasses.replace(mode, policy=dataclasses.replace(mode.policy, vector_max_error=None))
         del loaded
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
