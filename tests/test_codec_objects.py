@@ -100,7 +100,7 @@ def test_cli_reports_the_resolved_parameters(tmp_path):
     np.save(src, _x(2000))
     res = CliRunner().invoke(main, ["compress", str(src), "--z", "8", "--json"])
     assert res.exit_code == 0, res.output
-    params = json.loads(res.output)["params"]
+    params = json.loads(res.stdout)["params"]
     assert params["z"] == 8 and params["id_packing"] == "aligned"
     res = CliRunner().invoke(main, ["compress", str(src), "--z", "8", "--compress", "off", "-f"])
     assert res.exit_code == 0, res.output

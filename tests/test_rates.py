@@ -76,7 +76,7 @@ def test_message_bytes_formula_matches_spec_example():
 def test_rate_command_json():
     res = CliRunner().invoke(rate, ["--dim", "20000", "--zu", "4", "--zu", "16", "--json", "--baselines"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["d"] == 20000 and out["z_u"] == [4, 16] and len(out["rows"]) == 6
     assert out["rows"][0]["rate"] == pytest.approx(rates.paper_mucsc_rate(20000, (4, 16), 16, 0.1))
     assert {b["codec"] for b in out["baselines"]} >= {"none", "stc", "qsgd s=15"}
