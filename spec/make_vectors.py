@@ -87,7 +87,9 @@ CASES = {
 try:
     sys.path.insert(0, str(HERE))
     from vector_cases_codecs import CASES as CODEC_CASES  # noqa: E402
+    from vector_cases_rounding import CASES as ROUNDING_CASES  # noqa: E402
     CASES.update(CODEC_CASES)
+    CASES.update(ROUNDING_CASES)
 except ImportError:
     pass
 
@@ -191,7 +193,9 @@ def invalid_files():
     }
     try:
         from vector_cases_codecs import invalid_cases as codec_invalid_cases
+        from vector_cases_rounding import invalid_cases as rounding_invalid_cases
         cases.update(codec_invalid_cases())
+        cases.update(rounding_invalid_cases())
     except ImportError:
         pass
     files, index = {}, {}

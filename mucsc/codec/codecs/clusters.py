@@ -17,7 +17,7 @@ from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import device_rounding, torch_backend
 from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
                                      section, section_stream)
-from mucsc.codec.numerics import centroids, quantize
+from mucsc.codec.numerics import centroids, nearest, quantize
 from mucsc.codec.wire import bitpack, rans
 from mucsc.errors import FormatError, ParameterError, SizeError
 
@@ -62,7 +62,15 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
 
 
 TARGETS = ("z", "bits", "max_error", "size")  # the fields that choose Z; all but z are goals
+# How each element becomes a level: "stochastic" (paper eq. 7, unbiased), "nearest" (deterministic,
+# biased, Lloyd-Max levels: for stored models), "dithered" (subtractive dither on a uniform grid).
+ROUNDINGS = ("stochastic", "nearest", "dithered")
 DEFAULT_Z = 16  # mucsc's Z when no field chooses it
+
+
+def rounding_of(p: Any) -> str:
+    """How clustering parameters round (bmucsc's have no ``rounding`` field: eq. 7's stochastic)."""
+    return getattr(p, "rounding", "stochastic")
 
 
 class GoalTarget:
@@ -148,8 +156,9 @@ def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
 
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
     giving the same bytes (:mod:`mucsc.codec.backends.torch_backend`); so does ``MUCSC_BACKEND=torch``.
-    Given ``levels`` (a goal's choice, planned on the host) the host path encodes it."""
-    if levels is not None and torch_backend.is_torch(x):
+    Given ``levels`` (a goal's choice, planned on the host) the host path encodes it; so is nearest
+    rounding."""
+    if (levels is not None or rounding_of(p) != "stochastic") and torch_backend.is_torch(x):
         x = x.cpu().numpy()
     wire, ids, J = round_clusters(x, p, rng, levels, cache)
     return cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
@@ -161,10 +170,14 @@ def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     (solved for ``p.fixed_z`` unless given) and the stochastic rounding, before any ID coding.
     ``cache``: kept by a caller that rounds the same ``x`` many times (a goal's search): its bounds
     and the solver's sorted data are computed once (centroids.solve's ``cache``)."""
-    if levels is None and torch_backend.applies(x):
+    if levels is None and rounding_of(p) == "stochastic" and torch_backend.applies(x):
         return _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
     if x.size == 0:
         return np.zeros(0, CENTROID_DTYPES[p.centroid_dtype]), np.zeros(0, np.uint8), 0.0
+    if rounding_of(p) == "nearest":  # deterministic: draws nothing from rng
+        c = nearest.lloyd_max(x, p.fixed_z, cache) if levels is None else levels
+        wire = nearest.wire_levels(c, p.centroid_dtype)
+        return (wire, *nearest.assign(x, wire))
     if cache is not None and "bounds" in cache:
         bounds = cache["bounds"]
     else:
@@ -189,7 +202,8 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
     """The second half of :func:`encode_clusters`: header params, sections and J for one ID coding
     of a rounding (two codings of one rounding are what two encodes with the same rng give)."""
     coding = coding or ("rans" if p.id_coding == "rans" else "packed")
-    solver = p.solver if levels is None else levels_by  # informative: who chose the given levels
+    # informative: who chose the levels
+    solver = ("lloyd-max" if rounding_of(p) == "nearest" else p.solver) if levels is None else levels_by
     k = int(wire.size)
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
@@ -213,6 +227,8 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
         else:
             packed = parallel.pack(ids, bits)
         sections = (cent, Section("IDS_", packed, compressible=True))
+    if rounding_of(p) != "stochastic":  # informative (decoding is the same): for `info` and honesty
+        params["rounding"] = rounding_of(p)
 
     def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
         if callable(J):
@@ -293,6 +309,10 @@ def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, 
                       CENTROID_DTYPES[cdtype], k)
     if k and not (np.all(np.isfinite(cent)) and np.all(cent[1:] > cent[:-1])):
         raise FormatError("centroids must be finite and strictly increasing")
+    rounding = params.get("rounding", "stochastic")
+    if rounding not in ("stochastic", "nearest"):
+        raise FormatError(f"header parameter 'rounding' must be 'stochastic' or 'nearest' with centroids, "
+                          f"got {rounding!r}")
     coding = params.get("id_coding", "packed")
     if coding == "rans":
         if k <= 1:

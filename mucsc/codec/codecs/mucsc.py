@@ -19,7 +19,7 @@ import numpy as np
 
 from mucsc.codec.codecs.base import H, Z_RANGE, Codec, EncodedGroup, PaperSetup, ceil_log2, plan_alone, register
 from mucsc.codec.codecs.clusters import (CENTROID_DTYPES, CENTROID_LIMITS, ID_CODINGS, ID_PACKINGS, MAX_Z, MIN_Z,
-                                         RESOLVED, TARGETS, ClusterTrials, GoalTarget, check_levels,
+                                         RESOLVED, ROUNDINGS, TARGETS, ClusterTrials, GoalTarget, check_levels,
                                          cluster_resolved, cluster_section_sizes, decode_clusters,
                                          decode_clusters_torch, encode_clusters, format_minor, given_levels,
                                          resolve_id_packing)
@@ -46,7 +46,10 @@ class MucscParams(GoalTarget):
     How bits= / size= split the budget over the groups: ``weighting`` "total" minimises the total J
     (the paper's objective for an update) and "size" each group's squared relative error weighted by
     its element count (a checkpoint: no small tensor starved); ``error_cap`` keeps every group within
-    that relative error where the budget allows, else within the smallest cap it allows."""
+    that relative error where the budget allows, else within the smallest cap it allows.
+    rounding: "stochastic" (eq. 7, unbiased: updates), "nearest" (each element to its nearest level,
+    Lloyd-Max levels; deterministic and biased, J is the squared error: stored models; ``solver`` does
+    not apply) or "dithered" (see :mod:`mucsc.codec.numerics.dither`)."""
 
     z: int | None = None
     solver: str = "optimal"
@@ -56,6 +59,7 @@ class MucscParams(GoalTarget):
     max_error: float | None = None
     size: int | None = None
     id_coding: str = "auto"
+    rounding: str = "stochastic"
     levels: tuple[float, ...] | None = dataclasses.field(default=None, metadata=RESOLVED)
     levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
     weighting: str = "total"
@@ -87,6 +91,8 @@ class MucscParams(GoalTarget):
         if self.error_cap is not None and not 0 < self.error_cap < math.inf:
             raise ParameterError(f"error_cap (relative error sqrt(J)/||x|| of each group) must be > 0, "
                                  f"got {self.error_cap}")
+        if self.rounding not in ROUNDINGS:
+            raise ParameterError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         check_levels(self)
 
 
@@ -101,7 +107,7 @@ class Mucsc(Codec):
     """MUCSC: Z centroids minimising J, unbiased stochastic rounding, fixed-width cluster IDs."""
 
     name = "mucsc"
-    unbiased = True
+    unbiased = True  # with rounding="nearest" it is not: see ``biased``
     accepts_torch = True
     summary = "soft clustering to z centroids, unbiased; ceil(log2 z) bits per element"
     Params = MucscParams
@@ -124,6 +130,11 @@ class Mucsc(Codec):
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
+
+    @property
+    def biased(self) -> bool:
+        """Nearest rounding is deterministic: its error does not average out (error feedback)."""
+        return self.params.rounding == "nearest"
 
     @classmethod
     def format_minor(cls, params: Mapping[str, Any]) -> int:

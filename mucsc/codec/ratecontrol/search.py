@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.codecs.base import Section
-from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, Rounded
+from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, Rounded, rounding_of
 from mucsc.codec.numerics import allocate, ecsq
 from mucsc.codec.wire import container
 
@@ -147,7 +147,7 @@ class ClusterSearch:
                 if stop(o) or dict(o.key.params)["centroids"] < z or o.J == 0.0:
                     break
         if p.id_coding != "packed":
-            for mu in MU_GRID:
+            for mu in MU_GRID if rounding_of(p) == "stochastic" else ():  # ecsq levels are for eq. 7's J
                 o = self.measure(mu=mu, coding="rans")
                 if stop(o) or o.J == 0.0:
                     break

@@ -1,0 +1,91 @@
+"""Nearest rounding for ``mucsc`` (``rounding="nearest"``): Lloyd-Max levels and the deterministic
+assignment to them.
+
+Each element goes to its nearest level, so the error is deterministic and biased; its squared sum
+sum (x_m - c_id(m))^2 is what J reports.  The levels minimise that error, not eq. 8-9's variance: a
+Lloyd-Max quantizer (Lloyd 1982, Max 1960), each level the mean of its cell and each cell boundary
+the midpoint of its two levels.  For a stored model, where unbiasedness buys nothing, this has about
+half the squared error of stochastic rounding to the J-optimal levels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mucsc.codec.numerics.quantize import id_dtype
+from mucsc.errors import InputError
+
+__all__ = ["lloyd_max", "wire_levels", "assign"]
+
+SAMPLE = 1 << 20  # the levels are fitted on at most this many elements (a strided sample)
+ITERATIONS = 200  # Lloyd iterations at most (they stop earlier once no level moves)
+CHUNK = 1 << 16  # elements per chunk of the assignment (bounds the float64 temporaries)
+
+
+def lloyd_max(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray:
+    """At most ``z`` float64 levels, sorted, minimising sum (x - nearest level)^2 locally (Lloyd's
+    iteration).  Fewer when x has fewer distinct values (then exact).  The start is the high-rate
+    optimum's point density, proportional to p(x)^(1/3) (Panter-Dite): from plain quantiles, heavy
+    tails kept too few levels and Lloyd moved them out too slowly (Student-t(3), Z = 256: 13x the
+    squared error)."""
+    x = np.asarray(x).reshape(-1)
+    if x.size == 0:
+        return np.zeros(1)
+    if cache is not None and "nearest" in cache:
+        xs, s1, distinct = cache["nearest"]
+    else:
+        xs = np.sort(x[:: max(1, x.size // SAMPLE)].astype(np.float64))
+        s1 = np.concatenate(([0.0], np.cumsum(xs)))
+        distinct = np.unique(xs)
+        if cache is not None:  # a goal's search fits many z to the same data
+            cache["nearest"] = (xs, s1, distinct)
+    if distinct.size <= z:  # few values: each is its own level
+        return distinct
+    m = xs.size
+    # density from the spacing of neighbours k apart; weight p^(1/3 - 1) per element = gap^(2/3)
+    k = max(1, m // (8 * z))
+    i = np.arange(m)
+    cw = np.cumsum(np.cbrt(np.square(xs[np.minimum(i + k, m - 1)] - xs[np.maximum(i - k, 0)])))
+    c = np.unique(xs[np.minimum(np.searchsorted(cw, (np.arange(z) + 0.5) / z * cw[-1]), m - 1)])
+    for _ in range(ITERATIONS):
+        cuts = np.searchsorted(xs, (c[:-1] + c[1:]) * 0.5, side="right")
+        lo = np.concatenate(([0], cuts))
+        hi = np.concatenate((cuts, [m]))
+        cnt = hi - lo
+        new = np.where(cnt > 0, (s1[hi] - s1[lo]) / np.maximum(cnt, 1), c)
+        new = np.unique(new)
+        if new.size == c.size and np.array_equal(new, c):
+            break
+        c = new
+    return c
+
+
+def wire_levels(c: np.ndarray, dtype) -> np.ndarray:
+    """The levels as sent: rounded to the wire dtype, merged where rounding made them equal.  Unlike
+    stochastic rounding's, they need not bracket the data (the outer cells extend to infinity)."""
+    dt = np.dtype(dtype)
+    with np.errstate(over="ignore"):
+        w = np.unique(np.asarray(c, np.float64).astype(dt))
+    if not np.all(np.isfinite(w)):
+        raise InputError(f"levels {float(c[0]):g} .. {float(c[-1]):g} do not fit the wire dtype {dt}")
+    return w
+
+
+def assign(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, float]:
+    """(ids, squared error): element m gets the level nearest to it, ties to the lower one.  The
+    boundaries t_k = (c_k + c_{k+1}) / 2 and the comparisons x > t_k are in float64 (exact for float32
+    data), so every backend that follows spec/FORMAT.md 4.3.1 makes the same choice."""
+    x = np.asarray(x).reshape(-1)
+    c64 = np.asarray(c, np.float64)
+    ids = np.zeros(x.size, id_dtype(c64.size))
+    if c64.size == 1:
+        return ids, float(np.sum(np.square(x.astype(np.float64) - c64[0])))
+    t = (c64[:-1] + c64[1:]) * 0.5
+    err = 0.0
+    for s in range(0, x.size, CHUNK):
+        xc = x[s : s + CHUNK].astype(np.float64)
+        k = np.searchsorted(t, xc, side="left")  # the number of boundaries below x
+        ids[s : s + CHUNK] = k
+        d = xc - c64[k]
+        err += float(np.dot(d, d))
+    return ids, err
