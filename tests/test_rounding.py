@@ -81,3 +81,119 @@ def test_nearest_same_bytes_from_a_torch_tensor():
     x = gauss(3000, 5)
     assert (mucsc.encode(torch.from_numpy(x), "mucsc", z=8, rounding="nearest")
             == mucsc.encode(x, "mucsc", z=8, rounding="nearest"))
+
+
+# ---- rounding="dithered" (FORMAT.md 4.5) ----------------------------------------------------------
+
+def dithered(x, **kw):
+    return mucsc.encode_with_stats(x, "mucsc", rounding="dithered", **kw)
+
+
+@pytest.mark.parametrize("data", [gauss, heavy])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_dithered_halves_stochastic_J_within_the_same_bits(data, bits):
+    # issue 24: J <= 0.6x stochastic bits=b (0.65x at b = 1); benchmarks/bench_dither.py checks d = 2e5
+    x = data(20_000, 10 + bits)
+    blob, st = dithered(x, bits=bits)
+    assert 8 * len(blob) <= bits * x.size
+    assert st.J <= (0.65 if bits == 1 else 0.6) * mucsc.encode_with_stats(x, "mucsc", bits=bits)[1].J
+
+
+@pytest.mark.parametrize("data", [gauss, heavy])
+def test_dithered_measured_error_matches_J_over_seeds(data):
+    x = data(20_000, 20)
+    errs, Js = [], []
+    for seed in range(20):
+        blob, st = dithered(x, z=32, seed=seed)
+        errs.append(float(np.sum((mucsc.decode(blob).astype(np.float64) - x) ** 2)))
+        Js.append(st.J)
+    assert np.mean(errs) == pytest.approx(np.mean(Js), rel=0.05)
+
+
+def test_dithered_J_is_step_squared_over_12_per_element():
+    x = gauss(1000, 21)
+    blob, st = dithered(x, z=16)
+    m = fmt.read_message(blob)
+    step = np.frombuffer(bytes(m.payload(next(s for s in m.sections if s.tag == "GRID")))[:8], "<f8")[0]
+    assert step == pytest.approx((x.max() - x.min()) / 15)
+    assert st.J == pytest.approx(x.size * step**2 / 12, rel=1e-12)
+    assert m.minor == 2 and group_params(blob) == {"escape": False, "rounding": "dithered", "symbols": 16}
+
+
+@pytest.mark.parametrize("data", [gauss, heavy])
+def test_dithered_is_unbiased(data):
+    # the mean of K decodes differs from x by independent noise of variance J / K per message
+    x = data(5_000, 22)
+    K = 200
+    total = np.zeros(x.size)
+    Js = []
+    for seed in range(K):
+        blob, st = dithered(x, z=64, seed=seed)
+        total += mucsc.decode(blob)
+        Js.append(st.J)
+    err = float(np.sum((total / K - x) ** 2))
+    assert err == pytest.approx(np.mean(Js) / K, rel=0.3)
+
+
+def test_dithered_error_is_uniform_and_independent_of_x():
+    x = np.repeat(np.array([0.0, 0.3, 0.5], np.float32), 20_000)
+    blob, st = dithered(x, z=3)
+    e = (mucsc.decode(blob).astype(np.float64) - x).reshape(3, -1)
+    step = 0.25
+    for row in e:  # each value's error: uniform on (-step/2, step/2], variance step^2 / 12
+        assert np.all(np.abs(row) <= step / 2 + 1e-6)
+        assert np.var(row) == pytest.approx(step**2 / 12, rel=0.05) and abs(row.mean()) < 0.003
+
+
+def test_dithered_goals():
+    x = heavy(20_000, 23)
+    blob, st = dithered(x, max_error=0.05)
+    assert np.sqrt(st.J) <= 0.05 * np.linalg.norm(x) and np.sqrt(st.J) > 0.045 * np.linalg.norm(x)
+    blob, st = dithered(x, size=6000)
+    assert len(blob) <= 6000 and len(blob) > 5900
+    tensors = {"a": gauss(8000, 24), "b": heavy(3000, 25) * 10, "c": gauss(500, 26) * 0.01}
+    blob, st = mucsc.encode_with_stats(tensors, "mucsc", rounding="dithered", bits=2, shared=False)
+    assert 8 * len(blob) <= 2 * 11_500
+    out = mucsc.decode(blob)
+    assert float(sum(np.sum((out[k].astype(np.float64) - v) ** 2) for k, v in tensors.items())) < 2 * st.J
+
+
+@pytest.mark.parametrize("x", [np.zeros(0, np.float32), np.array([2.5], np.float32), np.full(9, -0.25, np.float32),
+                               np.zeros(7, np.float32)])
+def test_dithered_edge_inputs(x):
+    blob, st = dithered(x, z=16)
+    y = mucsc.decode(blob)
+    assert y.shape == x.shape and np.allclose(y, x, atol=1e-6, rtol=1e-6)
+
+
+def test_dithered_id_coding_packed_is_refused():
+    with pytest.raises(ParameterError, match="always rANS-codes"):
+        mucsc.encode(gauss(10), "mucsc", rounding="dithered", id_coding="packed")
+
+
+def test_dithered_same_bytes_and_values_on_the_torch_backend(monkeypatch):
+    torch = pytest.importorskip("torch")
+    x = heavy(30_000, 27)
+    host = mucsc.encode(x, "mucsc", rounding="dithered", bits=2, seed=3)
+    assert mucsc.encode(torch.from_numpy(x), "mucsc", rounding="dithered", bits=2, seed=3) == host
+    from mucsc.codec import kernels
+    monkeypatch.setattr(kernels, "TORCH", True)
+    assert mucsc.encode(x, "mucsc", rounding="dithered", bits=2, seed=3) == host
+    y = mucsc.decode(host, as_torch=True, device="cpu")
+    assert torch.is_tensor(y) and np.array_equal(y.numpy(), mucsc.decode(host))
+
+
+def test_fedsim_codecs_take_parameters():
+    from mucsc.fedsim.config import SimConfig, split_experiment, split_list
+    from mucsc.fedsim.transport import check_codec
+
+    assert split_list("none, mucsc(rounding=dithered,bits=1),qsgd") == ["none", "mucsc(rounding=dithered,bits=1)",
+                                                                        "qsgd"]
+    assert split_experiment("mucsc(rounding=dithered, bits=1)") == ("mucsc", {"rounding": "dithered", "bits": "1"})
+    cfg = SimConfig(codecs=("mucsc(bits=1)", "mucsc(rounding=dithered,bits=1)"))
+    ups, down = cfg.links("mucsc(rounding=dithered,bits=1)", 3, [0, 1, 2])
+    for link in (*ups, down):
+        check_codec(link)
+        assert link.codec_object().params.rounding == "dithered" and link.codec_object().params.bits == 1
+    with pytest.raises(mucsc.MucscError, match="not KEY=VALUE"):
+        split_experiment("mucsc(bits)")

@@ -30,8 +30,10 @@ class CommaList(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
+        from mucsc.fedsim.config import split_list  # commas inside NAME(KEY=VALUE,...) kept
+
         try:
-            items = tuple(self.kind(v.strip()) for v in value.split(",") if v.strip())
+            items = tuple(self.kind(v) for v in split_list(value))
         except ValueError:
             self.fail(f"expected a comma-separated list, got {value!r}", param, ctx)
         if not items:

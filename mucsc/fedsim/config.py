@@ -158,7 +158,8 @@ class SimConfig:
     dirichlet_alpha: float = setting(0.5, "dirichlet partition: alpha [0.5].")
     synthetic_alpha: float = setting(1.0, "Synthetic(alpha, beta) [1].")
     synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta) [1].")
-    codecs: tuple[str, ...] = setting(DEFAULT_CODECS, "Comma-separated codecs to sweep "
+    codecs: tuple[str, ...] = setting(DEFAULT_CODECS, "Comma-separated codecs to sweep, each NAME or "
+                                      "NAME(KEY=VALUE,...), e.g. mucsc(rounding=dithered,bits=1) "
                                       "[none,mucsc,bmucsc,qsgd,signsgd,stc,dgc].")
     z_up: tuple[int, ...] = setting((4, 8, 16), "MUCSC uplink Z per client group [4,8,16].",
                                     min=mucsc.Z_RANGE[0], max=mucsc.Z_RANGE[1], label="Z")
@@ -270,6 +271,7 @@ class SimConfig:
         Z_U (``rng_groups[i]`` is client i's index into ``z_up``) and the server's Z_D.
         """
         ef = {"auto": None, "on": True, "off": False}[self.error_feedback]
+        name, own = split_experiment(name)
         setup = mucsc.codec_class(name).paper_setup
         up_base, down_base = dict(setup.up), dict(setup.down)
         down_name = name if setup.downlink else "none"
@@ -277,7 +279,8 @@ class SimConfig:
             down_name = self.down_codec
 
         def extra(direction: str, codec: str) -> dict[str, Any]:
-            return {k: v for c, dr, k, v in self.params if c == codec and dr in (direction, "both")}
+            given = {k: v for c, dr, k, v in self.params if c == codec and dr in (direction, "both")}
+            return {**given, **own} if codec == name else given
 
         def link(codec: str, base: dict[str, Any], direction: str) -> LinkCodec:
             try:  # the codec decides how a user's parameters combine with the preset (mucsc: z vs bits)
@@ -297,6 +300,37 @@ class SimConfig:
         if z_down is not None and z_down not in down_base_eff:
             down_base_eff[z_down] = self.z_down
         return ups, link(down_name, down_base_eff, "down")
+
+
+def split_experiment(spec: str) -> tuple[str, dict[str, str]]:
+    """A ``--codecs`` entry: ``NAME`` or ``NAME(KEY=VALUE,...)`` (parameters of that experiment's
+    codec in both directions, e.g. ``mucsc(rounding=dithered,bits=1)``) -> (NAME, {KEY: VALUE})."""
+    spec = spec.strip()
+    if "(" not in spec:
+        return spec, {}
+    name, _, rest = spec.partition("(")
+    if not rest.endswith(")") or not name.strip():
+        raise InputError(f"codec {spec!r}: expected NAME or NAME(KEY=VALUE,...)")
+    params = {}
+    for item in filter(None, (i.strip() for i in rest[:-1].split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise InputError(f"codec {spec!r}: {item!r} is not KEY=VALUE")
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def split_list(value: str) -> list[str]:
+    """Comma-separated items, commas inside parentheses kept (``mucsc(z=4,solver=dp),qsgd``)."""
+    items, depth, cur = [], 0, ""
+    for ch in value:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [i.strip() for i in [*items, cur] if i.strip()]
 
 
 def _check(ok: bool, msg: str) -> None:

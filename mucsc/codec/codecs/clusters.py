@@ -15,6 +15,7 @@ import numpy as np
 
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import device_rounding, torch_backend
+from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
                                      section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
@@ -260,13 +261,18 @@ def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
 
 
 def format_minor(params: Mapping[str, Any]) -> int:
-    """The format minor version a group with these header params needs (1 for rANS-coded IDs)."""
+    """The format minor version a group with these header params needs (1 for rANS-coded IDs, 2 for
+    the dithered layout)."""
+    if params.get("rounding") == "dithered":
+        return dithered.format_minor(params)
     return 1 if params.get("id_coding") == "rans" else 0
 
 
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> np.ndarray:
     """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
+    if params.get("rounding") == "dithered":  # format 1.2: a dithered grid, no centroids
+        return dithered.decode(n, params, sections, dtype)
     cent, width, payload = _cluster_sections(n, params, sections, stream=True)
     k = cent.size
     if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
@@ -283,7 +289,11 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                           dtype: np.dtype, device) -> Any:
     """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor);
-    rANS-coded IDs are decoded on the host (the coder is sequential) and moved there."""
+    rANS-coded IDs are decoded on the host (the coder is sequential) and moved there; so is a
+    dithered group (its bytes are rANS-coded too)."""
+    if params.get("rounding") == "dithered":
+        torch = torch_backend._torch()
+        return torch.from_numpy(dithered.decode(n, params, sections, dtype)).to(device)
     cent, width, payload = _cluster_sections(n, params, sections)
     if width is None:
         torch = torch_backend._torch()

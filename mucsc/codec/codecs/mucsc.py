@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec.backends import torch_backend
+from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import H, Z_RANGE, Codec, EncodedGroup, PaperSetup, ceil_log2, plan_alone, register
 from mucsc.codec.codecs.clusters import (CENTROID_DTYPES, CENTROID_LIMITS, ID_CODINGS, ID_PACKINGS, MAX_Z, MIN_Z,
                                          RESOLVED, ROUNDINGS, TARGETS, ClusterTrials, GoalTarget, check_levels,
@@ -49,7 +51,8 @@ class MucscParams(GoalTarget):
     that relative error where the budget allows, else within the smallest cap it allows.
     rounding: "stochastic" (eq. 7, unbiased: updates), "nearest" (each element to its nearest level,
     Lloyd-Max levels; deterministic and biased, J is the squared error: stored models; ``solver`` does
-    not apply) or "dithered" (see :mod:`mucsc.codec.numerics.dither`)."""
+    not apply) or "dithered" (see :mod:`mucsc.codec.numerics.dither`; always rANS-coded indices).
+    grid: the dithered grid's (step, offset) instead of z's (what rate control resolves a goal to)."""
 
     z: int | None = None
     solver: str = "optimal"
@@ -64,6 +67,7 @@ class MucscParams(GoalTarget):
     levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
     weighting: str = "total"
     error_cap: float | None = None
+    grid: tuple[float, float] | None = dataclasses.field(default=None, metadata=RESOLVED)
 
     def __post_init__(self) -> None:
         given = [t for t in TARGETS if getattr(self, t) is not None]
@@ -93,6 +97,10 @@ class MucscParams(GoalTarget):
                                  f"got {self.error_cap}")
         if self.rounding not in ROUNDINGS:
             raise ParameterError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+        if self.rounding == "dithered" and self.id_coding == "packed":
+            raise ParameterError("rounding='dithered' always rANS-codes its indices: id_coding='packed' does "
+                                 "not apply")
+        dithered.check_grid(self)
         check_levels(self)
 
 
@@ -118,6 +126,8 @@ class Mucsc(Codec):
     def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
                       estimate: bool = False) -> dict[str, int]:
         """``centroids`` sent default to min(z, n), exact for continuous data (ties merge levels)."""
+        if self.params.rounding == "dithered":
+            raise SizeError("rounding='dithered' entropy-codes its indices: a data-dependent size")
         if self.params.target != "z" and centroids is None:
             raise SizeError(f"mucsc with {self.params.target}= chooses Z from the data: pass centroids")
         k = min(self.params.fixed_z, n) if centroids is None else centroids
@@ -126,7 +136,8 @@ class Mucsc(Codec):
     def paper_bytes(self, d: int, h: int = H) -> float | None:
         """eq. CompressionRateofMUCSC's per-direction bytes for a fixed Z (None when bits=, size= or
         max_error= choose Z from the data)."""
-        return paper_mucsc_bytes(d, self.params.fixed_z, h) if self.params.target == "z" else None
+        fixed = self.params.target == "z" and self.params.rounding != "dithered"
+        return paper_mucsc_bytes(d, self.params.fixed_z, h) if fixed else None
 
     def for_container(self, compressing: bool) -> Codec:
         return resolve_id_packing(self, compressing)
@@ -147,8 +158,10 @@ class Mucsc(Codec):
             preset = {k: v for k, v in preset.items() if k not in TARGETS}
         return {**preset, **given}
 
-    def trials(self, x: np.ndarray) -> ClusterTrials:
+    def trials(self, x: np.ndarray) -> ClusterTrials | dithered.DitherTrials:
         """Rate control's trial encodings of one group (a goal's search: mucsc.codec.ratecontrol)."""
+        if self.params.rounding == "dithered":
+            return dithered.DitherTrials(x)
         return ClusterTrials(x, self.params)
 
     @property
@@ -159,6 +172,12 @@ class Mucsc(Codec):
         codec = self
         if self.params.target != "z":  # called directly (not through the API): budget = this group
             codec, x, rng = plan_alone(self, x, rng)
+        if self.params.rounding == "dithered":  # on the host on every backend (rANS-coded indices)
+            x = x.cpu().numpy() if torch_backend.is_torch(x) else x
+            grid = codec.params.grid
+            grid = dithered.Grid(*grid) if grid else dithered.fixed_grid(x, codec.params.fixed_z)
+            params, sections, J = dithered.encode(x, rng, grid)
+            return EncodedGroup(params, sections, {"J": J})
         params, sections, J = encode_clusters(x, codec.params, rng, given_levels(codec.params),
                                               levels_by=codec.params.levels_by)
         return EncodedGroup(params, sections, {"J": J}, cluster_resolved(params))

@@ -1,7 +1,7 @@
 """Rate control: goals (bits= / size= / max_error=) resolved to fixed codecs before encoding.
 
 ``goal`` (:class:`Goal`), ``search`` (one group's options by trial encodings of its clustering),
-``sparse_search`` (bmucsc's: every keep fraction), ``planner`` (:func:`plan`: one fixed codec per
+``sparse_search`` (bmucsc's: every keep fraction), ``dither_search`` (mucsc's dithered grid: the step), ``planner`` (:func:`plan`: one fixed codec per
 group, the levels explicit in its parameters; :class:`PlanContext`).  Codecs expose the measuring
 protocol (``Codec.trials``); the search lives here, not in the codecs.
 

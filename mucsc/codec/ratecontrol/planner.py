@@ -21,9 +21,11 @@ import numpy as np
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.codecs import base
 from mucsc.codec.codecs.base import Codec
+from mucsc.codec.codecs._dithered import DitherTrials
 from mucsc.codec.codecs.bmucsc import KeptTrials
 from mucsc.codec.codecs.clusters import ClusterTrials
 from mucsc.codec.numerics import allocate
+from mucsc.codec.ratecontrol.dither_search import DitherSearch
 from mucsc.codec.ratecontrol.goal import GOALS, Goal
 from mucsc.codec.ratecontrol.search import ClusterSearch
 from mucsc.codec.ratecontrol.sparse_search import SparseSearch
@@ -44,7 +46,8 @@ class PlanContext:
 
 
 # The searches by measuring protocol: what a codec's ``trials`` returns decides how it is searched.
-SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch}
+SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch,
+                                                DitherTrials: DitherSearch}
 
 
 def needs_plan(codec: Codec) -> bool:

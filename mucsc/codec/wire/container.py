@@ -24,7 +24,7 @@ from mucsc.codec import parallel
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
 
 MAGIC = b"\x89MUC\r\n\x1a\n"  # like PNG: high bit, CR-LF, ^Z and LF catch text-mode mangling
-MAJOR, MINOR = 1, 1  # the newest version this module reads and writes; writers emit the oldest that fits
+MAJOR, MINOR = 1, 2  # the newest version this module reads and writes; writers emit the oldest that fits
 
 PREAMBLE = struct.Struct("<8sBBHIQ")  # magic, major, minor, flags, section_count, total_length
 SECTION = struct.Struct("<4sIBBHIQQ")  # tag, group, encoding, 3 reserved (u8, u16, u32), stored, raw

@@ -1,0 +1,189 @@
+"""The dithered layout of ``mucsc`` (``rounding="dithered"``, spec/FORMAT.md 4.5, format 1.2): a
+uniform grid with subtractive dither (:mod:`mucsc.codec.numerics.dither`), the indices rANS-coded per
+context, the tails escaped.  Sections ``GRID`` (step, offset, lowest index, dither key), ``QIDX``
+(the coded indices) and ``QESC`` (escaped indices).  :class:`DitherTrials` is the measuring protocol
+rate control drives for a goal (the search over the step: :mod:`mucsc.codec.ratecontrol.dither_search`).
+Private to the ``mucsc`` codec: not a codec itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.codecs.base import Section, param_int, section
+from mucsc.codec.numerics import dither, quantize
+from mucsc.codec.wire import rans
+from mucsc.errors import FormatError, ParameterError
+
+FORMAT_MINOR = 2
+GRID = struct.Struct("<ddqQ")  # step, offset, q_lo, dither key
+CONTEXTS = struct.Struct("<B")
+LENGTH = struct.Struct("<I")
+TINY = 2.0**-60  # a constant vector's step, relative to its value: every index 0, the error negligible
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One dithered encoding's grid: the step and the offset (rate control's choice)."""
+
+    step: float
+    offset: float
+    params: tuple = ()  # the header params it produced (an allocate.Option key carries them)
+
+    def settings(self) -> dict[str, Any]:
+        """The codec parameters that fix this grid (what the planner resolves a goal to)."""
+        return {"grid": (self.step, self.offset)}
+
+
+def check_grid(p: Any) -> None:
+    """Validate (and normalise to a tuple of floats) the explicit ``grid`` (step, offset) of mucsc's
+    parameters: dithered rounding only, finite, a positive step, and not together with a goal."""
+    if p.grid is None:
+        return
+    if p.rounding != "dithered":
+        raise ParameterError(f"grid is the dithered rounding's: it excludes rounding={p.rounding!r}")
+    if p.target != "z":
+        raise ParameterError(f"grid fixes the encoding: it excludes {p.target}=")
+    try:
+        step, offset = (float(v) for v in p.grid)
+    except (TypeError, ValueError):
+        raise ParameterError(f"grid must be (step, offset), two numbers, got {p.grid!r}") from None
+    if not (math.isfinite(step) and step > 0 and math.isfinite(offset)):
+        raise ParameterError(f"grid: step {step!r} must be finite and positive, offset {offset!r} finite")
+    object.__setattr__(p, "grid", (step, offset))
+
+
+def fixed_grid(x: np.ndarray, z: int) -> Grid:
+    """The grid of a fixed ``z``: z points across [min x, max x] (step (max - min) / (z - 1)), offset 0;
+    a constant vector gets offset = its value and a negligible step (every index 0)."""
+    if x.size == 0:
+        return Grid(1.0, 0.0)
+    lo, hi = float(x.min()), float(x.max())
+    if hi == lo:
+        return Grid(max(abs(lo), 2.0**-900) * TINY, lo)
+    return Grid(max((hi - lo) / (z - 1), min_step(x, 0.0)), 0.0)
+
+
+def min_step(x: np.ndarray, offset: float) -> float:
+    """The smallest step keeping every |q| below dither.MAX_INDEX / 4."""
+    big = float(np.max(np.abs(x.astype(np.float64) - offset))) if x.size else 0.0
+    return big * 4.0 / dither.MAX_INDEX if big else 0.0
+
+
+def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool = False, cache: dict | None = None
+           ) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
+    """(header params, sections, J) of x on ``grid``: one draw from ``rng`` (the dither key).
+    ``estimate``: QIDX and QESC as zeros of their estimated sizes (rate control; never sent).
+    ``cache``: kept by a caller that encodes x again with the same key (a goal's search)."""
+    n = x.size
+    key = quantize.draw_key(rng)
+    if cache is not None and cache.get("key") == key:
+        t, v = cache["t"], cache["v"]
+    else:
+        t = dither.stream(key, n)
+        v = dither.uniforms(t)
+        if cache is not None:
+            cache.update(key=key, t=t, v=v)
+    q = dither.quantize(x, grid.step, grid.offset, v)
+    alpha, c, est = dither.choose_alphabet(q, t)
+    params = {"escape": alpha.escape, "rounding": "dithered", "symbols": alpha.symbols}
+    head = Section("GRID", GRID.pack(grid.step, grid.offset, alpha.q_lo, key))
+    if estimate:
+        sections = (head, Section("QIDX", bytes(int(est))))
+    else:
+        sym, esc = alpha.split(q)
+        ctx = dither.contexts(t, c)
+        parts = [CONTEXTS.pack(c)]
+        for j in range(c):
+            coded = rans.encode(sym[ctx == j] if c > 1 else sym, alpha.symbols)
+            parts += [LENGTH.pack(len(coded)), coded]
+        sections = (head, Section("QIDX", b"".join(parts)))
+        if alpha.escape:
+            sections += (Section("QESC", dither.zigzag_varints(esc - alpha.q_lo)),)
+    J = dither.variance(n, grid.step)
+    return params, sections, lambda: J
+
+
+def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5)."""
+    k = param_int(params, "symbols", 1, dither.MAX_SYMBOLS)
+    escape = params.get("escape")
+    if not isinstance(escape, bool) or (escape and k < 2):
+        raise FormatError(f"header parameter 'escape' must be true or false (true needs 2 symbols), got {escape!r}")
+    step, offset, q_lo, key = GRID.unpack(bytes(section(sections, "GRID", GRID.size)))
+    if not (math.isfinite(step) and step > 0 and math.isfinite(offset)):
+        raise FormatError(f"GRID: step {step!r} must be finite and positive, offset {offset!r} finite")
+    if abs(q_lo) > dither.MAX_INDEX or q_lo + k - 1 > dither.MAX_INDEX:
+        raise FormatError(f"GRID: lowest index {q_lo} out of range")
+    t = dither.stream(key, n)
+    sym = _symbols(n, k, t, section(sections, "QIDX"))
+    q = sym.astype(np.int64) + q_lo
+    if escape:
+        out = sym == k - 1
+        esc = dither.read_zigzag_varints(section(sections, "QESC"), int(out.sum()), 2 * dither.MAX_INDEX)
+        if isinstance(esc, str):
+            raise FormatError(f"QESC: {esc}")
+        q[out] = esc + q_lo
+        if esc.size and (np.any(q[out] > dither.MAX_INDEX) or np.any(q[out] < -dither.MAX_INDEX)
+                         or np.any((q[out] >= q_lo) & (q[out] < q_lo + k - 1))):
+            raise FormatError("QESC: an escaped index is out of range or inside the alphabet")
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = dither.dequantize(q, step, offset, dither.uniforms(t), dtype)
+    if n and not np.all(np.isfinite(y)):
+        raise FormatError(f"the grid (step {step:g}, offset {offset:g}) decodes beyond the range of {dtype}")
+    return y
+
+
+def _symbols(n: int, k: int, t: np.ndarray, buf: memoryview) -> np.ndarray:
+    """The n symbols of QIDX: per context, an IDSA payload (FORMAT.md 4.4) of that context's symbols."""
+    b = bytes(buf)
+    if len(b) < 1:
+        raise FormatError("QIDX: empty section")
+    (c,) = CONTEXTS.unpack_from(b, 0)
+    if not 1 <= c <= dither.MAX_CONTEXTS:
+        raise FormatError(f"QIDX: {c} contexts (1..{dither.MAX_CONTEXTS})")
+    ctx = dither.contexts(t, c)
+    sym = np.zeros(n, np.uint32)
+    pos = 1
+    for j in range(c):
+        if pos + LENGTH.size > len(b):
+            raise FormatError("QIDX: a context's length runs past the end of the section")
+        (length,) = LENGTH.unpack_from(b, pos)
+        pos += LENGTH.size
+        if pos + length > len(b):
+            raise FormatError("QIDX: a context's stream runs past the end of the section")
+        mine = ctx == j if c > 1 else slice(None)
+        count = int(np.count_nonzero(mine)) if c > 1 else n
+        try:
+            sym[mine] = rans.decode(memoryview(b)[pos: pos + length], count, k)
+        except FormatError as exc:
+            raise FormatError(f"QIDX context {j}: {exc}") from None
+        pos += length
+    if pos != len(b):
+        raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
+    return sym
+
+
+def format_minor(params: Mapping[str, Any]) -> int:
+    return FORMAT_MINOR
+
+
+class DitherTrials:
+    """Trial encodings of one vector on dithered grids, measured by rate control (the measuring
+    protocol: :mod:`mucsc.codec.ratecontrol.dither_search` decides which steps to try).  Every trial
+    draws the same dither key from a fresh copy of the group's generator: the stream is made once."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self._stream: dict = {}
+
+    def encode(self, grid: Grid, rng: np.random.Generator, estimate: bool = True
+               ) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
+        """(header params, sections, J) of x on ``grid`` (``estimate``: index bytes estimated)."""
+        return encode(self.x, rng, grid, estimate, self._stream)
