@@ -533,7 +533,7 @@ def test_compress_reports_the_resolved_parameters(tmp_path):
     assert "codec mucsc z=8 solver=optimal centroid_dtype=float32 id_packing=aligned id_coding=packed" in r.stderr
     r = run(["compress", src, "-f", "--z", "8", "--compress", "off", "--json"])
     assert {"z": 8, "solver": "optimal", "centroid_dtype": "float32", "id_packing": "tight",
-            "id_coding": "packed"}.items() <= json.loads(r.stdout)["params"].items()
+            "id_coding": "packed", "rounding": "stochastic"}.items() <= json.loads(r.stdout)["params"].items()
     r = run(["compress", src, "-f", "--bits", "2", "--json"])
     params = json.loads(r.stdout)["params"]
     info = mucsc.inspect((tmp_path / "m.npz.mucsc").read_bytes())
