@@ -140,12 +140,16 @@ def test_default_output_name_and_decompress_name(tmp_path):
 
 def test_deterministic_and_seeded(tmp_path):
     src = write_ckpt(tmp_path / "m.npz", checkpoint())
-    # --z 16: at the model default this small checkpoint is all lossless (nothing random to seed)
-    run(["compress", src, "-o", tmp_path / "a.mucsc", "-q", "--seed", "3", "--z", "16"])
-    run(["compress", src, "-o", tmp_path / "b.mucsc", "-q", "--seed", "3", "--z", "16"])
-    run(["compress", src, "-o", tmp_path / "c.mucsc", "-q", "--seed", "4", "--z", "16"])
-    assert (tmp_path / "a.mucsc").read_bytes() == (tmp_path / "b.mucsc").read_bytes()
-    assert (tmp_path / "a.mucsc").read_bytes() != (tmp_path / "c.mucsc").read_bytes()
+    # --z 16: at the model default this small checkpoint is all lossless (nothing random to seed);
+    # --rounding stochastic: model mode rounds to nearest, where the seed draws nothing
+    out = {}
+    for name, seed, rounding in [("a", 3, "stochastic"), ("b", 3, "stochastic"), ("c", 4, "stochastic"),
+                                 ("n3", 3, "nearest"), ("n4", 4, "nearest")]:
+        run(["compress", src, "-o", tmp_path / f"{name}.mucsc", "-q", "--seed", str(seed), "--z", "16",
+             "--rounding", rounding])
+        out[name] = (tmp_path / f"{name}.mucsc").read_bytes()
+    assert out["a"] == out["b"] and out["a"] != out["c"]
+    assert out["n3"] == out["n4"]  # nearest rounding is deterministic whatever the seed
 
 
 def test_per_tensor_and_codec_parameters_reach_the_message(tmp_path):
@@ -533,7 +537,9 @@ def test_compress_reports_the_resolved_parameters(tmp_path):
     assert "codec mucsc z=8 solver=optimal centroid_dtype=float32 id_packing=aligned id_coding=packed" in r.stderr
     r = run(["compress", src, "-f", "--z", "8", "--compress", "off", "--json"])
     assert {"z": 8, "solver": "optimal", "centroid_dtype": "float32", "id_packing": "tight",
-            "id_coding": "packed", "rounding": "stochastic"}.items() <= json.loads(r.stdout)["params"].items()
+            "id_coding": "packed", "rounding": "nearest"}.items() <= json.loads(r.stdout)["params"].items()
+    r = run(["compress", src, "-f", "--z", "8", "--rounding", "stochastic", "--json"])  # the user's choice wins
+    assert json.loads(r.stdout)["params"]["rounding"] == "stochastic"
     r = run(["compress", src, "-f", "--bits", "2", "--json"])
     params = json.loads(r.stdout)["params"]
     info = mucsc.inspect((tmp_path / "m.npz.mucsc").read_bytes())
