@@ -11,11 +11,13 @@ from mucsc.codec.codecs.base import (
     Codec,
     EncodedGroup,
     PaperSetup,
+    ParamSpec,
     Section,
     array_from,
     ceil_log2,
     check_range,
     codec_class,
+    param,
     param_float,
     param_int,
     param_str,
@@ -26,6 +28,6 @@ from mucsc.codec.codecs.memory import ArrayStateMemory, Memory, ResidualMemory
 
 __all__ = [
     "ENTRY_POINT_GROUP", "Z_RANGE", "ArrayStateMemory", "Codec", "EncodedGroup", "Memory", "PaperSetup",
-    "ResidualMemory", "Section", "array_from", "ceil_log2", "check_range", "codec_class", "param_float",
-    "param_int", "param_str", "register", "section",
+    "ParamSpec", "ResidualMemory", "Section", "array_from", "ceil_log2", "check_range", "codec_class", "param",
+    "param_float", "param_int", "param_str", "register", "section",
 ]

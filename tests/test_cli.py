@@ -417,7 +417,7 @@ def test_overwrite_refused_without_force(tmp_path):
     (["--codec", "mucsc", "--keep", "0.1"], "--keep: not a parameter of codec 'mucsc'"),
     (["--codec", "nosuch"], "unknown codec 'nosuch'"),
     (["--z", "1"], "z"),
-    (["--z", "many"], "expects int"),
+    (["--z", "many"], "'many' is not a valid integer"),
     (["--compress", "sometimes"], "compress must be"),
     (["--seed", "-1"], "seed"),
     (["--bogus"], "No such option"),
@@ -554,3 +554,39 @@ def test_compress_reports_the_resolved_parameters(tmp_path):
     assert "bmucsc, one codebook per tensor, Z = 64" in r.stderr and "keep=0.01 z=64" in r.stderr
     r = run(["compress", src, "-f", "--codec", "bmucsc", "--shared"])
     assert "keep=0.01 z=256" in r.stderr
+
+
+def test_codec_options_are_typed_from_the_params_fields():
+    """--positions is a Choice (the union over the codecs), --z an IntRange, --keep a FloatRange with the
+    fields' help; a value outside them is a usage error before any file is read."""
+    from mucsc.cli.main import compress
+
+    opts = {p.name: p for p in compress.params}
+    assert {"golomb", "bitmap", "auto"} <= set(opts["codec_param_positions"].type.choices)
+    assert (opts["codec_param_z"].type.min, opts["codec_param_z"].type.max) == mucsc.Z_RANGE
+    assert opts["codec_param_keep"].type.min_open and "Fraction of the elements kept" in opts["codec_param_keep"].help
+    r = CliRunner().invoke(main, ["compress", "missing.npy", "--codec", "topk", "--positions", "nope"])
+    assert r.exit_code == 2 and "--positions" in r.output
+    r = CliRunner().invoke(main, ["compress", "missing.npy", "--z", "1"])
+    assert r.exit_code == 2 and "--z" in r.output
+
+
+def test_every_codec_option_has_help_and_rounding_is_a_choice():
+    """Every generated option says what it is (no bare 'defaults' line); --rounding lists mucsc's three
+    roundings and the model mode's own default; --error-cap takes a percentage like --max-error; the
+    levels rate control resolves a goal to are not options."""
+    from mucsc.cli.codec_options import CodecParam
+    from mucsc.cli.main import CODEC_PARAMS, compress
+
+    opts = {p.name: p for p in compress.params}
+    for p in CODEC_PARAMS.values():
+        assert isinstance(p, CodecParam) and not opts[p.dest].help.startswith("Defaults"), p.flag
+    rounding = opts["codec_param_rounding"]
+    assert list(rounding.type.choices) == ["stochastic", "nearest", "dithered"]
+    assert "unbiased" in rounding.help and "model mode (no --base): nearest" in rounding.help
+    assert opts["codec_param_error_cap"].type.convert("5%", opts["codec_param_error_cap"], None) == 0.05
+    assert not {"levels", "levels_by", "grid"} & set(CODEC_PARAMS)
+    r = CliRunner().invoke(main, ["compress", "missing.npy", "--rounding", "up"])
+    assert r.exit_code == 2 and "--rounding" in r.output and "stochastic" in r.output
+    r = CliRunner().invoke(main, ["compress", "missing.npy", "--error-cap", "150%"])
+    assert r.exit_code == 2 and "--error-cap" in r.output

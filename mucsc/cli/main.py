@@ -326,11 +326,7 @@ def _compress_codec(codec: str, codec_values: dict[str, Any], shared: bool | Non
                     ) -> tuple[defaults.Mode, mucsc.Codec, str | int]:
     """The one codec object of ``compress`` (bad values: a usage error before any file is read), its
     mode and the container's compression level."""
-    params = chosen_params(codec, codec_values, CODEC_PARAMS)
-    if "max_error" in params:
-        params["max_error"] = defaults.parse_error(params["max_error"])  # also "0.5%"
-    if "error_cap" in params:
-        params["error_cap"] = defaults.parse_error(params["error_cap"], "--error-cap")
+    params = chosen_params(codec, codec_values, CODEC_PARAMS)  # --max-error / --error-cap also take "0.5%"
     if shared and lossless:
         raise click.UsageError("--lossless needs one group per tensor: not with --shared")
     mode, codec_obj = defaults.choose(mucsc.get_codec(codec, **params), params, shared=shared, update=update,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -141,6 +143,12 @@ class Codec(ABC):
     def get_config(self) -> dict[str, Any]:
         """numcodecs-style config: ``{"codec": name, **params}``."""
         return {"codec": self.name, **dataclasses.asdict(self.params)}
+
+    @classmethod
+    def param_specs(cls) -> dict[str, ParamSpec]:
+        """Each parameter's type, choices, range, default and help (from the ``Params`` fields), for
+        tools that build options or forms (``mucsc compress``'s options)."""
+        return param_specs(cls.Params)
 
     @classmethod
     def with_preset(cls, preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -362,21 +370,74 @@ def _skip(ep: Any, why: str) -> None:
                   stacklevel=3)
 
 
+def param(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+          min_open: bool = False, cli: bool = True) -> Any:
+    """A field of a codec's ``Params`` dataclass with its help text and, for numbers, its range
+    (inclusive; ``min_open``: min excluded) as the command line shows them; choices come from a
+    ``Literal`` annotation; ``cli`` False: set by rate control (resolved levels), not a user option.
+    The dataclass's ``__post_init__`` stays the validation."""
+    return dataclasses.field(default=default, metadata={"help": help, "min": min, "max": max,
+                                                         "min_open": min_open, "cli": cli})
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One codec parameter's type as the annotation says it: what the CLI and :func:`make_params` need."""
+
+    name: str
+    kind: type                         # int, float, str or bool
+    choices: tuple[str, ...] | None    # a Literal field's values
+    optional: bool                     # None allowed (unset)
+    default: Any
+    help: str
+    min: float | None
+    max: float | None
+    min_open: bool
+    cli: bool                          # a user option (False: what rate control resolves a goal to)
+
+
+_SPECS: dict[type, dict[str, ParamSpec]] = {}
+
+
+def param_specs(params_cls: type) -> dict[str, ParamSpec]:
+    """name -> :class:`ParamSpec` for every field of a Params dataclass (annotations resolved once)."""
+    specs = _SPECS.get(params_cls)
+    if specs is None:
+        try:
+            hints = typing.get_type_hints(params_cls)
+        except Exception:  # noqa: BLE001 - a plugin's unresolvable annotation: no coercion, no CLI type
+            hints = {f.name: f.type if isinstance(f.type, type) else object for f in dataclasses.fields(params_cls)}
+        specs = _SPECS[params_cls] = {f.name: _spec(f, hints[f.name]) for f in dataclasses.fields(params_cls)}
+    return specs
+
+
+def _spec(f: dataclasses.Field, t: Any) -> ParamSpec:
+    args = typing.get_args(t)
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        t = next(a for a in args if a is not type(None))
+    choices = tuple(typing.get_args(t)) if typing.get_origin(t) is typing.Literal else None
+    kind = str if choices is not None else (t if isinstance(t, type) else object)
+    default = f.default if f.default is not dataclasses.MISSING else None
+    m = f.metadata
+    return ParamSpec(f.name, kind, choices, optional, default, m.get("help", ""), m.get("min"), m.get("max"),
+                     m.get("min_open", False), m.get("cli", True))
+
+
 def make_params(params_cls: type, given: Mapping[str, Any], codec_name: str) -> Any:
     """Build a frozen Params dataclass, rejecting unknown names and coercing simple types.
 
-    Coercion lets a CLI pass ``"16"`` for an int field; values of the wrong kind raise ParameterError.
+    Coercion (by the field's resolved type) lets a CLI or a config file pass ``"16"`` for an int
+    field; values of the wrong kind raise ParameterError.
     """
-    fields = {f.name: f for f in dataclasses.fields(params_cls)}
-    unknown = sorted(set(given) - set(fields))
+    specs = param_specs(params_cls)
+    unknown = sorted(set(given) - set(specs))
     if unknown:
         raise ParameterError(
             f"codec {codec_name!r} has no parameter {', '.join(map(repr, unknown))}; "
-            f"its parameters are: {', '.join(fields) or '(none)'}"
+            f"its parameters are: {', '.join(specs) or '(none)'}"
         )
-    kw = {}
-    for key, value in given.items():
-        kw[key] = _coerce(value, fields[key].type, f"{codec_name}.{key}")
+    kw = {key: _coerce(value, specs[key], f"{codec_name}.{key}") for key, value in given.items()}
     try:
         return params_cls(**kw)
     except ParameterError:
@@ -385,43 +446,53 @@ def make_params(params_cls: type, given: Mapping[str, Any], codec_name: str) -> 
         raise ParameterError(f"codec {codec_name!r}: {exc}") from None
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    ann = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    ann = ann.replace(" ", "")
-    if ann.endswith("|None"):  # optional parameter: None (or "none" from a command line) means unset
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            return None
-        ann = ann[: -len("|None")]
+def _coerce(value: Any, spec: ParamSpec, where: str) -> Any:
+    if spec.optional and (value is None or (isinstance(value, str) and value.lower() == "none")):
+        return None  # optional parameter: None (or "none" from a command line) means unset
+    convert = _CONVERTERS.get(spec.kind)
+    if convert is None:
+        return value  # other annotations: the dataclass validates
     try:
-        if ann == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if ann == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            v = float(value)
-            if not math.isfinite(v):
-                raise ValueError
-            return v
-        if ann == "bool":
-            if isinstance(value, str):
-                low = value.lower()
-                if low in ("1", "true", "yes", "on"):
-                    return True
-                if low in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            if isinstance(value, (bool, int, np.bool_)) and value in (0, 1):
-                return bool(value)
-            raise ValueError
-        if ann == "str":
-            if not isinstance(value, str):
-                raise ValueError
-            return value
+        return convert(value)
     except (TypeError, ValueError):
-        raise ParameterError(f"parameter {where} expects {ann}, got {value!r}") from None
-    return value  # optional/union annotations: the dataclass validates
+        raise ParameterError(f"parameter {where} expects {spec.kind.__name__}, got {value!r}") from None
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+    return int(value)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError
+    return v
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        low = value.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError
+    if isinstance(value, (bool, int, np.bool_)) and value in (0, 1):
+        return bool(value)
+    raise ValueError
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError
+    return value
+
+
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {int: _to_int, float: _to_float, bool: _to_bool, str: _to_str}
 
 
 # ---- helpers for decoders: untrusted header params ---------------------------------------------

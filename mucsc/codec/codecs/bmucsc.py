@@ -25,20 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from,
-                                     ceil_log2, param_int, param_str, plan_alone, register, section)
-from mucsc.codec.codecs.clusters import (CENTROID_LIMITS, RESOLVED, TARGETS, ClusterTrials, GoalTarget,
+                                     ceil_log2, param, param_int, param_str, plan_alone, register, section)
+from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LIMITS, ID_CODING_HELP, ID_CODINGS,
+                                         ID_PACKING_HELP, ID_PACKINGS, LEVELS_BY, LEVELS_BY_HELP, LEVELS_HELP, MAX_Z,
+                                         MIN_Z, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials, GoalTarget,
                                          cluster_resolved, cluster_section_sizes, decode_clusters,
                                          decode_clusters_torch, encode_clusters, format_minor, given_levels,
                                          resolve_id_packing)
 from mucsc.codec.codecs.mucsc import MucscParams
 from mucsc.codec.codecs.topk import (
-    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size,
+    KEEP_LIMITS, POSITIONS_HELP, check_keep, check_positions, header_keep, positions_resolved, positions_size,
 )
 from mucsc.codec.numerics import centroids
 from mucsc.codec.wire import sparse
@@ -102,18 +104,21 @@ class BMUCSC(Codec):
         J including the rest's mean replacement); solver, centroid_dtype, id_packing, id_coding:
         as the mucsc codec's, for the kept values; positions: the position code."""
 
-        keep: float | None = None
-        z: int | None = None
-        solver: str = "optimal"
-        positions: str = "auto"
-        centroid_dtype: str = "float32"
-        id_packing: str = "auto"  # as the mucsc codec's
-        bits: float | None = None
-        max_error: float | None = None
-        size: int | None = None
-        id_coding: str = "auto"  # as the mucsc codec's: "rans" (format 1.1) for the kept set's IDs
-        levels: tuple[float, ...] | None = dataclasses.field(default=None, metadata=RESOLVED)  # as mucsc's
-        levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
+        keep: float | None = param(None, "Fraction of the elements clustered, in (0, 1] (default 1% with a "
+                                   "fixed z, chosen by a goal)", min=0, max=1, min_open=True)
+        z: int | None = param(None, "Centroids of the kept set (default 256 when no goal is given)", min=MIN_Z,
+                              max=MAX_Z)
+        solver: Literal[tuple(centroids.SOLVERS)] = param("optimal", SOLVER_HELP)
+        positions: Literal[sparse.POSITION_MODES] = param("auto", POSITIONS_HELP)
+        centroid_dtype: Literal[tuple(CENTROID_DTYPES)] = param("float32", "Wire dtype of the centroids")
+        id_packing: Literal[ID_PACKINGS] = param("auto", ID_PACKING_HELP)  # as the mucsc codec's
+        bits: float | None = param(None, BITS_HELP, min=0, max=64, min_open=True)
+        max_error: float | None = param(None, "Goal: a bound on each group's relative error sqrt(J)/||x|| (J "
+                                        "including the rest's mean replacement)", min=0, min_open=True)
+        size: int | None = param(None, SIZE_HELP, min=1)
+        id_coding: Literal[ID_CODINGS] = param("auto", ID_CODING_HELP)  # as mucsc's: rans is format 1.1
+        levels: tuple[float, ...] | None = param(None, LEVELS_HELP, cli=False)  # as mucsc's
+        levels_by: Literal[LEVELS_BY] = param("ecsq", LEVELS_BY_HELP, cli=False)
         default_z: ClassVar[int] = DEFAULT_Z
 
         def __post_init__(self) -> None:

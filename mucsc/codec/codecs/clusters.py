@@ -92,9 +92,18 @@ class GoalTarget:
 
 
 
-# Params fields that rate control sets when it resolves a goal (not command-line options)
-RESOLVED = {"cli": False}
 LEVELS_BY = ("ecsq", "uniform")  # who chose given levels: entropy-constrained, or uniform steps
+# help texts of the Params fields mucsc and bmucsc share (base.param; the command line shows them)
+SOLVER_HELP = "How centroids are chosen for a fixed z (the goals use entropy-constrained levels as well)"
+ID_PACKING_HELP = ("IDs' bit widths: tight (ceil(log2 z)), aligned (byte-aligned where the entropy allows, for a "
+                   "zstd-compressed container) or auto (aligned exactly when the container compresses)")
+ID_CODING_HELP = ("IDs' coding: packed (format 1.0), rans (static rANS, format 1.1) or auto (packed for a fixed z, "
+                  "with a goal whichever is best)")
+BITS_HELP = "Goal: bits per element of the whole message (framing included)"
+SIZE_HELP = "Goal: bytes of the whole message"
+# fields rate control sets when it resolves a goal (cli=False: not command-line options)
+LEVELS_HELP = "The levels themselves instead of solving for z (what rate control resolves a goal to)"
+LEVELS_BY_HELP = "Who chose the given levels (written to the header's solver)"
 
 
 def check_levels(p: Any) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from mucsc.codec.codecs.base import Codec, PaperSetup, check_memory_options, register
-from mucsc.codec.codecs.topk import TopK, check_keep, check_positions
+from mucsc.codec.codecs.base import Codec, PaperSetup, check_memory_options, param, register
+from mucsc.codec.codecs.topk import KEEP_HELP, POSITIONS_HELP, TopK, check_keep, check_positions
 from mucsc.codec.codecs.memory import ArrayStateMemory, check_shape, copy, host, like
+from mucsc.codec.wire import sparse
 from mucsc.errors import ParameterError
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004, 0.001)  # sparsity 75%, 93.75%, 98.4%, 99.6%, 99.9%
@@ -34,8 +35,8 @@ class DGC(TopK):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        keep: float = 0.01
-        positions: str = "auto"
+        keep: float = param(0.01, KEEP_HELP + " (after the warm-up)", min=0, max=1, min_open=True)
+        positions: Literal[sparse.POSITION_MODES] = param("auto", POSITIONS_HELP)
 
         def __post_init__(self) -> None:
             check_keep("dgc", self.keep)

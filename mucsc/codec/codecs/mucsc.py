@@ -13,18 +13,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.codecs import _dithered as dithered
-from mucsc.codec.codecs.base import H, Z_RANGE, Codec, EncodedGroup, PaperSetup, ceil_log2, plan_alone, register
-from mucsc.codec.codecs.clusters import (CENTROID_DTYPES, CENTROID_LIMITS, ID_CODINGS, ID_PACKINGS, MAX_Z, MIN_Z,
-                                         RESOLVED, ROUNDINGS, TARGETS, ClusterTrials, GoalTarget, check_levels,
-                                         cluster_resolved, cluster_section_sizes, decode_clusters,
-                                         decode_clusters_torch, encode_clusters, format_minor, given_levels,
-                                         resolve_id_packing)
+from mucsc.codec.codecs.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, ceil_log2, param, plan_alone,
+                                     register)
+from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LIMITS, ID_CODING_HELP, ID_CODINGS,
+                                         ID_PACKING_HELP, ID_PACKINGS, LEVELS_BY, LEVELS_BY_HELP, LEVELS_HELP, MAX_Z,
+                                         MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
+                                         GoalTarget, check_levels, cluster_resolved, cluster_section_sizes,
+                                         decode_clusters, decode_clusters_torch, encode_clusters, format_minor,
+                                         given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids
 from mucsc.errors import ParameterError, SizeError
 
@@ -54,20 +56,28 @@ class MucscParams(GoalTarget):
     not apply) or "dithered" (see :mod:`mucsc.codec.numerics.dither`; always rANS-coded indices).
     grid: the dithered grid's (step, offset) instead of z's (what rate control resolves a goal to)."""
 
-    z: int | None = None
-    solver: str = "optimal"
-    centroid_dtype: str = "float32"
-    id_packing: str = "auto"
-    bits: float | None = None
-    max_error: float | None = None
-    size: int | None = None
-    id_coding: str = "auto"
-    rounding: str = "stochastic"
-    levels: tuple[float, ...] | None = dataclasses.field(default=None, metadata=RESOLVED)
-    levels_by: str = dataclasses.field(default="ecsq", metadata=RESOLVED)
-    weighting: str = "total"
-    error_cap: float | None = None
-    grid: tuple[float, float] | None = dataclasses.field(default=None, metadata=RESOLVED)
+    z: int | None = param(None, "Number of centroids Z (default 16 when no goal is given)", min=MIN_Z, max=MAX_Z)
+    solver: Literal[tuple(centroids.SOLVERS)] = param("optimal", SOLVER_HELP)
+    centroid_dtype: Literal[tuple(CENTROID_DTYPES)] = param("float32", "Wire dtype of the centroids")
+    id_packing: Literal[ID_PACKINGS] = param("auto", ID_PACKING_HELP)
+    bits: float | None = param(None, BITS_HELP, min=0, max=64, min_open=True)
+    max_error: float | None = param(None, "Goal: a bound on each group's relative error sqrt(J)/||x||", min=0,
+                                    min_open=True)
+    size: int | None = param(None, SIZE_HELP, min=1)
+    id_coding: Literal[ID_CODINGS] = param("auto", ID_CODING_HELP)
+    rounding: Literal[ROUNDINGS] = param("stochastic", "How each element becomes a level: stochastic (eq. 7, "
+                                         "unbiased: updates), nearest (deterministic, biased, Lloyd-Max levels: "
+                                         "stored models) or dithered (subtractive dither on a uniform grid, "
+                                         "rANS-coded, format 1.2)")
+    levels: tuple[float, ...] | None = param(None, LEVELS_HELP, cli=False)
+    levels_by: Literal[LEVELS_BY] = param("ecsq", LEVELS_BY_HELP, cli=False)
+    weighting: Literal[WEIGHTINGS] = param("total", "How bits / size split the budget over the groups: total "
+                                           "(least total J: updates) or size (each group's squared relative "
+                                           "error weighted by its elements: checkpoints)")
+    error_cap: float | None = param(None, "With bits/size: keep every group within this relative error "
+                                    "sqrt(J)/||x|| where the budget allows", min=0, min_open=True)
+    grid: tuple[float, float] | None = param(None, "The dithered grid's (step, offset) instead of z (what rate "
+                                             "control resolves a goal to)", cli=False)
 
     def __post_init__(self) -> None:
         given = [t for t in TARGETS if getattr(self, t) is not None]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.wire import bitpack
-from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_int,
-                              param_str, register, section)
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
+                              param_int, param_str, register, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MAX_S = (1 << 15) - 1  # fixed width 1 + ceil(log2(s + 1)) <= 16 bits (bitpack's limit)
@@ -48,9 +48,9 @@ class QSGD(Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        s: int = 15
-        bucket: int = 512
-        coding: str = "fixed"
+        s: int = param(15, "Quantization levels per sign (the paper's s)", min=1, max=MAX_S)
+        bucket: int = param(512, "Elements per bucket, each with its own norm", min=1, max=MAX_BUCKET)
+        coding: Literal["fixed", "elias"] = param("fixed", "Level coding: fixed width, or Elias-gamma (QSGD's own)")
 
         def __post_init__(self) -> None:
             check_range("qsgd", "s", self.s, QSGD.limits)

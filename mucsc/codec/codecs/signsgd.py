@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
-from mucsc.codec.codecs.base import F32_MAX, Codec, EncodedGroup, Section, array_from, param_str, register, section
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, Section, array_from, param, param_str, register,
+                              section)
 from mucsc.codec.wire.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
 
@@ -32,7 +33,8 @@ class SignSGD(Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        scale: str = "l1"
+        scale: Literal["l1", "none"] = param("l1", "Magnitude sent with the signs: l1 (mean |x|, scaled signSGD) "
+                                             "or none (plain signs)")
 
         def __post_init__(self) -> None:
             if self.scale not in ("l1", "none"):

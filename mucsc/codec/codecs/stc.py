@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.wire import bitpack, sparse
-from mucsc.codec.codecs.base import F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_int, register, section
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_int,
+                              register, section)
 from mucsc.codec.codecs.topk import (
-    KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size, selection,
+    KEEP_HELP, KEEP_LIMITS, check_keep, check_positions, header_keep, positions_resolved, positions_size, selection,
     ScatterDecoder,
 )
 from mucsc.errors import FormatError
@@ -37,8 +38,10 @@ class STC(ScatterDecoder, Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        keep: float = 0.03
-        positions: str = "golomb"
+        keep: float = param(0.03, KEEP_HELP, min=0, max=1, min_open=True)
+        positions: Literal[("golomb",) + sparse.POSITION_MODES] = param(
+            "golomb", "How the kept positions are coded: golomb (STC's own), or as topk's (auto, paper, fixed, "
+            "int32, rice, ef, bitmap)")
 
         def __post_init__(self) -> None:
             check_keep("stc", self.keep)

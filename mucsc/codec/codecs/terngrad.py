@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.wire import bitpack
-from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param_float, param_str,
-                              register, section)
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_float,
+                              param_str, register, section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError
 
@@ -59,8 +59,8 @@ class TernGrad(Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        clip: float = 2.5
-        packing: str = "2bit"
+        clip: float = param(2.5, "Gradient clipping at this many standard deviations (0: off)", min=0, max=1e6)
+        packing: Literal["2bit", "base3"] = param("2bit", "Ternary packing: 2 bits per element, or 5 per byte (base 3)")
 
         def __post_init__(self) -> None:
             if not (self.clip == 0 or 0 < self.clip <= 1e6):

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.wire import sparse
-from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param_float,
-                              param_int, register, section)
+from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
+                              param_float, param_int, register, section)
 from mucsc.errors import FormatError, ParameterError
 
 KEEP_LIMITS = {"keep": (0.0, 1.0)}  # a fraction of the elements, (0, 1]
+
+
+KEEP_HELP = "Fraction of the elements kept (the largest magnitudes), in (0, 1]"
+POSITIONS_HELP = ("How the kept positions are coded: auto (the smallest), paper (the paper's count), or one "
+                  "method: fixed, int32, rice, ef (Elias-Fano), bitmap")
 
 
 def check_keep(name: str, keep: float) -> None:
@@ -96,8 +101,8 @@ class TopK(ScatterDecoder, Codec):
 
     @dataclasses.dataclass(frozen=True)
     class Params:
-        keep: float = 0.01
-        positions: str = "auto"
+        keep: float = param(0.01, KEEP_HELP, min=0, max=1, min_open=True)
+        positions: Literal[sparse.POSITION_MODES] = param("auto", POSITIONS_HELP)
 
         def __post_init__(self) -> None:
             check_keep("topk", self.keep)
