@@ -85,9 +85,23 @@ def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
     defaulted = not update and err is None and not given and "max_error" in fields
     if defaulted:
         err = MODEL_MAX_ERROR
+    codec, target = _target(codec, params, fields, err, defaulted, update)
+    policy = mucsc.Policy(max_error=err, lossy_fp16=not update, lossless=lossless,
+                          vector_max_error=None if update else MODEL_VECTOR_ERROR)
+    rounding = getattr(codec.params, "rounding", None)
+    target += f", {rounding} rounding" if rounding and not update else ""
+    reason = _reason(codec.name, book, target, lossless, update)
+    return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), codec
+
+
+def _target(codec: mucsc.Codec, params: dict[str, Any], fields: set[str], err: float | None, defaulted: bool,
+            update: bool) -> tuple[mucsc.Codec, str]:
+    """What chooses each tensor's coding, in words, and the codec with a model's budget split applied
+    (``MODEL_BUDGET`` where the user did not set it)."""
     if err is not None:
-        target = f"Z per tensor for <= {percent(err)} relative error" + (" (--max-error to change)" if defaulted else "")
-    elif "bits" in params or "size" in params:
+        return codec, (f"Z per tensor for <= {percent(err)} relative error"
+                       + (" (--max-error to change)" if defaulted else ""))
+    if "bits" in params or "size" in params:
         key = "bits" if "bits" in params else "size"
         target = f"--{key} {params[key]}: one budget for the message, split across the tensors"
         budget = {k: v for k, v in MODEL_BUDGET.items() if k in fields and k not in params}
@@ -95,20 +109,18 @@ def choose(codec: mucsc.Codec, params: dict[str, Any], *, shared: bool | None,
             codec = codec.replace(**budget)
             target += (f" (no tensor above {percent(codec.params.error_cap)} relative error where the budget "
                        "allows; each tensor's error weighted by its size)" if codec.params.error_cap else "")
-    elif "z" in fields:
-        target = f"Z = {getattr(codec.params, 'fixed_z', codec.params.z)}"
-    else:
-        target = "no error target (the codec has no --max-error)"
-    policy = mucsc.Policy(max_error=err, lossy_fp16=not update, lossless=lossless,
-                          vector_max_error=None if update else MODEL_VECTOR_ERROR)
-    rounding = getattr(codec.params, "rounding", None)
-    target += f", {rounding} rounding" if rounding and not update else ""
+        return codec, target
+    if "z" in fields:
+        return codec, f"Z = {getattr(codec.params, 'fixed_z', codec.params.z)}"
+    return codec, "no error target (the codec has no --max-error)"
+
+
+def _reason(name: str, book: str, target: str, lossless: tuple[str, ...], update: bool) -> str:
+    """The mode's one-line reason the report prints."""
     kept = f"; tensors matching {', '.join(lossless)} carried exactly" if lossless else ""
     if update:
-        reason = (f"update mode (--base given): {codec.name}, {target}, one {book} per tensor; small and "
-                  f"all-zero tensors carried exactly{kept}")
-    else:
-        reason = (f"model mode (no --base): {codec.name}, one {book} per tensor, {target}; 1-D tensors as fp16 "
-                  f"within {percent(MODEL_VECTOR_ERROR)} (else raw), small and all-zero tensors losslessly{kept} "
-                  "(--shared: the paper's flattened update)")
-    return Mode("update" if update else "model", reason, False, policy, err, err is not None, update), codec
+        return (f"update mode (--base given): {name}, {target}, one {book} per tensor; small and "
+                f"all-zero tensors carried exactly{kept}")
+    return (f"model mode (no --base): {name}, one {book} per tensor, {target}; 1-D tensors as fp16 "
+            f"within {percent(MODEL_VECTOR_ERROR)} (else raw), small and all-zero tensors losslessly{kept} "
+            "(--shared: the paper's flattened update)")

@@ -262,14 +262,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
     mode, codec_obj, level = _compress_codec(codec, codec_values, shared, base is not None, compress_mode,
                                              lossless)
     out = output or ("-" if input == "-" else input + ".mucsc")
-    if out == "-" and as_json:
-        raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
-    for path in (input, base):
-        if path is not None and path != "-":
-            _format_of(path)  # an unknown suffix is a usage error, found before any file is read
-    _check_input(input)
-    _check_base_input(input, base)
-    _check_output(out, force, inputs=[input, base])
+    _check_compress_paths(input, base, out, force, as_json)
     signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
     new_size, old_size = _size(input), _size(base)
@@ -288,9 +281,7 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
         norm2 = squared_norm(tensors)
         notes += _zero_update_notes(input, base, norm2)
         data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
-        if loaded.bare and mode.policy is not None and mode.policy.vector_max_error is not None:
-            # a bare array is the data itself, not a model's norm or bias: the 1-D carve-out is for checkpoints
-            mode = dataclasses.replace(mode, policy=dataclasses.replace(mode.policy, vector_max_error=None))
+        mode = _bare_mode(mode) if loaded.bare else mode
         del loaded
         with about(_label(input)):
             blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
@@ -303,6 +294,32 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
     finally:
         progress.done()
 
+    _compress_report(input, out, base, codec, codec_obj, mode, seed, level, stats, info, norm2, notes, quiet,
+                     as_json)
+
+
+def _check_compress_paths(input: str, base: str | None, out: str, force: bool, as_json: bool) -> None:
+    """``compress``'s usage and path errors, found before any file is read."""
+    if out == "-" and as_json:
+        raise click.UsageError("--json prints to stdout, so the message needs -o FILE")
+    for path in (input, base):
+        if path is not None and path != "-":
+            _format_of(path)  # an unknown suffix is a usage error, found before any file is read
+    _check_input(input)
+    _check_base_input(input, base)
+    _check_output(out, force, inputs=[input, base])
+
+
+def _bare_mode(mode: defaults.Mode) -> defaults.Mode:
+    """A bare array is the data itself, not a model's norm or bias: the 1-D carve-out is for checkpoints."""
+    if mode.policy is None or mode.policy.vector_max_error is None:
+        return mode
+    return dataclasses.replace(mode, policy=dataclasses.replace(mode.policy, vector_max_error=None))
+
+
+def _compress_report(input, out, base, codec, codec_obj, mode, seed, level, stats, info, norm2, notes, quiet,
+                     as_json) -> None:
+    """``compress``'s report: on stderr, or as JSON on stdout (the quality warning on stderr either way)."""
     # the parameters used: "auto" choices and a goal's z as the groups resolved them
     effective = report.used_params(codec_obj, stats.groups,
                                    per_tensor=("z", "max_error") if mode.z_per_tensor else ())

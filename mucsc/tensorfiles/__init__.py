@@ -20,6 +20,9 @@ Layout: one module per format behind the same verbs (``sniff``, ``load``, ``save
 :mod:`.pt` (torch); :mod:`.atomic` holds the atomic writer, :mod:`._common` the error type, ``Loaded``
 and the load limits.  This module is the registry and the public entry points; adding a format is
 adding one module and one line to ``_REGISTRY``.
+
+May import: :mod:`mucsc.errors` and :mod:`mucsc.optional` (torch on demand); not the codec (the CLI
+joins the two).
 """
 
 from __future__ import annotations
@@ -117,45 +120,57 @@ def load(source: str | os.PathLike | IO[bytes], *, fmt: str | None = None,
     """
     explicit = max_bytes is not None
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        label = name or path
-        fmt = fmt or format_of(path)
-        try:
-            if os.path.isdir(path):
-                raise TensorFileError(f"{label}: is a directory")
-            if fmt == "torch" and wrap is None:
-                size = os.path.getsize(path)
-                loaded = _load_torch(path, label, max_bytes if explicit else load_limit(size), size, explicit)
-            else:
-                with open(path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    limit = max_bytes if explicit else load_limit(size)
-                    g = f if wrap is None else wrap(f)
-                    if fmt == "torch":
-                        loaded = _load_torch(g, label, limit, size, explicit)
-                    else:
-                        loaded = _load_stream(g, fmt, label, limit, size, explicit)
-        except OSError as exc:
-            raise TensorFileError(f"{label}: {exc.strerror or exc}") from None
+        label = name or os.fspath(source)
+        loaded, size = _load_path(os.fspath(source), fmt, label, max_bytes, wrap)
     else:
         label = name or "<stdin>"
-        buf = _read_all(source, label)
-        size = len(buf)
-        if fmt is None:
-            fmt = sniff_format(bytes(buf[:16]))
-            if fmt is None:
-                raise TensorFileError(f"{label}: not a recognised tensor file (not safetensors, npy, npz "
-                                      "or a torch checkpoint)")
-        bio = io.BytesIO(buf)
-        if fmt == "zip":
-            fmt = _zip_kind(bio)
-        limit = max_bytes if explicit else load_limit(size)
-        loaded = (_load_torch(bio, label, limit, size, explicit) if fmt == "torch"
-                  else _load_stream(bio, fmt, label, limit, size, explicit))
+        loaded, size = _load_from_stream(source, fmt, label, max_bytes)
     limit = max_bytes if explicit else load_limit(size)
     if loaded.nbytes > limit:  # torch views can declare far more than the storages they share
         raise _over_limit(label, "the tensors take", loaded.nbytes, limit, size, explicit)
     return loaded
+
+
+def _load_path(path: str, fmt: str | None, label: str, max_bytes: float | None,
+               wrap: Callable[[IO[bytes]], IO[bytes]] | None) -> tuple[Loaded, int]:
+    """:func:`load` of a file: the tensors and the file's size."""
+    explicit = max_bytes is not None
+    fmt = fmt or format_of(path)
+    try:
+        if os.path.isdir(path):
+            raise TensorFileError(f"{label}: is a directory")
+        if fmt == "torch" and wrap is None:
+            size = os.path.getsize(path)
+            return _load_torch(path, label, max_bytes if explicit else load_limit(size), size, explicit), size
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            limit = max_bytes if explicit else load_limit(size)
+            g = f if wrap is None else wrap(f)
+            if fmt == "torch":
+                return _load_torch(g, label, limit, size, explicit), size
+            return _load_stream(g, fmt, label, limit, size, explicit), size
+    except OSError as exc:
+        raise TensorFileError(f"{label}: {exc.strerror or exc}") from None
+
+
+def _load_from_stream(source: IO[bytes], fmt: str | None, label: str,
+                      max_bytes: float | None) -> tuple[Loaded, int]:
+    """:func:`load` of a stream (read whole, its format sniffed when not given): the tensors and its size."""
+    explicit = max_bytes is not None
+    buf = _read_all(source, label)
+    size = len(buf)
+    if fmt is None:
+        fmt = sniff_format(bytes(buf[:16]))
+        if fmt is None:
+            raise TensorFileError(f"{label}: not a recognised tensor file (not safetensors, npy, npz "
+                                  "or a torch checkpoint)")
+    bio = io.BytesIO(buf)
+    if fmt == "zip":
+        fmt = _zip_kind(bio)
+    limit = max_bytes if explicit else load_limit(size)
+    loaded = (_load_torch(bio, label, limit, size, explicit) if fmt == "torch"
+              else _load_stream(bio, fmt, label, limit, size, explicit))
+    return loaded, size
 
 
 def _read_all(stream: IO[bytes], label: str) -> bytearray:

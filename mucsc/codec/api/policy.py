@@ -134,35 +134,47 @@ class Policy:
         """"raw", "fp16" or a :class:`Planned` coded group for float tensor ``t`` (values ``x``)."""
         n = x.size
         raw_bytes = x.size * ITEMSIZE[t.dtype]
-        exact16 = t.dtype in ("float32", "float64") and fp16_exact(x)
-        lossless_bytes = min(raw_bytes, 2 * n) if exact16 else raw_bytes
-        lossless = "fp16" if exact16 and 2 * n < raw_bytes else "raw"
+        lossless, lossless_bytes, exact16 = _lossless_carrier(t, x, raw_bytes)
         norm = l2_norm(x)
         # all-zero tensors exactly; and no coding can beat a carrier no bigger than a group's overhead
         if norm == 0.0 or lossless_bytes <= GROUP_OVERHEAD + n // 8 or self.named_lossless(t.name):
             return lossless
         if self.vector_max_error is not None and len(t.array.shape) == 1:
-            fits16 = t.dtype in ("float32", "float64") and relative_error(x, fp16_round_trip(x), norm) \
-                <= self.vector_max_error
-            return "fp16" if fits16 else "raw"
+            return "fp16" if _fp16_within(t, x, norm, self.vector_max_error) else "raw"
         codec.check_input(x, name_label(t.name))  # before any trial encode (an overflowing cast)
-        rng_for = _rng_for(seed, i)
         if self.max_error is None and ratecontrol.needs_plan(codec):
             # a message-wide budget (bits=, size=): the API splits it across the coded groups
             return Planned(codec, (i,))
-        if self.max_error is None:
-            enc = codec.encode_array(x, rng_for(0))
-            coded: Planned | None = Planned(codec, (i,), enc)
-        else:
-            found = encode_within(x, codec, self.max_error, rng_for)
-            coded = None if found is None else Planned(found[0], (i,), found[1])
+        coded = self._coded(i, x, codec, seed)
         coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
         if self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < min(coded_bytes, raw_bytes) \
-                and t.dtype in ("float32", "float64") and relative_error(x, fp16_round_trip(x), norm) <= self.max_error:
+                and _fp16_within(t, x, norm, self.max_error):
             return "fp16"
         if lossless_bytes <= coded_bytes:
             return lossless
         return coded
+
+    def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int) -> Planned | None:
+        """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach)."""
+        rng_for = _rng_for(seed, i)
+        if self.max_error is None:
+            return Planned(codec, (i,), codec.encode_array(x, rng_for(0)))
+        found = encode_within(x, codec, self.max_error, rng_for)
+        return None if found is None else Planned(found[0], (i,), found[1])
+
+
+def _lossless_carrier(t: Tensor, x: np.ndarray, raw_bytes: int) -> tuple[str, int, bool]:
+    """How float tensor ``t`` is carried exactly ("fp16" when its values survive float16 and that is
+    smaller, else "raw"), that carrier's bytes, and whether float16 holds it exactly."""
+    n = x.size
+    exact16 = t.dtype in ("float32", "float64") and fp16_exact(x)
+    lossless_bytes = min(raw_bytes, 2 * n) if exact16 else raw_bytes
+    return ("fp16" if exact16 and 2 * n < raw_bytes else "raw"), lossless_bytes, exact16
+
+
+def _fp16_within(t: Tensor, x: np.ndarray, norm: float, bound: float) -> bool:
+    """Whether float16 keeps float32/float64 tensor ``t`` within relative error ``bound``."""
+    return t.dtype in ("float32", "float64") and relative_error(x, fp16_round_trip(x), norm) <= bound
 
 
 def encode_within(x: np.ndarray, codec: Codec, max_error: float,

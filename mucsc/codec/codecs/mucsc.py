@@ -80,28 +80,8 @@ class MucscParams(GoalTarget):
                                              "control resolves a goal to)", cli=False)
 
     def __post_init__(self) -> None:
-        given = [t for t in TARGETS if getattr(self, t) is not None]
-        if len(given) > 1:
-            raise ParameterError(f"give one of z, bits, max_error, size (they all choose the number of "
-                                 f"centroids), got {', '.join(given)}")
-        if self.z is not None and not MIN_Z <= self.z <= MAX_Z:
-            raise ParameterError(f"z must be in {MIN_Z}..{MAX_Z}, got {self.z}")
-        if self.bits is not None and not 0 < self.bits <= 64:
-            raise ParameterError(f"bits (per element of the message) must be in (0, 64], got {self.bits}")
-        if self.max_error is not None and not 0 < self.max_error < math.inf:
-            raise ParameterError(f"max_error (relative error sqrt(J)/||x||) must be > 0, got {self.max_error}")
-        if self.size is not None and self.size < 1:
-            raise ParameterError(f"size (bytes of the message) must be >= 1, got {self.size}")
-        if self.solver not in centroids.SOLVERS:
-            raise ParameterError(f"unknown solver {self.solver!r}; choose from {', '.join(centroids.SOLVERS)}")
-        if self.centroid_dtype not in CENTROID_DTYPES:
-            raise ParameterError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}")
-        if self.id_packing not in ID_PACKINGS:
-            raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
-        if self.id_coding not in ID_CODINGS:
-            raise ParameterError(f"id_coding must be one of {', '.join(ID_CODINGS)}")
-        if self.weighting not in WEIGHTINGS:
-            raise ParameterError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
+        _check_goals(self)
+        _check_choices(self)
         if self.error_cap is not None and not 0 < self.error_cap < math.inf:
             raise ParameterError(f"error_cap (relative error sqrt(J)/||x|| of each group) must be > 0, "
                                  f"got {self.error_cap}")
@@ -112,6 +92,36 @@ class MucscParams(GoalTarget):
                                  "not apply")
         dithered.check_grid(self)
         check_levels(self)
+
+
+def _check_goals(p: MucscParams) -> None:
+    """At most one of z / bits / max_error / size, each within its range."""
+    given = [t for t in TARGETS if getattr(p, t) is not None]
+    if len(given) > 1:
+        raise ParameterError(f"give one of z, bits, max_error, size (they all choose the number of "
+                             f"centroids), got {', '.join(given)}")
+    if p.z is not None and not MIN_Z <= p.z <= MAX_Z:
+        raise ParameterError(f"z must be in {MIN_Z}..{MAX_Z}, got {p.z}")
+    if p.bits is not None and not 0 < p.bits <= 64:
+        raise ParameterError(f"bits (per element of the message) must be in (0, 64], got {p.bits}")
+    if p.max_error is not None and not 0 < p.max_error < math.inf:
+        raise ParameterError(f"max_error (relative error sqrt(J)/||x||) must be > 0, got {p.max_error}")
+    if p.size is not None and p.size < 1:
+        raise ParameterError(f"size (bytes of the message) must be >= 1, got {p.size}")
+
+
+def _check_choices(p: MucscParams) -> None:
+    """solver, centroid_dtype, id_packing, id_coding and weighting among their choices."""
+    if p.solver not in centroids.SOLVERS:
+        raise ParameterError(f"unknown solver {p.solver!r}; choose from {', '.join(centroids.SOLVERS)}")
+    if p.centroid_dtype not in CENTROID_DTYPES:
+        raise ParameterError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}")
+    if p.id_packing not in ID_PACKINGS:
+        raise ParameterError(f"id_packing must be one of {', '.join(ID_PACKINGS)}")
+    if p.id_coding not in ID_CODINGS:
+        raise ParameterError(f"id_coding must be one of {', '.join(ID_CODINGS)}")
+    if p.weighting not in WEIGHTINGS:
+        raise ParameterError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got {p.weighting!r}")
 
 
 def paper_mucsc_bytes(d: int, z: int, h: int = H) -> float:
