@@ -21,7 +21,11 @@ config keys ``mucsc-key-file`` / ``mucsc-key-id``, or ``mucsc-key-dir`` in the n
 whose tag does not verify, so a message cannot be forged, altered or replayed into another round.
 
 Flower's built-in aggregation calls ``Array.numpy()``, which refuses any stype but numpy's, so replies
-from :func:`mucsc_mod` must go through :class:`MucscStrategy`.  Only the public ``mucsc`` API is used.
+from :func:`mucsc_mod` must go through :class:`MucscStrategy`.
+
+May import: the public API (``import mucsc``, never ``mucsc.codec``) and :mod:`mucsc.update`; the
+deprecated ``mucsc.flower.sim`` is an alias of the simulator's Flower engine
+(:mod:`mucsc.fedsim.engines.flower`), imported only by name.
 """
 
 from __future__ import annotations

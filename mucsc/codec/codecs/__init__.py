@@ -1,5 +1,8 @@
-"""The codecs: the Codec contract and registry (``base``), error-feedback memories (``memory``) and
-one module per built-in codec (each registers its class on import).
+"""The codecs: the Codec contract and registry (``base``: also ``param``, the typed ``Params`` fields
+the command line is made from), error-feedback memories (``memory``) and one module per built-in codec
+(each registers its class on import); shared parts that are not codecs themselves: ``clusters`` (the
+soft clustering of mucsc and bmucsc), ``_dithered`` (mucsc's dithered layout), ``_cast`` (none's and
+fp16's one-dtype layout).
 
 A codec turns one flat vector into named sections and a JSON-able parameter dict, and back; it never
 sees the wire layout (the container frames the sections) and never imports the API.  Adding a
