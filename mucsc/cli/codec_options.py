@@ -113,7 +113,7 @@ def _help(p: CodecParam, mode: str | None) -> str:
             by_help.setdefault(s.help, []).append(c)
     helps = list(by_help) if len(by_help) < 2 else [f"{', '.join(cs)}: {h}" for h, cs in by_help.items()]
     defaults_text = "; ".join(filter(None, [mode, ", ".join(f"{c} {_shown(s.default)}" for c, s in p.specs)]))
-    return "; ".join(helps) + (". " if helps else "") + f"Defaults: {defaults_text}."
+    return "; ".join(helps + [f"defaults: {defaults_text}."]) if helps else f"Defaults: {defaults_text}."
 
 
 def _shown(default: Any) -> str:
