@@ -200,6 +200,22 @@ def test_progress_hook_counts_elements_up_to_the_total_and_leaves_bytes_alone(ho
     assert back[-1] == (elements, elements) and len(back) >= 2
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "dithered"])
+def test_progress_hook_moves_during_one_tensors_search(rounding):
+    """One tensor under a per-tensor error bound is one long search of trial encodings: the hook moves
+    during it (before the tensor's choice is made), monotone, and ends at the total."""
+    x = np.random.default_rng(6).standard_normal(20_000).astype("f4")
+    codec = mucsc.get_codec("mucsc", rounding=rounding)
+    calls = []
+    blob = mucsc.encode(x, codec, policy=mucsc.Policy(max_error=0.02),
+                        progress=lambda done, total: calls.append((done, total)))
+    assert blob == mucsc.encode(x, codec, policy=mucsc.Policy(max_error=0.02))
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and calls[-1] == (2 * x.size, 2 * x.size)
+    during = [d for d in done if 0 < d < x.size]  # the planning half, before the choice is made
+    assert len(during) >= 3, calls
+
+
 def test_progress_hook_must_be_callable():
     with pytest.raises(mucsc.ParameterError, match="progress must be a callable"):
         mucsc.encode(np.ones(4, "f4"), progress=1)

@@ -102,13 +102,49 @@ def test_reference_covers_every_command_and_public_function():
             assert f"### `mucsc.{name}`" in api_text, name
 
 
+# Where measurement diaries live (commits measured, run-by-run history): every other page is reference.
+DIARIES = ("performance.md", "changelog.md")
+NOT_HASHES = {"ed25519"}  # hex-looking words that are names, not commits
+
+
+def commit_hashes(text: str) -> list[str]:
+    """Words of 7-40 hex digits with at least one digit and one letter: what a git commit id looks like."""
+    return [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text)
+            if re.search(r"\d", h) and re.search(r"[a-f]", h) and h not in NOT_HASHES]
+
+
+def machine_paths(text: str, roots: str) -> list[str]:
+    """Absolute paths under ``roots`` (a regex alternation): paths that exist only on one machine."""
+    return re.findall(rf"(?:^|[\s`'\"(=])(/(?:{roots})/\S*)", text)
+
+
+def test_bookkeeping_finders():
+    assert commit_hashes("at fdba690, main at 9aa8399; ed25519 keys, 1000000 values, 0.0009602, cafebabe") == \
+        ["fdba690", "9aa8399"]
+    assert machine_paths("flock /work/bench.lock x; -o /tmp/x; see /work/shared/data", "work") == \
+        ["/work/bench.lock", "/work/shared/data"]
+
+
 def test_readme_is_a_users_page():
     """No commit hashes, no project-internal bookkeeping, no paths that exist only on one machine."""
     text = (ROOT / "README.md").read_text()
-    hashes = [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", h) and re.search(r"[a-f]", h)]
-    assert not hashes, hashes
+    assert not commit_hashes(text), commit_hashes(text)
     assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
-    absolute = re.findall(r"(?:^|[\s`'\"(=])(/(?:work|tmp|home|root|opt|srv|mnt)/\S*)", text)
+    absolute = machine_paths(text, "work|tmp|home|root|opt|srv|mnt")
     assert not absolute, absolute  # paths of one machine (the quick start's relative .venv is the reader's)
     for machine_specific in (".lock", "flock ", "nice -20", "autogroup"):
+        assert machine_specific not in text, machine_specific
+
+
+@pytest.mark.parametrize("doc", [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in DIARIES],
+                         ids=lambda p: p.name)
+def test_reference_pages_carry_no_diary(doc):
+    """The reference pages state results with the machine named; which commit was measured, the
+    tracker's issues and one machine's paths belong in the diaries (docs/performance.md)."""
+    text = doc.read_text()
+    assert not commit_hashes(text), commit_hashes(text)
+    assert not re.findall(r".{0,40}\bissues?\b.{0,40}", text, re.IGNORECASE)
+    absolute = machine_paths(text, "work|home|root|srv|mnt")  # /tmp/... is every reader's scratch
+    assert not absolute, absolute
+    for machine_specific in ("/bench.lock", "autogroup", "this branch", "this session", "engineers' jobs"):
         assert machine_specific not in text, machine_specific

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import numbers
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -188,9 +188,24 @@ class _Reporter:
     """Adds up finished work and passes ``(done, total)`` to the caller's ``progress`` callable, one
     call at a time (groups may finish on several threads at once)."""
 
-    def __init__(self, progress: Progress | None, total: int) -> None:
+    def __init__(self, progress: Progress | None, total: int, sizes: Sequence[int] = ()) -> None:
         self.progress, self.total, self.done = _check_progress(progress), int(total), 0
         self._lock = threading.Lock()
+        self.sizes = sizes  # tensor i's share of a policy's planning
+        self._credit: dict[int, int] = {}  # what trial() already counted of tensor i's share
+
+    def trial(self, i: int) -> None:
+        """A trial encoding of tensor i's search: an eighth of what is left of its share (the number
+        of trials is not known in advance; 20 trials count 93%), so one long tensor moves the bar."""
+        c = self._credit.get(i, 0)
+        step = (self.sizes[i] - c) // 8
+        if step > 0:
+            self._credit[i] = c + step
+            self.add(step)
+
+    def tensor_done(self, i: int) -> None:
+        """Tensor i's choice is made: the rest of its share."""
+        self.add(self.sizes[i] - self._credit.pop(i, 0))
 
     def add(self, n: int) -> None:
         if self.progress is None:
@@ -243,7 +258,8 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
         raise InputError("nothing to encode: the mapping is empty")
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     _check_header_limits(records)
-    reporter = _Reporter(req.progress, sum(t.size for t in tensors) * (2 if req.policy is not None else 1))
+    reporter = _Reporter(req.progress, sum(t.size for t in tensors) * (2 if req.policy is not None else 1),
+                         [t.size for t in tensors])
     plan, ready = _plan_message(tensors, container, req, reporter)
     sizes = [sum(tensors[i].size for i in m) for _, m in plan]
 
@@ -273,7 +289,8 @@ def _plan_message(tensors: list[Tensor], container: str, req: _Request, reporter
     """(codec, member tensors) per group, and the groups already encoded while planning (the
     policy's trials, the other groups of a budget); a goal is resolved here (rate control)."""
     if req.policy is not None:
-        planned = req.policy.plan(tensors, req.codec, req.seed, on_tensor=lambda i: reporter.add(tensors[i].size))
+        planned = req.policy.plan(tensors, req.codec, req.seed, on_tensor=reporter.tensor_done,
+                                  on_trial=reporter.trial)
     else:
         planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, req.codec, req.shared)]
     plan = [(p.codec, list(p.members)) for p in planned]

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import ratecontrol
+from mucsc.codec import meter, ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, get_codec
 from mucsc.codec.wire.container import ITEMSIZE
 from mucsc.codec.backends.tensors import Tensor, name_label, on_host
@@ -87,9 +87,11 @@ class Policy:
         object.__setattr__(self, "lossless", tuple(self.lossless))
 
     def plan(self, tensors: Sequence[Tensor], codec: Codec, seed: int,
-             on_tensor: Callable[[int], Any] | None = None) -> list[Planned]:
+             on_tensor: Callable[[int], Any] | None = None,
+             on_trial: Callable[[int], Any] | None = None) -> list[Planned]:
         """The groups for ``tensors`` (record order of their first member); ``on_tensor(i)`` is called
-        when tensor i's choice is made (the API's progress hook)."""
+        when tensor i's choice is made, ``on_trial(i)`` after each trial encoding of its search (the
+        API's progress hook)."""
         if self.max_error is not None and not has_param(codec, "max_error"):
             raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
                                  f"codec {codec.name!r} has no max_error parameter")
@@ -104,7 +106,8 @@ class Policy:
                     on_tensor(i)
                 continue
             x = flat_float(t)
-            choice = self._choose(i, t, x, codec, fp16, seed)
+            with meter.ticking(None if on_trial is None else lambda i=i: on_trial(i)):
+                choice = self._choose(i, t, x, codec, fp16, seed)
             if choice == "fp16":
                 fp16_pool.append(i)
             elif choice == "raw":

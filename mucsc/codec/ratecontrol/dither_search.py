@@ -14,6 +14,7 @@ import numpy as np
 
 from mucsc.codec.codecs._dithered import DitherTrials, Grid, fixed_grid, min_step
 from mucsc.codec.numerics import allocate
+from mucsc.codec import meter
 from mucsc.codec.ratecontrol.search import group_bytes
 
 LADDER = tuple(2.0 ** (7 - j / 2) for j in range(72))  # steps relative to the spread: 128 .. 2^-28.5
@@ -39,6 +40,7 @@ class DitherSearch:
     def measure(self, step: float, estimate: bool = True) -> allocate.Option:
         """Encode on a grid of this ``step`` (not below the escape-free floor); record the option
         when its size is estimated (the search's)."""
+        meter.tick()
         grid = fixed_grid(self.x, 2) if self.constant else Grid(max(step, self.floor), 0.0)
         params, sections, J = self.trials.encode(grid, self.rng(), estimate)
         key = dataclasses.replace(grid, params=tuple(sorted(params.items())))

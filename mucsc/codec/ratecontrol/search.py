@@ -17,6 +17,7 @@ from mucsc.codec.codecs.base import Section
 from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, Rounded, rounding_of
 from mucsc.codec.numerics import allocate, ecsq
 from mucsc.codec.wire import container
+from mucsc.codec import meter
 
 # Numbers of centroids tried by the rate-controlled modes (bits=, size=, max_error=): every Z up to 8,
 # then about 4 steps per doubling (J falls roughly like 1/Z^2, the ID entropy grows like log2 Z).
@@ -83,6 +84,7 @@ class ClusterSearch:
                 fine: bool = False, steps: int | None = None) -> allocate.Option:
         """Encode with Z-ladder levels (``choice_z``), ecsq levels for ``mu`` (over the coarse
         candidate set, or the fine one) or ``steps`` uniform steps; record the option."""
+        meter.tick()
         z = choice_z or MIN_Z
         levels = None if steps is None else uniform_levels(self.lo, self.hi, steps)
         if mu is not None:
