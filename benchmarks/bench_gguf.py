@@ -350,10 +350,37 @@ MUCSC_SETTINGS = [("default (1%)", []), ("--max-error 2%", ["--max-error", "2%"]
 QUICK = {"default (1%)", "--bits 8.5", "--bits 4.5", "--bits 4"}
 
 
-def row(label: str, bpw: float, orig: dict, restored: dict, check, extra: str = "") -> list[str]:
+def row(label: str, bpw: float, orig: dict, restored: dict, check, extra: str = "",
+        measured: dict | None = None, key: str | None = None) -> list[str]:
+    """One table row; ``measured[key or label]`` gets (overall, worst tensor, worst 1-D tensor) errors."""
     overall, worst, wname, bad, worst1 = errors(orig, restored)
+    if measured is not None:
+        measured[key or label] = (overall, worst, worst1)
     return [label, f"{bpw:.3f}", f"{100 * overall:.3g}%", f"{100 * worst:.3g}% ({wname})", str(bad),
             f"{100 * worst1:.2g}%", check(orig, restored) + extra]
+
+
+def done_when(m: dict, secs: dict) -> list[list[str]]:
+    """Issue 23's bars, from the rows measured in this run (those it has)."""
+    out = []
+    for bits, gguf in (("8.5", "GGUF Q8_0"), ("4.5", "GGUF Q4_0")):
+        mine = m.get(f"mucsc --bits {bits}")
+        if mine and gguf in m:
+            out.append([f"--bits {bits}: overall <= 0.8x {gguf}'s", f"{100 * mine[0]:.3g}% vs {100 * m[gguf][0]:.3g}% "
+                        f"({mine[0] / m[gguf][0]:.2f}x)", "yes" if mine[0] <= 0.8 * m[gguf][0] else "NO"])
+            out.append([f"--bits {bits}: worst tensor <= {gguf}'s worst", f"{100 * mine[1]:.3g}% vs {100 * m[gguf][1]:.3g}%",
+                        "yes" if mine[1] <= m[gguf][1] else "NO"])
+    if "mucsc default (1%)" in m:
+        w1 = m["mucsc default (1%)"][2]
+        out.append(["default: every 1-D tensor within 0.1%", f"worst 1-D {100 * w1:.2g}%", "yes" if w1 <= 0.001 else "NO"])
+    if "mucsc --bits 4" in m:
+        w = m["mucsc --bits 4"][1]
+        out.append(["--bits 4: no tensor above 25%", f"worst {100 * w:.3g}%", "yes" if w <= 0.25 else "NO"])
+    if "default (1%)" in secs and "fp16" in secs:
+        r = secs["default (1%)"] / secs["fp16"]
+        out.append(["default compress <= 10x --codec fp16 (wall)", f"{secs['default (1%)']:.1f} s vs "
+                    f"{secs['fp16']:.1f} s ({r:.1f}x)", "yes" if r <= 10 else "NO"])
+    return out
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -460,22 +487,28 @@ def main() -> int:
         print(table(["setting", "bits/weight", "overall rel. error", "worst tensor", "tensors > 10%",
                      "worst 1-D tensor", "function (original vs restored)"], []))
         show = lambda r: print("| " + " | ".join(r) + " |")  # noqa: E731  (a row as soon as it is measured)
+        measured: dict = {}
         if not args.only_mucsc:
             for name in SHOWN:
                 restored, bpw, fell = baseline(orig, name)
                 note = f" ({len(fell)} tensors fell back to {BASELINES[name][2][5:]})" if fell else ""
-                show(row(name + note, bpw, orig, restored, check))
+                show(row(name + note, bpw, orig, restored, check, measured=measured, key=name))
         chosen = [(label, opts) for label, opts in MUCSC_SETTINGS if (label in QUICK or not args.quick)
                   and (args.mucsc is None or label in args.mucsc.split(";"))]
         fp16_secs = run_mucsc(path, ["--codec", "fp16"], work)[2] if chosen else float("nan")
-        warnings = []
+        warnings, timed = [], {"fp16": fp16_secs}
         for label, opts in chosen:
             restored, bpw, secs, warn = run_mucsc(path, opts, work)
+            timed[label] = secs
             extra = f"; {secs:.1f} s ({secs / fp16_secs:.1f}x --codec fp16)"
-            show(row("mucsc " + label, bpw, orig, restored, check, extra))
+            show(row("mucsc " + label, bpw, orig, restored, check, extra, measured))
             if warn:
                 warnings.append(f"- {label}: {warn}")
         print("\n".join(["", *warnings]) if warnings else "")
+        bars = done_when(measured, timed) if model == "bert" else []
+        if bars:
+            print("\nIssue 23's bars (this run):\n")
+            print(table(["bar", "measured", "met"], bars))
         if args.blocks:
             print(f"\nBlock scales vs one codebook per tensor ({title}; 2-D tensors, nearest rounding):\n")
             print(table(["layout", "rel. error at 4.5 bits/weight", "at 8.5 bits/weight"], block_study(orig)))

@@ -40,3 +40,41 @@ def test_one_rounding_serves_both_id_codings():
     fresh = group().measure(12, coding="rans")  # solved and rounded again
     assert shared == fresh and packed != shared
     assert [o.key.coding for o in g.options] == ["packed", "rans"]
+
+
+def _outlier_columns(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_t(4, (64, 300)) * 0.03
+    w[:, rng.choice(300, 3, replace=False)] *= 8.0
+    return w.astype(np.float32).reshape(-1)
+
+
+@pytest.mark.parametrize("data", ["t3", "outliers", "few"])
+@pytest.mark.parametrize("max_error", [0.001, 0.01, 0.05, 0.2])
+def test_predicted_nearest_search_is_no_worse_than_the_exhaustive_one(data, max_error, monkeypatch):
+    # an error goal under nearest rounding starts each ladder at the sorted sample's predicted
+    # crossing and probes the predicted Z / steps first: it must meet the goal in no more bytes
+    # than the exhaustive search (the same choice, or a point its 12 bisection steps did not reach)
+    import mucsc
+    from mucsc.codec.numerics import nearest
+    x = {"t3": np.random.default_rng(1).standard_t(3, 40000).astype(np.float32),
+         "outliers": _outlier_columns(2),
+         "few": np.random.default_rng(3).choice(np.array([-2.0, 0.0, 0.5, 3.0], np.float32), 9000)}[data]
+    guided, stats = mucsc.encode_with_stats(x, "mucsc", rounding="nearest", max_error=max_error)
+    assert np.sqrt(stats.J / np.dot(x, x.astype(np.float64))) <= max_error
+    calls = []
+    monkeypatch.setattr(nearest, "SortedSample", lambda x: calls.append(1))  # no prediction
+    exhaustive = mucsc.encode(x, "mucsc", rounding="nearest", max_error=max_error)
+    assert calls  # the search asked for one (and got none)
+    assert len(guided) <= len(exhaustive)
+    if (data, max_error) != ("outliers", 0.001):  # there the guided bisection found 8 bytes less
+        assert guided == exhaustive
+
+
+def test_sorted_trial_assignment_gives_the_chunked_ids():
+    from mucsc.codec.numerics import nearest
+    x = np.concatenate([_outlier_columns(4), np.float32([0.5, 0.5, -0.25])])  # with ties at a boundary
+    for c in (np.float32([-0.25, 0.25, 0.75]), nearest.wire_levels(nearest.lloyd_max(x, 37), "float32")):
+        ids, J = nearest.assign(x, c)
+        cached, J2 = nearest.assign(x, c, {})
+        assert np.array_equal(ids, cached) and J2 == pytest.approx(J, rel=1e-12)

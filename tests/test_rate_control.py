@@ -251,6 +251,32 @@ def test_budget_with_cap_and_size_weighting_keeps_small_tensors_usable():
     assert 0.1 < max(errors(0.1, weighting="size").values()) < 0.15
 
 
+def test_size_weighted_budget_keeps_every_tensor_within_balance_x_the_overall_error(monkeypatch):
+    """Size weighting alone can leave a tensor well above the message's overall error (on the
+    BERT-shaped checkpoint at 8.5 bits/weight: the 512-weight token-type embedding at 3.2x, its
+    codebook costing as much as its IDs); the split keeps every tensor within allocate.BALANCE x the
+    overall error where the budget allows (BALANCE lowered here to make it bind on a small message)."""
+    rng = np.random.default_rng(2)
+
+    def matrix(rows, cols, std):  # t(4) with 1% outlier columns, as benchmarks/bench_gguf.py
+        w = rng.standard_t(4, (rows, cols)) * std
+        w[:, rng.choice(cols, max(1, cols // 100), replace=False)] *= 8.0
+        return w.astype(np.float32)
+
+    xs = {"m0": matrix(256, 256, 0.03), "m1": matrix(256, 256, 0.03), "tiny": matrix(2, 256, 0.01)}
+
+    def worst_over_overall():
+        out = mucsc.decode(mucsc.encode(xs, "mucsc", shared=False, bits=8.5, weighting="size", rounding="nearest"))
+        num = sum(float(np.sum((out[k] - v.astype(np.float64)) ** 2)) for k, v in xs.items())
+        overall = np.sqrt(num / sum(float(np.sum(v.astype(np.float64) ** 2)) for v in xs.values()))
+        return max(float(np.linalg.norm(out[k] - v) / np.linalg.norm(v)) for k, v in xs.items()) / overall
+
+    monkeypatch.setattr(allocate, "BALANCE", np.inf)
+    assert worst_over_overall() > 1.15  # without the balance (1.19x)
+    monkeypatch.setattr(allocate, "BALANCE", 1.1)  # the budget cannot quite meet it: ~1.12x
+    assert worst_over_overall() < 1.15
+
+
 def test_bad_weighting_and_cap():
     with pytest.raises(ParameterError, match="weighting"):
         mucsc.get_codec("mucsc", bits=4, weighting="mean")

@@ -28,6 +28,10 @@ from collections.abc import Callable, Hashable, Sequence
 
 from mucsc.errors import ParameterError
 
+# A size-weighted (checkpoint) split keeps every group within this many times the message's overall
+# relative error where the budget allows (GGUF's block quantizers land within ~1.2x by construction)
+BALANCE = 2.0
+
 __all__ = ["Option", "lower_hull", "split_budget", "cheapest_within", "relative_error", "relative_curves",
            "capped", "least_cap"]
 

@@ -15,14 +15,17 @@ import numpy as np
 from mucsc.codec.numerics.quantize import id_dtype
 from mucsc.errors import InputError
 
-__all__ = ["lloyd_max", "wire_levels", "assign"]
+__all__ = ["lloyd_max", "wire_levels", "assign", "SortedSample"]
 
 SAMPLE = 1 << 20  # the levels are fitted on at most this many elements (a strided sample)
 ITERATIONS = 200  # Lloyd iterations at most (they stop earlier once no level moves)
 CHUNK = 1 << 16  # elements per chunk of the assignment (bounds the float64 temporaries)
+# trial assignments cut a sorted copy of x up to this many elements (12 bytes each: order and float64
+# values; a binary search per element costs ~5x more); larger x is assigned chunk by chunk
+SORTED_MAX = 1 << 24
 
 
-def lloyd_max(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray:
+def lloyd_max(x: np.ndarray, z: int, cache: dict | None = None, iterations: int = ITERATIONS) -> np.ndarray:
     """At most ``z`` float64 levels, sorted, minimising sum (x - nearest level)^2 locally (Lloyd's
     iteration).  Fewer when x has fewer distinct values (then exact).  The start is the high-rate
     optimum's point density, proportional to p(x)^(1/3) (Panter-Dite): from plain quantiles, heavy
@@ -47,7 +50,7 @@ def lloyd_max(x: np.ndarray, z: int, cache: dict | None = None) -> np.ndarray:
     i = np.arange(m)
     cw = np.cumsum(np.cbrt(np.square(xs[np.minimum(i + k, m - 1)] - xs[np.maximum(i - k, 0)])))
     c = np.unique(xs[np.minimum(np.searchsorted(cw, (np.arange(z) + 0.5) / z * cw[-1]), m - 1)])
-    for _ in range(ITERATIONS):
+    for _ in range(iterations):
         cuts = np.searchsorted(xs, (c[:-1] + c[1:]) * 0.5, side="right")
         lo = np.concatenate(([0], cuts))
         hi = np.concatenate((cuts, [m]))
@@ -71,16 +74,28 @@ def wire_levels(c: np.ndarray, dtype) -> np.ndarray:
     return w
 
 
-def assign(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, float]:
+def assign(x: np.ndarray, c: np.ndarray, cache: dict | None = None) -> tuple[np.ndarray, float]:
     """(ids, squared error): element m gets the level nearest to it, ties to the lower one.  The
     boundaries t_k = (c_k + c_{k+1}) / 2 and the comparisons x > t_k are in float64 (exact for float32
-    data), so every backend that follows spec/FORMAT.md 4.3.1 makes the same choice."""
+    data), so every backend that follows spec/FORMAT.md 4.3.1 makes the same choice.  ``cache``
+    (a goal's trial encodes of one x): x is sorted once and each assignment cuts the sorted copy
+    (the same ids; the error summed in another order, so it may differ in the last bits)."""
     x = np.asarray(x).reshape(-1)
     c64 = np.asarray(c, np.float64)
     ids = np.zeros(x.size, id_dtype(c64.size))
     if c64.size == 1:
         return ids, float(np.sum(np.square(x.astype(np.float64) - c64[0])))
     t = (c64[:-1] + c64[1:]) * 0.5
+    if cache is not None and x.size <= SORTED_MAX:
+        if "sorted" not in cache:
+            order = np.argsort(x).astype(np.int32)
+            cache["sorted"] = (order, x[order].astype(np.float64))
+        order, xs = cache["sorted"]
+        # the elements <= t_k are the first cuts[k] of the sorted copy: their ids are <= k
+        counts = np.diff(np.searchsorted(xs, t, side="right"), prepend=0, append=x.size)
+        ids[order] = np.repeat(np.arange(c64.size, dtype=ids.dtype), counts)
+        d = xs - np.repeat(c64, counts)
+        return ids, float(np.dot(d, d))
     err = 0.0
     for s in range(0, x.size, CHUNK):
         xc = x[s : s + CHUNK].astype(np.float64)
@@ -89,3 +104,39 @@ def assign(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, float]:
         d = xc - c64[k]
         err += float(np.dot(d, d))
     return ids, err
+
+
+class SortedSample:
+    """A small sorted sample of x with prefix sums: the squared error of nearest rounding to any
+    levels, predicted in O(Z log m) without touching x (a goal's search uses it to skip the trial
+    encodes whose error it already knows to be far from the goal)."""
+
+    SIZE = 1 << 16  # elements at most (a strided sample)
+    ITERATIONS = 20  # Lloyd iterations for the predicted levels (from Panter-Dite's start: close)
+
+    def __init__(self, x: np.ndarray):
+        x = np.asarray(x).reshape(-1)
+        self.n = x.size
+        self.xs = np.sort(x[:: max(1, x.size // self.SIZE)].astype(np.float64))
+        self.s1 = np.concatenate(([0.0], np.cumsum(self.xs)))
+        self.s2 = np.concatenate(([0.0], np.cumsum(np.square(self.xs))))
+        self._cache: dict = {}
+        self._levels: dict[int, np.ndarray] = {}
+
+    def levels(self, z: int) -> np.ndarray:
+        """Lloyd-Max levels for ``z`` fitted on the sample (a few iterations: a prediction)."""
+        if z not in self._levels:
+            self._levels[z] = lloyd_max(self.xs, z, self._cache, self.ITERATIONS)
+        return self._levels[z]
+
+    def J(self, c: np.ndarray) -> float:
+        """The predicted sum (x - nearest level)^2 over all n elements of x (the sample's, scaled)."""
+        m = self.xs.size
+        if m == 0:
+            return 0.0
+        c = np.asarray(c, np.float64)
+        cuts = np.concatenate(([0], np.searchsorted(self.xs, (c[:-1] + c[1:]) * 0.5, side="right"), [m]))
+        lo, hi = cuts[:-1], cuts[1:]
+        # per cell: sum x^2 - 2 c sum x + count c^2
+        err = (self.s2[hi] - self.s2[lo]) - 2.0 * c * (self.s1[hi] - self.s1[lo]) + (hi - lo) * c * c
+        return max(float(err.sum()), 0.0) * self.n / m

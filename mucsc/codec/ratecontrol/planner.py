@@ -131,7 +131,9 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
         return best
 
     norm2s = [g.norm2 for g in groups]
+    sizes = [g.x.size for g in groups]
     cap = getattr(codec.params, "error_cap", None)
+    size_weighted = getattr(codec.params, "weighting", "total") == "size"
 
     def shaped(curves: list, total: int) -> list:
         """The options the split chooses from: within the error cap (or the smallest cap the budget
@@ -140,11 +142,19 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
             least = allocate.least_cap(curves, norm2s, cap, lambda chosen: cost(chosen) <= total)
             if least is not None:
                 curves = allocate.capped(curves, norm2s, least)
-        if getattr(codec.params, "weighting", "total") == "size":
-            curves = allocate.relative_curves(curves, [g.x.size for g in groups], norm2s)
+        if size_weighted:
+            curves = allocate.relative_curves(curves, sizes, norm2s)
         return curves
 
     best = split(total)
+    if size_weighted and len(groups) > 1:
+        # A checkpoint's split also keeps every tensor within BALANCE x the overall relative error
+        # where the budget allows: the size weighting alone leaves a tiny tensor (a token-type
+        # embedding: its codebook costs as much as its IDs) several times worse than the rest.
+        overall = allocate.relative_error(sum(o.J * q / n for o, q, n in zip(best, norm2s, sizes)), sum(norm2s))
+        if overall > 0 and (cap is None or allocate.BALANCE * overall < cap):
+            cap = allocate.BALANCE * overall
+            best = split(total)
     if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
         g = groups[0]
         fits = lambda o: cost([o]) <= total  # noqa: E731

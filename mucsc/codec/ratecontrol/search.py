@@ -15,7 +15,7 @@ import numpy as np
 
 from mucsc.codec.codecs.base import Section
 from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, Rounded, rounding_of
-from mucsc.codec.numerics import allocate, ecsq
+from mucsc.codec.numerics import allocate, ecsq, nearest
 from mucsc.codec.wire import container
 from mucsc.codec import meter
 
@@ -79,6 +79,7 @@ class ClusterSearch:
         self.lo, self.hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
         self.options: list[allocate.Option] = []
         self._stash: dict[tuple[int, str], allocate.Option] = {}  # (Z, ID coding) -> measured, not yet asked
+        self._sample: nearest.SortedSample | None = None  # an error goal's predictor (nearest rounding)
 
     def measure(self, choice_z: int | None = None, mu: float | None = None, coding: str = "packed",
                 fine: bool = False, steps: int | None = None) -> allocate.Option:
@@ -141,13 +142,16 @@ class ClusterSearch:
         if self.x.size == 0 or self.x.min() == self.x.max():
             self.measure(MIN_Z)
             return
+        # An error goal under nearest rounding: the sorted sample predicts each ladder point's error,
+        # so each ladder starts just below the predicted crossing instead of at the fewest bits.
+        self._sample = sample = (nearest.SortedSample(self.x) if goal == "error" and rounding_of(p) == "nearest"
+                                 else None)
         # J-optimal levels: packed IDs (a 1.0 message) and, unless restricted, rANS-coded IDs (at
         # high rates entropy-coded J-optimal levels are close to the ecsq ones and cheaper to find)
         for coding in {"auto": ("packed", "rans"), "packed": ("packed",), "rans": ("rans",)}[p.id_coding]:
-            for z in Z_LADDER:
-                o = self.measure(z, coding=coding)
-                if stop(o) or dict(o.key.params)["centroids"] < z or o.J == 0.0:
-                    break
+            _ladder(Z_LADDER, lambda z, coding=coding: self.measure(z, coding=coding), stop,
+                    lambda o, z: dict(o.key.params)["centroids"] < z or o.J == 0.0,
+                    sample and (lambda z: sample.J(sample.levels(z))))
         if p.id_coding != "packed":
             for mu in MU_GRID if rounding_of(p) == "stochastic" else ():  # ecsq levels are for eq. 7's J
                 o = self.measure(mu=mu, coding="rans")
@@ -155,10 +159,9 @@ class ClusterSearch:
                     break
             # uniform levels (a level at 0) with rANS-coded IDs: near-optimal at high rates
             # (Gish-Pierce), where the candidate sets of ecsq get too coarse for many levels
-            for steps in UNIFORM_STEPS:
-                o = self.measure(steps=steps, coding="rans")
-                if stop(o) or o.J == 0.0:
-                    break
+            _ladder(UNIFORM_STEPS, lambda steps: self.measure(steps=steps, coding="rans"), stop,
+                    lambda o, steps: o.J == 0.0,
+                    sample and (lambda steps: sample.J(uniform_levels(self.lo, self.hi, steps))))
 
     def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
                better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
@@ -205,9 +208,63 @@ class ClusterSearch:
             good, bad = (a, b) if ok(pair[0]) else (b, a)
             measure = ((lambda m: self.measure(m, coding="rans")) if knob == "z"
                        else (lambda m: self.measure(steps=m, coding="rans")))
-            best = _bisect(good, bad, 12, lambda g, b: None if abs(g - b) <= 1 else (g + b) // 2,
-                           measure, ok, better, best)
+            midpoint = lambda g, b: None if abs(g - b) <= 1 else (g + b) // 2  # noqa: E731
+            if self._sample is not None:  # probe the predicted crossing first, then bisect
+                s = self._sample
+                levels = s.levels if knob == "z" else (lambda m: uniform_levels(self.lo, self.hi, m))
+                predicted = _crossing(bad, good, lambda m: ok(allocate.Option(0, s.J(levels(m)), None)))
+                midpoint = _guided(midpoint, predicted[::-1])
+            best = _bisect(good, bad, 12, midpoint, measure, ok, better, best)
         return best
+
+
+def _ladder(settings: Sequence, measure: Callable[[Any], allocate.Option], stop: Callable[[allocate.Option], bool],
+            done: Callable[[allocate.Option, Any], bool], predict: Callable[[Any], float] | None) -> None:
+    """Measure ``settings`` (fewest bits first) until ``stop`` (or ``done``: nothing more to gain).
+    ``predict`` (a setting's J, known without a trial encode): start at the last setting predicted
+    not to stop, walking down instead while a measured one already stops, so the measured points
+    still hold the pair around the goal that an exhaustive ladder would give."""
+    start = 0
+    if predict is not None:  # the first setting predicted to stop (J falls along the ladder): bisected
+        start = _crossing(-1, len(settings) - 1, lambda i: stop(allocate.Option(0, predict(settings[i]), None)))[0]
+        start = max(0, start)
+    o = measure(settings[start])
+    if stop(o):
+        for s in reversed(settings[:start]):
+            if not stop(measure(s)):
+                break
+        return
+    i = start
+    while not done(o, settings[i]) and i + 1 < len(settings):
+        i += 1
+        o = measure(settings[i])
+        if stop(o):
+            break
+
+
+def _crossing(bad: int, good: int, ok: Callable[[int], bool]) -> tuple[int, int]:
+    """(last not ok, first ok) between integers ``bad`` (not ok) and ``good`` (ok), either order,
+    by bisection of ``ok`` (a prediction: monotone enough)."""
+    while abs(good - bad) > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return bad, good
+
+
+def _guided(midpoint: Callable, guesses: Sequence[int]) -> Callable:
+    """``midpoint`` of a bisection, except that it first tries ``guesses`` that fall strictly inside."""
+    queue = list(guesses)
+
+    def mid(good, bad):
+        while queue:
+            s = queue.pop(0)
+            if min(good, bad) < s < max(good, bad):
+                return s
+        return midpoint(good, bad)
+    return mid
 
 
 def _bisect(good, bad, steps: int, midpoint: Callable, measure: Callable[[Any], allocate.Option],
