@@ -17,6 +17,11 @@ def heavy(n, seed=0):
     return np.random.default_rng(seed).standard_t(3, n).astype(np.float32)
 
 
+def near_zero(n, seed):
+    r = np.random.default_rng(seed)
+    return np.where(r.random(n) < 0.8, r.normal(size=n) * 0.01, r.normal(size=n)).astype(np.float32)
+
+
 def group_params(blob):
     return fmt.read_message(blob).header.groups[0].params
 
@@ -132,11 +137,6 @@ def test_dithered_J_is_exact_for_the_share_it_subtracts():
     assert whole.J == pytest.approx(x.size * step**2 / 12, rel=1e-12) and whole.J >= st.J
 
 
-def near_zero(n, seed):
-    r = np.random.default_rng(seed)
-    return np.where(r.random(n) < 0.8, r.normal(size=n) * 0.01, r.normal(size=n)).astype(np.float32)
-
-
 def test_dithered_subtracts_less_of_the_dither_on_a_near_zero_heavy_input():
     # the 80% near-zero elements sit next to the grid point 0: stochastic rounding's variance
     # step^2 f (1 - f) is far below step^2 / 12 for them, so part of the dither is kept
@@ -195,12 +195,16 @@ def test_dithered_error_is_uniform_and_independent_of_x():
         assert np.var(row) == pytest.approx(step**2 / 12, rel=0.05) and abs(row.mean()) < 0.003
 
 
-def test_dithered_goals():
-    x = heavy(20_000, 23)
+@pytest.mark.parametrize("data", [heavy, near_zero])
+def test_dithered_goals(data):
+    x = data(20_000, 23)
     blob, st = dithered(x, max_error=0.05)
     assert np.sqrt(st.J) <= 0.05 * np.linalg.norm(x) and np.sqrt(st.J) > 0.045 * np.linalg.norm(x)
     blob, st = dithered(x, size=6000)
     assert len(blob) <= 6000 and len(blob) > 5900
+    for b in (0.5, 1.5):
+        blob, st = dithered(x, bits=b)
+        assert 0.97 * b * x.size <= 8 * len(blob) <= b * x.size
     tensors = {"a": gauss(8000, 24), "b": heavy(3000, 25) * 10, "c": gauss(500, 26) * 0.01}
     blob, st = mucsc.encode_with_stats(tensors, "mucsc", rounding="dithered", bits=2, shared=False)
     assert 8 * len(blob) <= 2 * 11_500
