@@ -2,6 +2,7 @@
 """Rate-distortion frontier: J / ||x||^2 against message bits per element, every codec.
 
     python benchmarks/bench_frontier.py [--d 200000] [--fl-rounds 20 | --updates DIR] [--out docs] [--quick]
+                                        [--inputs NAME,...]
 
 Inputs: Gaussian, Laplace, Student-t(3) and an 80%-near-zero mixture (d elements, float32), and real
 FL updates saved by ``mucsc sim --save-updates``: the first participant's update U_i (all LeNet
@@ -192,10 +193,14 @@ def main() -> int:
     ap.add_argument("--data-dir", default="/work/shared/data/femnist-sample")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--quick", action="store_true", help="10 QSGD levels s instead of all 127")
+    ap.add_argument("--inputs", help="only the inputs whose names contain one of these (comma-separated), "
+                    "e.g. near_zero,femnist: the whole run takes hours on a shared 2-core machine")
     a = ap.parse_args()
     inputs = {k: v.astype(np.float32) for k, v in synthetic(a.d).items()}
     if a.updates or a.fl_rounds:
         inputs.update(fl_updates(a.fl_rounds, a.data_dir, a.updates))
+    if a.inputs:
+        inputs = {k: v for k, v in inputs.items() if any(w in k for w in a.inputs.split(","))}
     results, checks, rd_scale = {}, {}, {}
     for name, x in inputs.items():
         t = time.perf_counter()

@@ -17,6 +17,11 @@ def _heavy(n, seed):
     return np.random.default_rng(seed).standard_t(3, n).astype(np.float32)
 
 
+def _near_zero(n, seed):
+    r = np.random.default_rng(seed)
+    return np.where(r.random(n) < 0.8, r.normal(size=n) * 0.01, r.normal(size=n)).astype(np.float32)
+
+
 CASES = {
     "mucsc_nearest_z8": ("rounding=nearest, Z = 8: Lloyd-Max levels, each element to its nearest level "
                          "(ties down), packed IDs: a 1.0 message with an informative rounding key",
@@ -29,6 +34,12 @@ CASES = {
     "mucsc_dithered_bits1": ("format 1.2: rounding=dithered, bits=1 on 40000 elements: four dither contexts, "
                              "one IDSA payload each", gauss(40000, 54),
                              dict(codec="mucsc", bits=1.0, rounding="dithered")),
+    "mucsc_dithered_near_zero": ("format 1.2: rounding=dithered, bits=1 on an 80%-near-zero mixture: part of "
+                                 "the dither subtracted (share < 1 in GRID)", _near_zero(4000, 58),
+                                 dict(codec="mucsc", bits=1.0, rounding="dithered")),
+    "mucsc_dithered_share0": ("format 1.2: rounding=dithered with grid=(0.25, 0, 0): share 0, stochastic "
+                              "rounding to the grid", gauss(300, 59),
+                              dict(codec="mucsc", grid=(0.25, 0.0, 0.0), rounding="dithered")),
     "mucsc_dithered_escape": ("format 1.2: rounding=dithered, bits=3 on Student-t(3) data with a few huge "
                               "values: the tails escaped (QESC)",
                               np.append(_heavy(3000, 55), [900.0, -2500.0, 40000.0]).astype(np.float32),
@@ -42,9 +53,9 @@ CASES = {
 
 
 def _grid(blob, **changes):
-    step, offset, q_lo, key = struct.unpack("<ddqQ", _payload(blob, "GRID"))
-    vals = {"step": step, "offset": offset, "q_lo": q_lo, "key": key, **changes}
-    return struct.pack("<ddqQ", vals["step"], vals["offset"], vals["q_lo"], vals["key"])
+    step, offset, share, q_lo, key = struct.unpack("<dddqQ", _payload(blob, "GRID"))
+    vals = {"step": step, "offset": offset, "share": share, "q_lo": q_lo, "key": key, **changes}
+    return struct.pack("<dddqQ", vals["step"], vals["offset"], vals["share"], vals["q_lo"], vals["key"])
 
 
 def invalid_cases():
@@ -61,8 +72,12 @@ def invalid_cases():
                                "GRID: step 0"),
         "dithered_offset_nan": (_rebuild(dith, sections={"GRID": _grid(dith, offset=float("nan"))}),
                                 "FormatError", "GRID: offset NaN"),
-        "dithered_grid_short": (_rebuild(dith, sections={"GRID": _payload(dith, "GRID")[:24]}), "FormatError",
-                                "GRID: 24 of 32 bytes"),
+        "dithered_grid_short": (_rebuild(dith, sections={"GRID": _payload(dith, "GRID")[:32]}), "FormatError",
+                                "GRID: 32 of 40 bytes"),
+        "dithered_share_above_one": (_rebuild(dith, sections={"GRID": _grid(dith, share=1.5)}), "FormatError",
+                                     "GRID: share 1.5 (at most 1)"),
+        "dithered_share_nan": (_rebuild(dith, sections={"GRID": _grid(dith, share=float("nan"))}),
+                               "FormatError", "GRID: share NaN"),
         "dithered_contexts_zero": (_rebuild(dith, sections={"QIDX": b"\0" + qidx[1:]}), "FormatError",
                                    "QIDX: 0 contexts"),
         "dithered_qidx_trailing": (_rebuild(dith, sections={"QIDX": qidx + b"\0"}), "FormatError",

@@ -17,6 +17,11 @@ def heavy(n, seed=0):
     return np.random.default_rng(seed).standard_t(3, n).astype(np.float32)
 
 
+def near_zero(n, seed):
+    r = np.random.default_rng(seed)
+    return np.where(r.random(n) < 0.8, r.normal(size=n) * 0.01, r.normal(size=n)).astype(np.float32)
+
+
 def group_params(blob):
     return fmt.read_message(blob).header.groups[0].params
 
@@ -110,14 +115,59 @@ def test_dithered_measured_error_matches_J_over_seeds(data):
     assert np.mean(errs) == pytest.approx(np.mean(Js), rel=0.05)
 
 
-def test_dithered_J_is_step_squared_over_12_per_element():
+def grid_of(blob):
+    """(step, offset, share) of the first group's GRID section."""
+    m = fmt.read_message(blob)
+    return tuple(np.frombuffer(bytes(m.payload(next(s for s in m.sections if s.tag == "GRID")))[:24], "<f8"))
+
+
+def test_dithered_J_is_exact_for_the_share_it_subtracts():
+    # element i's variance is step^2 (f_i (1 - f_i) (1 - share) + share^2 / 12); the share minimises the sum
     x = gauss(1000, 21)
     blob, st = dithered(x, z=16)
+    step, offset, share = grid_of(blob)
+    assert step == pytest.approx((x.max() - x.min()) / 15) and offset == 0
+    a = x.astype(np.float64) / step
+    S = float(np.sum((a - np.floor(a)) * (1 - a + np.floor(a))))
+    assert share == pytest.approx(min(1.0, 6 * S / x.size), rel=1e-12)
+    assert st.J == pytest.approx(step**2 * (S * (1 - share) + x.size * share**2 / 12), rel=1e-12)
     m = fmt.read_message(blob)
-    step = np.frombuffer(bytes(m.payload(next(s for s in m.sections if s.tag == "GRID")))[:8], "<f8")[0]
-    assert step == pytest.approx((x.max() - x.min()) / 15)
-    assert st.J == pytest.approx(x.size * step**2 / 12, rel=1e-12)
     assert m.minor == 2 and group_params(blob) == {"escape": False, "rounding": "dithered", "symbols": 16}
+    whole = dithered(x, grid=(step, 0.0, 1.0))[1]  # the whole dither subtracted: n step^2 / 12
+    assert whole.J == pytest.approx(x.size * step**2 / 12, rel=1e-12) and whole.J >= st.J
+
+
+def test_dithered_subtracts_less_of_the_dither_on_a_near_zero_heavy_input():
+    # the 80% near-zero elements sit next to the grid point 0: stochastic rounding's variance
+    # step^2 f (1 - f) is far below step^2 / 12 for them, so part of the dither is kept
+    x = near_zero(20_000, 30)
+    blob, st = dithered(x, bits=1)
+    step, offset, share = grid_of(blob)
+    assert 0.1 < share < 0.5
+    whole_blob, whole = dithered(x, grid=(step, offset, 1.0))
+    assert st.J < 0.6 * whole.J
+    part = fmt.read_message(blob)
+    assert [bytes(part.payload(s)) for s in part.sections if s.tag != "GRID"] == \
+        [bytes(fmt.read_message(whole_blob).payload(s)) for s in fmt.read_message(whole_blob).sections
+         if s.tag != "GRID"]  # the indices do not depend on the share
+    errs = [float(np.sum((mucsc.decode(dithered(x, bits=1, seed=s)[0]).astype(np.float64) - x) ** 2))
+            for s in range(10)]
+    assert np.mean(errs) == pytest.approx(st.J, rel=0.05)
+
+
+def test_dithered_share_zero_is_stochastic_rounding_to_the_grid():
+    x = np.repeat(np.array([0.05, 0.5], np.float32), 20_000)
+    blob, st = dithered(x, grid=(1.0, 0.0, 0.0))
+    y = mucsc.decode(blob).reshape(2, -1)
+    assert set(np.unique(y)) <= {0.0, 1.0}
+    assert np.mean(y[0]) == pytest.approx(0.05, abs=0.005) and np.mean(y[1]) == pytest.approx(0.5, abs=0.02)
+    assert st.J == pytest.approx(20_000 * (0.05 * 0.95 + 0.25), rel=1e-6)
+
+
+@pytest.mark.parametrize("grid", [(1.0, 0.0, 1.5), (1.0, 0.0, -0.1), (1.0, 0.0, float("nan")), (1.0,), (1, 2, 3, 4)])
+def test_dithered_grid_is_validated(grid):
+    with pytest.raises(ParameterError, match="grid"):
+        mucsc.encode(gauss(10), "mucsc", rounding="dithered", grid=grid)
 
 
 @pytest.mark.parametrize("data", [gauss, heavy])
@@ -137,7 +187,7 @@ def test_dithered_is_unbiased(data):
 
 def test_dithered_error_is_uniform_and_independent_of_x():
     x = np.repeat(np.array([0.0, 0.3, 0.5], np.float32), 20_000)
-    blob, st = dithered(x, z=3)
+    blob, st = dithered(x, grid=(0.25, 0.0, 1.0))  # the whole dither subtracted
     e = (mucsc.decode(blob).astype(np.float64) - x).reshape(3, -1)
     step = 0.25
     for row in e:  # each value's error: uniform on (-step/2, step/2], variance step^2 / 12
@@ -145,12 +195,16 @@ def test_dithered_error_is_uniform_and_independent_of_x():
         assert np.var(row) == pytest.approx(step**2 / 12, rel=0.05) and abs(row.mean()) < 0.003
 
 
-def test_dithered_goals():
-    x = heavy(20_000, 23)
+@pytest.mark.parametrize("data", [heavy, near_zero])
+def test_dithered_goals(data):
+    x = data(20_000, 23)
     blob, st = dithered(x, max_error=0.05)
     assert np.sqrt(st.J) <= 0.05 * np.linalg.norm(x) and np.sqrt(st.J) > 0.045 * np.linalg.norm(x)
     blob, st = dithered(x, size=6000)
     assert len(blob) <= 6000 and len(blob) > 5900
+    for b in (0.5, 1.5):
+        blob, st = dithered(x, bits=b)
+        assert 0.97 * b * x.size <= 8 * len(blob) <= b * x.size
     tensors = {"a": gauss(8000, 24), "b": heavy(3000, 25) * 10, "c": gauss(500, 26) * 0.01}
     blob, st = mucsc.encode_with_stats(tensors, "mucsc", rounding="dithered", bits=2, shared=False)
     assert 8 * len(blob) <= 2 * 11_500

@@ -1,6 +1,7 @@
 """The dithered layout of ``mucsc`` (``rounding="dithered"``, spec/FORMAT.md 4.5, format 1.2): a
 uniform grid with subtractive dither (:mod:`mucsc.codec.numerics.dither`), the indices rANS-coded per
-context, the tails escaped.  Sections ``GRID`` (step, offset, lowest index, dither key), ``QIDX``
+context, the tails escaped.  Sections ``GRID`` (step, offset, share of the dither subtracted, lowest
+index, dither key), ``QIDX``
 (the coded indices) and ``QESC`` (escaped indices).  :class:`DitherTrials` is the measuring protocol
 rate control drives for a goal (the search over the step: :mod:`mucsc.codec.ratecontrol.dither_search`).
 Private to the ``mucsc`` codec: not a codec itself.
@@ -22,7 +23,7 @@ from mucsc.codec.wire import rans
 from mucsc.errors import FormatError, ParameterError
 
 FORMAT_MINOR = 2
-GRID = struct.Struct("<ddqQ")  # step, offset, q_lo, dither key
+GRID = struct.Struct("<dddqQ")  # step, offset, share, q_lo, dither key
 CONTEXTS = struct.Struct("<B")
 LENGTH = struct.Struct("<I")
 TINY = 2.0**-60  # a constant vector's step, relative to its value: every index 0, the error negligible
@@ -30,10 +31,12 @@ TINY = 2.0**-60  # a constant vector's step, relative to its value: every index 
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-    """One dithered encoding's grid: the step and the offset (rate control's choice)."""
+    """One dithered encoding's grid: the step and the offset (rate control's choice) and the share of
+    the dither the receiver subtracts (None: the share minimising J, :func:`dither.best_share`)."""
 
     step: float
     offset: float
+    share: float | None = None
     params: tuple = ()  # the header params it produced (an allocate.Option key carries them)
 
     def settings(self) -> dict[str, Any]:
@@ -42,8 +45,9 @@ class Grid:
 
 
 def check_grid(p: Any) -> None:
-    """Validate (and normalise to a tuple of floats) the explicit ``grid`` (step, offset) of mucsc's
-    parameters: dithered rounding only, finite, a positive step, and not together with a goal."""
+    """Validate (and normalise to a tuple of floats) the explicit ``grid`` (step, offset[, share]) of
+    mucsc's parameters: dithered rounding only, finite, a positive step, a share in [0, 1] (without
+    it: the share minimising J), and not together with a goal."""
     if p.grid is None:
         return
     if p.rounding != "dithered":
@@ -51,12 +55,17 @@ def check_grid(p: Any) -> None:
     if p.target != "z":
         raise ParameterError(f"grid fixes the encoding: it excludes {p.target}=")
     try:
-        step, offset = (float(v) for v in p.grid)
+        vals = tuple(float(v) for v in p.grid)
     except (TypeError, ValueError):
-        raise ParameterError(f"grid must be (step, offset), two numbers, got {p.grid!r}") from None
+        vals = ()
+    if len(vals) not in (2, 3):
+        raise ParameterError(f"grid must be (step, offset) or (step, offset, share), numbers, got {p.grid!r}")
+    step, offset = vals[:2]
     if not (math.isfinite(step) and step > 0 and math.isfinite(offset)):
         raise ParameterError(f"grid: step {step!r} must be finite and positive, offset {offset!r} finite")
-    object.__setattr__(p, "grid", (step, offset))
+    if len(vals) == 3 and not 0.0 <= vals[2] <= 1.0:
+        raise ParameterError(f"grid: share {vals[2]!r} (of the dither subtracted) must be in [0, 1]")
+    object.__setattr__(p, "grid", vals)
 
 
 def fixed_grid(x: np.ndarray, z: int) -> Grid:
@@ -93,7 +102,9 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
     q = dither.quantize(x, grid.step, grid.offset, v)
     alpha, c, est = dither.choose_alphabet(q, t)
     params = {"escape": alpha.escape, "rounding": "dithered", "symbols": alpha.symbols}
-    head = Section("GRID", GRID.pack(grid.step, grid.offset, alpha.q_lo, key))
+    straddled = dither.straddle(x, grid.step, grid.offset) if grid.share != 1.0 else 0.0
+    share = dither.best_share(n, straddled) if grid.share is None else grid.share
+    head = Section("GRID", GRID.pack(grid.step, grid.offset, share, alpha.q_lo, key))
     if estimate:
         sections = (head, Section("QIDX", bytes(int(est))))
     else:
@@ -106,7 +117,7 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
         sections = (head, Section("QIDX", b"".join(parts)))
         if alpha.escape:
             sections += (Section("QESC", dither.zigzag_varints(esc - alpha.q_lo)),)
-    J = dither.variance(n, grid.step)
+    J = dither.variance(n, grid.step, share, straddled)
     return params, sections, lambda: J
 
 
@@ -116,9 +127,11 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     escape = params.get("escape")
     if not isinstance(escape, bool) or (escape and k < 2):
         raise FormatError(f"header parameter 'escape' must be true or false (true needs 2 symbols), got {escape!r}")
-    step, offset, q_lo, key = GRID.unpack(bytes(section(sections, "GRID", GRID.size)))
+    step, offset, share, q_lo, key = GRID.unpack(bytes(section(sections, "GRID", GRID.size)))
     if not (math.isfinite(step) and step > 0 and math.isfinite(offset)):
         raise FormatError(f"GRID: step {step!r} must be finite and positive, offset {offset!r} finite")
+    if not 0.0 <= share <= 1.0:
+        raise FormatError(f"GRID: share {share!r} must be in [0, 1]")
     if abs(q_lo) > dither.MAX_INDEX or q_lo + k - 1 > dither.MAX_INDEX:
         raise FormatError(f"GRID: lowest index {q_lo} out of range")
     t = dither.stream(key, n)
@@ -134,7 +147,7 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
                          or np.any((q[out] >= q_lo) & (q[out] < q_lo + k - 1))):
             raise FormatError("QESC: an escaped index is out of range or inside the alphabet")
     with np.errstate(over="ignore", invalid="ignore"):
-        y = dither.dequantize(q, step, offset, dither.uniforms(t), dtype)
+        y = dither.dequantize(q, step, offset, dither.uniforms(t), dtype, share)
     if n and not np.all(np.isfinite(y)):
         raise FormatError(f"the grid (step {step:g}, offset {offset:g}) decodes beyond the range of {dtype}")
     return y
