@@ -35,11 +35,16 @@ REFINE_PRECISION = 2e-4  # bisect log(step) around a goal until the steps differ
 SAMPLED_J_MARGIN = 3e-3
 
 
+# Smaller groups keep the trial-encoding search (:class:`ClusterSearch`): there the levels' own bytes
+# weigh, and J-optimal levels with packed IDs (not in this search's families) often win.
+MIN_ELEMENTS = 1 << 15
+
+
 def applies(trials: Any) -> bool:
     """True when ``trials`` is a clustering this search measures: stochastic rounding with rANS-coded
-    IDs allowed (id_coding "auto" or "rans")."""
+    IDs allowed (id_coding "auto" or "rans"), at least ``MIN_ELEMENTS`` elements."""
     return (isinstance(trials, ClusterTrials) and getattr(trials.p, "rounding", "stochastic") == "stochastic"
-            and trials.p.id_coding in ("auto", "rans"))
+            and trials.p.id_coding in ("auto", "rans") and trials.x.size >= MIN_ELEMENTS)
 
 
 class SummarySearch(ClusterSearch):
