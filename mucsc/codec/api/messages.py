@@ -388,10 +388,12 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
     ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
                       lambda i: _group_rng(seed, mine[i]), head_bytes)
-    chosen = ratecontrol.plan(codec, xs, ctx)
+    done: dict[int, EncodedGroup] = {}  # groups the planner already encoded as chosen
+    chosen = ratecontrol.plan(codec, xs, ctx, done)
     del xs
     if chosen is None:
         return plan, ready
+    ready.update({mine[i]: enc for i, enc in done.items()})
     if len(chosen) != len(mine):
         raise RuntimeError(f"codec {codec.name!r} planned {len(chosen)} groups, expected {len(mine)}")
     plan = list(plan)

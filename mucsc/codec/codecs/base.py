@@ -234,12 +234,14 @@ class Codec(ABC):
 # Rate control's planner of a lone group (mucsc.codec.ratecontrol installs it when imported, and
 # ``import mucsc`` imports it): what a goal codec's encode_array, called directly rather than through
 # the API, uses to resolve its goal for that one group.
-_lone_planner: list[Callable[..., tuple[Codec, Any, np.random.Generator]]] = []
+_lone_planner: list[Callable[..., tuple[Codec, Any, np.random.Generator, EncodedGroup | None]]] = []
 
 
-def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, Any, np.random.Generator]:
+def plan_alone(codec: Codec, x: Any, rng: np.random.Generator
+               ) -> tuple[Codec, Any, np.random.Generator, EncodedGroup | None]:
     """A goal codec's ``encode_array`` called directly: ``x`` planned as a message of its own ->
-    (the resolved codec, x on the host, a generator in ``rng``'s state)."""
+    (the resolved codec, x on the host, a generator in ``rng``'s state, and the resolved codec's
+    encoding of x when planning already made it: then it is the encoding)."""
     if not _lone_planner:
         raise ParameterError(f"codec {codec.name!r} with a goal needs mucsc's rate control: import mucsc")
     return _lone_planner[0](codec, x, rng)

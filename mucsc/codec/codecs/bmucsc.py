@@ -186,8 +186,8 @@ class BMUCSC(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
         if self.params.target != "z":  # called directly (not through the API): budget = this group
-            codec, host, rng = plan_alone(self, x, rng)
-            return codec.encode_array(host, rng)
+            codec, host, rng, done = plan_alone(self, x, rng)
+            return done if done is not None else codec.encode_array(host, rng)
         if torch_backend.is_torch(x):
             return self._encode_torch(x, rng)
         k, pos, kept, rest_sum = select(x, self.params.keep_fraction)

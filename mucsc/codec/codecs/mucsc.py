@@ -191,7 +191,9 @@ class Mucsc(Codec):
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         codec = self
         if self.params.target != "z":  # called directly (not through the API): budget = this group
-            codec, x, rng = plan_alone(self, x, rng)
+            codec, x, rng, done = plan_alone(self, x, rng)
+            if done is not None:
+                return done
         if self.params.rounding == "dithered":  # on the host on every backend (rANS-coded indices)
             x = x.cpu().numpy() if torch_backend.is_torch(x) else x
             grid = codec.params.grid

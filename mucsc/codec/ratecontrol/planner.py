@@ -25,6 +25,7 @@ from mucsc.codec.codecs._dithered import DitherTrials
 from mucsc.codec.codecs.bmucsc import KeptTrials
 from mucsc.codec.codecs.clusters import ClusterTrials
 from mucsc.codec.numerics import allocate
+from mucsc.codec.ratecontrol import summary_search
 from mucsc.codec.ratecontrol.dither_search import DitherSearch
 from mucsc.codec.ratecontrol.goal import GOALS, Goal
 from mucsc.codec.ratecontrol.search import ClusterSearch
@@ -45,6 +46,8 @@ class PlanContext:
 
 
 
+CHECKS = 4  # exact checks of an estimated choice against an error bound (one is the rule)
+
 # The searches by measuring protocol: what a codec's ``trials`` returns decides how it is searched.
 SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch,
                                                 DitherTrials: DitherSearch}
@@ -55,16 +58,30 @@ def needs_plan(codec: Codec) -> bool:
     return Goal.of(codec) is not None
 
 
-def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext) -> list[Codec] | None:
-    """One fixed codec per group ``xs`` of ``codec`` (None when it sets no goal)."""
+def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext,
+         encoded: dict[int, base.EncodedGroup] | None = None) -> list[Codec] | None:
+    """One fixed codec per group ``xs`` of ``codec`` (None when it sets no goal).  ``encoded``: filled
+    with the groups whose chosen encoding the search already made (group i's codec's
+    ``encode_array(xs[i], ctx.rngs(i))``, the same bytes), so the caller need not encode them again."""
     goal = Goal.of(codec)
     if goal is None:
         return None
     groups = []
     for i, x in enumerate(xs):
         trials = codec.trials(x)
-        groups.append(SEARCHES[type(trials)](trials, (lambda i=i: ctx.rngs(i)), ctx.zstd_level))
-    return plan_goal(codec, goal, groups, ctx)
+        rng = lambda i=i: ctx.rngs(i)  # noqa: E731
+        if summary_search.applies(trials):
+            encode = lambda key, x=x, i=i: resolve(codec, key).encode_array(x, ctx.rngs(i))  # noqa: E731
+            groups.append(summary_search.SummarySearch(trials, rng, ctx.zstd_level, encode))
+        else:
+            groups.append(SEARCHES[type(trials)](trials, rng, ctx.zstd_level))
+    chosen = plan_goal(codec, goal, groups, ctx)
+    if encoded is not None:
+        for i, (g, o) in enumerate(zip(groups, chosen)):
+            done = getattr(g, "encoded", {}).get(o.key)  # a summary search's exact check (one encode)
+            if done is not None:
+                encoded[i] = done
+    return [resolve(codec, o.key) for o in chosen]
 
 
 def resolve(codec: Codec, choice: Any) -> Codec:
@@ -72,14 +89,16 @@ def resolve(codec: Codec, choice: Any) -> Codec:
     return codec.replace(**{g: None for g in GOALS}, **choice.settings())
 
 
-def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext) -> list[Codec]:
-    """The goal search shared by ``mucsc`` and ``bmucsc``: one fixed codec per group
-    (:func:`resolve` of the option chosen) for ``goal``.
+def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext) -> list[allocate.Option]:
+    """The goal search shared by ``mucsc`` and ``bmucsc``: one option per group (:func:`resolve`
+    of its key is the fixed codec) for ``goal``.
 
     ``groups`` measure their options (:class:`ClusterSearch` for mucsc; bmucsc's adds positions and
     the rest's mean): ``options``, ``norm2``, ``sweep(stop, goal)``, ``refine``, ``refine_z``,
     ``exact``, ``unreachable(max_error)`` (the error message) and ``floor_note(option)`` (what the
-    smallest message is made of, appended to the "below the smallest" error)."""
+    smallest message is made of, appended to the "below the smallest" error).  A search whose
+    options are estimates (``estimates``: :class:`SummarySearch`) returns exact J from ``exact`` and
+    ``closer(option, J_goal)`` after an exact miss of an error bound."""
     if goal.kind == "max_error":
         out = []
         for g in groups:
@@ -90,16 +109,22 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
                 raise ParameterError(g.unreachable(goal.value))
             cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
             best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
-            out.append(resolve(codec, best.key))
+            if getattr(g, "estimates", False):
+                best = _confirmed(g, best, meets, goal.value ** 2 * g.norm2)
+            out.append(best)
         return out
     total = goal.budget(ctx.elements)
     what = str(goal)
     for g in groups:
         g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes, "budget")
 
+    heads: dict[tuple, int] = {}  # HEAD bytes by the groups' params (a JSON dump and zstd each)
+
     def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
-        return (ctx.fixed_bytes + ctx.head_bytes([dict(o.key.params) for o in chosen])
-                + sum(o.bytes for o in chosen))
+        params = tuple(o.key.params for o in chosen)
+        if params not in heads:
+            heads[params] = ctx.head_bytes([dict(p) for p in params])
+        return ctx.fixed_bytes + heads[params] + sum(o.bytes for o in chosen)
 
     def too_small(chosen: list[allocate.Option], size: int) -> ParameterError:
         note = "".join(g.floor_note(o) for g, o in zip(groups, chosen))
@@ -168,25 +193,41 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
         exact = [g.exact(o) for g, o in zip(groups, best)]
         size = cost(exact)
         if size <= total:
-            return [resolve(codec, o.key) for o in best]
+            return best
         goal -= size - total
+        if len(groups) == 1 and getattr(groups[0], "estimates", False):  # its options are cheap: squeeze again
+            groups[0].refine(best[0], lambda o: cost([o]) <= goal, lambda a, b: a.J < b.J)
         best = split(goal)
     exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
     if cost(exact) > total:
         raise too_small(exact, cost(exact))
-    return [resolve(codec, o.key) for o in exact]
+    return exact
 
 
-def plan_alone(codec: Codec, x: Any, rng: np.random.Generator) -> tuple[Codec, np.ndarray, np.random.Generator]:
+def _confirmed(g: Any, best: allocate.Option, meets: Callable[[allocate.Option], bool],
+               J_goal: float) -> allocate.Option:
+    """``best`` of a search that estimates J, or the option one step closer when its exact J (it
+    encoded) misses the bound."""
+    for _ in range(CHECKS):
+        if meets(g.exact(best)):
+            return best
+        best = g.closer(g.exact(best), J_goal)
+    raise RuntimeError(f"the error bound was missed after {CHECKS} exact checks")  # J ~ step^2: cannot happen
+
+
+def plan_alone(codec: Codec, x: Any, rng: np.random.Generator
+               ) -> tuple[Codec, np.ndarray, np.random.Generator, base.EncodedGroup | None]:
     """A goal codec's ``encode_array`` called directly (not through the API, which plans a whole
     message): plan ``x`` as a message of its own -> (the planned codec, x on the host, where
-    planning runs, and a generator in ``rng``'s state, so the encode draws what the plan drew)."""
+    planning runs, a generator in ``rng``'s state, so the encode draws what the plan drew, and that
+    encoding when the plan already made it)."""
     level = None if codec.params.id_packing == "tight" else container.DEFAULT_ZSTD_LEVEL
     state = rng.bit_generator.state
     fresh = lambda: _restored(rng, state)  # noqa: E731
     host = x.cpu().numpy() if torch_backend.is_torch(x) else x
-    (planned,) = plan(codec, [host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0))
-    return planned, host, fresh()
+    done: dict[int, base.EncodedGroup] = {}
+    (planned,) = plan(codec, [host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0), done)
+    return planned, host, fresh(), done.get(0)
 
 
 def _restored(rng: np.random.Generator, state: dict) -> np.random.Generator:

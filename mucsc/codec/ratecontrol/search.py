@@ -54,6 +54,7 @@ class Choice:
     mu: float | None
     params: tuple
     steps: int | None = None  # uniform levels: this many steps of the data's span, a level at 0
+    grid_step: float | None = None  # uniform levels k * grid_step (summary_search's grids; informative)
 
     @property
     def levels_by(self) -> str:

@@ -26,7 +26,8 @@ import numpy as np
 from mucsc.codec import kernels
 from mucsc.errors import FormatError
 
-__all__ = ["encode", "decode", "normalize", "lanes_for", "coded_size_bits", "estimated_size"]
+__all__ = ["encode", "decode", "normalize", "lanes_for", "coded_size_bits", "estimated_size",
+           "expected_size"]
 
 RANS_L = 1 << 23  # lower bound of the normalised state
 MAX_SCALE_BITS = 22
@@ -98,6 +99,23 @@ def estimated_size(ids: np.ndarray, k: int) -> int:
     used = counts > 0
     bits = float(np.dot(counts[used], S - np.log2(f[used])))
     return 2 + len(_varints(f)) + 8 * W + int(np.ceil(bits / 8)) + W
+
+
+def expected_size(counts: np.ndarray, n: int) -> int:
+    """:func:`estimated_size` of ``n`` IDs from their *expected* counts (floats, summing to about
+    ``n``), vectorised: the table from the proportional frequencies before :func:`normalize`'s last
+    adjustment (within a few bytes of it).  Rate control's model of an rANS-coded level set."""
+    c = np.asarray(counts, np.float64)
+    c = c[c > 0]
+    S = scale_bits_for(c.size)
+    W = lanes_for(n)
+    total = float(c.sum())
+    if total <= 0:
+        return 2 + 1 + 9 * W
+    f = np.maximum(1.0, np.rint(c * ((1 << S) / total)))
+    bits = float(np.dot(c, S - np.log2(f)))
+    table = int(np.sum(1 + (f >= 1 << 7) + (f >= 1 << 14) + (f >= 1 << 21)))  # LEB128 bytes of each f
+    return 2 + table + (counts.size - c.size) + 8 * W + int(np.ceil(bits / 8)) + W
 
 
 def _varints(values: np.ndarray) -> bytes:

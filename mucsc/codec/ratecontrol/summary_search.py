@@ -1,0 +1,171 @@
+"""The goals' search for ``mucsc`` with stochastic rounding and rANS-coded IDs, without trial encodes:
+every option is measured on the vector's sorted summary (:class:`~mucsc.codec.numerics.summary.Summary`):
+J exactly from the levels (eq. 8-9, by prefix sums), the IDs' size from their expected counts (the
+order-0 code length the rANS coder reaches, :func:`~mucsc.codec.wire.rans.expected_size`) and the
+framing of the CENT and IDSA sections as the container stores them.  The chosen option is then
+encoded once (:meth:`SummarySearch.exact`, the encoding the message keeps); the planner corrects by
+one step when the exact size or J misses the goal.
+
+The options: uniform grids k * step (a level at 0, the ends bracketing the data) for any step --
+near-optimal with entropy-coded IDs (Gish-Pierce), and continuous in the step, so a goal is met
+closely -- and, for data with few distinct values, those values themselves (J = 0)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mucsc.codec.codecs.base import EncodedGroup
+from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials
+from mucsc.codec.numerics import allocate, quantize
+from mucsc.codec.numerics.summary import Summary
+from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, group_bytes
+from mucsc.codec.wire import container, rans
+
+LADDER_PER_OCTAVE = 4  # steps tried per halving of the step (about 1/4 bit per element apart)
+SPARSE, SPARSE_SHARE = 16.0, 16  # a grid is thinned when over 1/16 of its levels expect < 16 elements
+COARSEST = 10  # a budget's grids go up to 2^10 times the data's span (~1e-3 bits per element)
+REFINE_PRECISION = 2e-4  # bisect log(step) around a goal until the steps differ by this (~3e-4 bits)
+# An estimated J (subsampled summary) is taken this much larger: ~2 standard errors of the sample
+# mean at 2^17 samples, so that the exact J of an error goal's choice rarely misses the bound.
+SAMPLED_J_MARGIN = 3e-3
+
+
+# Smaller groups keep the trial-encoding search (:class:`ClusterSearch`): there the levels' own bytes
+# weigh, and J-optimal levels with packed IDs (not in this search's families) often win.
+MIN_ELEMENTS = 1 << 15
+
+
+def applies(trials: Any) -> bool:
+    """True when ``trials`` is a clustering this search measures: stochastic rounding with rANS-coded
+    IDs allowed (id_coding "auto" or "rans"), at least ``MIN_ELEMENTS`` elements."""
+    return (isinstance(trials, ClusterTrials) and getattr(trials.p, "rounding", "stochastic") == "stochastic"
+            and trials.p.id_coding in ("auto", "rans") and trials.x.size >= MIN_ELEMENTS)
+
+
+class SummarySearch(ClusterSearch):
+    """One group's options under a goal, measured on its sorted summary (the planner's search
+    interface; ``estimates``: an option's bytes and J are estimates until :meth:`exact`).  Empty and
+    constant groups are measured by :class:`ClusterSearch`'s trial encodings (one option)."""
+
+    estimates = True
+
+    def __init__(self, trials: ClusterTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None,
+                 encode: Callable[[Choice], EncodedGroup]):
+        super().__init__(trials, rng, zstd_level)
+        self.encode = encode  # the resolved codec's encoding of a choice (what the message keeps)
+        self.encoded: dict[Choice, EncodedGroup] = {}
+        self.dtype = np.dtype(CENTROID_DTYPES[self.p.centroid_dtype])
+        self._summary: Summary | None = None
+
+    @property
+    def summary(self) -> Summary:
+        if self._summary is None:
+            self._summary = Summary(self.x, self.lo, self.hi, self.trials._cache)
+        return self._summary
+
+    def grid(self, step: float) -> allocate.Option:
+        """The uniform grid k * ``step`` over the data, measured; recorded.  Below a quarter of the
+        data's largest magnitude the ends are the data's min and max (the levels move continuously
+        with the step, so J and the size do too); from there up (a few levels, low rates) the grid
+        points around the data: ends beyond it send most elements to the levels near 0."""
+        k = np.arange(math.floor(self.lo / step), math.ceil(self.hi / step) + 1) * step
+        if step < max(-self.lo, self.hi) / 4:
+            k = np.concatenate(([self.lo], k[(k > self.lo) & (k < self.hi)], [self.hi]))
+        J, counts = self.summary.stats(k)
+        if np.count_nonzero(counts < SPARSE) * SPARSE_SHARE > k.size:  # sparse tails: thin them
+            # the grids' own trade-off: J ~ step^2 and bytes ~ -d/8 log2(step), so a byte is
+            # worth 16 ln2 J / d of J at this step
+            k = self.summary.thin(k, counts, 16 * math.log(2) * J / self.x.size, self.dtype.itemsize + 1)
+        return self.levels(k, step)
+
+    def levels(self, levels: np.ndarray, step: float | None) -> allocate.Option:
+        """The option of these levels (as the wire carries them: rounded to the centroid dtype,
+        still bracketing the data), rANS-coded IDs; recorded."""
+        wire = levels.astype(self.dtype)
+        if not (wire[0] <= self.lo and wire[-1] >= self.hi and np.all(wire[1:] > wire[:-1])):
+            wire = quantize.wire_centroids(levels, None, self.dtype, bounds=(self.lo, self.hi))  # merged or moved
+        k = int(wire.size)
+        J, counts = self.summary.stats(wire.astype(np.float64))
+        if not self.summary.exact:
+            J *= 1.0 + SAMPLED_J_MARGIN
+        idsa = rans.expected_size(counts, self.x.size)
+        cent = k * self.dtype.itemsize
+        size = sum(container.SECTION.size + s + container.padding(s) for s in (cent, idsa))
+        by = "uniform" if step is not None else "ecsq"
+        params = {"centroids": k, "centroid_dtype": self.p.centroid_dtype, "id_coding": "rans", "solver": by,
+                  "z": max(MIN_Z, k)}
+        key = Choice(max(MIN_Z, k), tuple(map(float, wire)), "rans", None, tuple(sorted(params.items())),
+                     None if step is None else k - 1, step)
+        o = allocate.Option(size, J, key)
+        self.options.append(o)
+        return o
+
+    def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
+        """Grids from one step over the data's span down by 2^(1/4) (a budget: the curve a split
+        across groups chooses from) or by octaves (an error bound: :meth:`refine` bisects) until
+        ``stop`` (or the format's limit on levels), and the distinct values when there are few."""
+        if self.x.size == 0 or self.lo == self.hi:
+            super().sweep(stop, goal)
+            return
+        few = self.summary.distinct(min(MAX_Z, self.x.size // 2))
+        if few is not None:
+            self.levels(few, None)
+        span = self.hi - self.lo
+        limit = min(MAX_Z, 4 * self.x.size + 2) - 2  # beyond one level per element nothing is gained
+        if goal == "budget":  # the fewest bits: grids beyond the data, until one fits
+            for j in range(1, COARSEST + 1):
+                if not stop(self.grid(span * 2.0 ** j)):
+                    break
+        per = LADDER_PER_OCTAVE if goal == "budget" else 1  # an error bound: octaves, then refine
+        for j in range(64 * per):
+            step = span * 2.0 ** (-j / per)
+            if span / step > limit:
+                break
+            o = self.grid(step)
+            if stop(o) or o.J == 0.0:
+                break
+
+    def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
+               better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
+        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes."""
+        pts = sorted((o for o in self.options if o.key.grid_step is not None), key=lambda o: -o.key.grid_step)
+        pair = next(((a, b) for a, b in zip(pts, pts[1:]) if ok(a) != ok(b)), None)
+        if pair is None:
+            return best
+        good, bad = (pair[0], pair[1]) if ok(pair[0]) else (pair[1], pair[0])
+        g, b = good.key.grid_step, bad.key.grid_step
+        while max(g, b) > min(g, b) * (1.0 + REFINE_PRECISION):
+            o = self.grid(math.sqrt(g * b))
+            if ok(o):
+                g = o.key.grid_step
+                if better(o, best):
+                    best = o
+            else:
+                b = o.key.grid_step
+        return best
+
+    def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
+        """Nothing more to search (the step is continuous)."""
+        return best
+
+    def exact(self, o: allocate.Option) -> allocate.Option:
+        """``o`` encoded (the encoding kept for the message): its exact bytes and J."""
+        if o.key.grid_step is None and o.key.levels is None:  # a degenerate group's trial option
+            return super().exact(o)
+        if o.key not in self.encoded:
+            self.encoded[o.key] = self.encode(o.key)
+        enc = self.encoded[o.key]
+        J = enc.stats["J"]
+        return dataclasses.replace(o, bytes=group_bytes(enc.sections, self.level), J=float(J() if callable(J) else J))
+
+    def closer(self, missed: allocate.Option, J_goal: float) -> allocate.Option:
+        """After an exact J above ``J_goal``: the grid whose step is scaled by the miss (J ~ step^2)."""
+        step = missed.key.grid_step
+        if step is None:
+            raise RuntimeError("only a grid's J is estimated")  # distinct values have J = 0 exactly
+        return self.grid(step * math.sqrt(J_goal / missed.J) * (1.0 - SAMPLED_J_MARGIN))
