@@ -82,13 +82,14 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=250_000)
     a = ap.parse_args()
     mucsc_rows = [("mucsc z=16", {"z": 16}), ("mucsc z=4", {"z": 4}), ("mucsc bits=2", {"bits": 2}),
-                  ("mucsc bits=4", {"bits": 4})]
-    try:  # the deterministic rounding, where this version has it
-        Mucsc(dtype="<f4", z=16, rounding="nearest")
-        mucsc_rows += [("mucsc z=16 rounding=nearest", {"z": 16, "rounding": "nearest"}),
-                       ("mucsc bits=4 rounding=nearest", {"bits": 4, "rounding": "nearest"})]
-    except Exception:  # noqa: BLE001 - an older version without the parameter
-        pass
+                  ("mucsc bits=4", {"bits": 4}),
+                  # deterministic rounding (what storage wants) and its dithered variant, format 1.2
+                  ("mucsc z=16 rounding=nearest", {"z": 16, "rounding": "nearest"}),
+                  ("mucsc bits=4 rounding=nearest", {"bits": 4, "rounding": "nearest"}),
+                  ("mucsc z=16 rounding=dithered", {"z": 16, "rounding": "dithered"}),
+                  ("mucsc bits=4 rounding=dithered", {"bits": 4, "rounding": "dithered"}),
+                  # an error goal: relative RMS error <= 1% per chunk
+                  ("mucsc max_error=0.01 rounding=nearest", {"max_error": 0.01, "rounding": "nearest"})]
     print("| input | codec | bits/value | rel. RMS error | max abs error / std | encode MB/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for label, x in inputs(a.n).items():

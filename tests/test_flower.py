@@ -2,6 +2,8 @@
 its simulation does), the strategy wrapper's aggregate against FedAvg over decoded updates, persistent
 error feedback in context.state, downlink updates against the held version, and real byte counts."""
 
+import json
+import logging
 import os
 
 import numpy as np
@@ -262,10 +264,11 @@ def test_legacy_opposite_sign_records_are_refused():
 
 
 @pytest.mark.slow
-def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path):
-    """`mucsc sim --engine flower`: 10 supernodes on Ray (num_cpus 1 each), 3 rounds; the same uplink
-    bytes as the built-in engine (fixed-width messages, same inputs and seeds), accuracy within noise,
-    and the downlink counted from the real Messages (full models, then updates)."""
+def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path, caplog, recwarn):
+    """`mucsc sim --engine flower`: a `flwr run` of 10 supernodes on Ray (num_cpus 1 each), 3 rounds; the
+    same uplink bytes as the built-in engine (fixed-width messages, same inputs and seeds), accuracy within
+    noise, the downlink counted from the real Messages (full models, then updates), and no Flower
+    deprecation warning (in this process or in flwr's log)."""
     pytest.importorskip("ray", reason="Flower's simulation engine needs ray (pip install 'mucsc[flower]')")
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
@@ -277,12 +280,13 @@ def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path):
 
     args = ["--model", "logreg", "-N", "10", "-K", "3", "-E", "2", "-B", "8", "--rounds", "3", "--target", "0",
             "--eval-every", "1", "--samples-per-client", "40", "--codecs", "mucsc", "--compress", "off"]
+    caplog.set_level(logging.DEBUG, logger="mucsc.fedsim.flower")
     rows = {}
     for engine in ("builtin", "flower"):
         out = tmp_path / engine
         r = CliRunner().invoke(sim, args + ["--engine", engine, "-o", str(out)], catch_exceptions=False)
         assert r.exit_code == 0, r.output
-        rows[engine] = list(csv.DictReader(open(out / "mucsc" / "rounds.csv")))
+        rows[engine] = list(csv.DictReader((out / "mucsc" / "rounds.csv").read_text().splitlines()))
     b, f = rows["builtin"], rows["flower"]
     assert len(b) == len(f) == 3
     assert [r["bytes_up"] for r in b] == [r["bytes_up"] for r in f]
@@ -290,6 +294,12 @@ def test_sim_engine_flower_10_supernodes_3_rounds_agrees_with_builtin(tmp_path):
         assert abs(float(rb["accuracy"]) - float(rf["accuracy"])) < 0.1
         assert int(rf["down_recipients"]) == 3          # only the participants receive anything
     assert int(f[0]["bytes_down"]) > 3 * int(f[1]["down_msg_bytes"])  # round 1: 3 full models
+    flwr_log = "\n".join(r.getMessage() for r in caplog.records if r.name == "mucsc.fedsim.flower")
+    assert "(10 simulated SuperNodes)" in flwr_log, flwr_log[-4000:]
+    assert "deprecat" not in flwr_log.lower(), flwr_log[-4000:]
+    flower_warnings = [str(w.message) for w in recwarn
+                       if issubclass(w.category, (DeprecationWarning, FutureWarning)) and "flwr" in w.filename]
+    assert not flower_warnings, flower_warnings
 
 
 def test_signed_uplinks_verify_and_forged_or_replayed_ones_are_rejected(caplog):
@@ -460,3 +470,51 @@ def test_per_node_keys_from_a_key_directory_in_the_run_config(tmp_path):
         mucsc.decode(blob, keys=mucsc.load_keys(keydir), context=f"mucsc/flower/up/run=7/round=1/node={n}")
     agg, metrics = strategy.aggregate_train(1, replies)
     assert agg is not None and metrics["mucsc-rejected"] == 0 and strategy.rejected == []
+
+
+def test_engine_job_directory_round_trips_config_setup_and_records(tmp_path):
+    """What `mucsc sim --engine flower` hands its Flower app (job.json + .npy, no pickle) comes back
+    equal in the app's process, and a round record survives rounds.jsonl."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    from mucsc.fedsim import simulation
+    from mucsc.fedsim.config import make_config
+    from mucsc.fedsim.engines.flower_app import FlowerRoundRecord, load_job, write_job
+
+    cfg = make_config(model="logreg", clients=6, per_round=2, samples_per_client=30, rounds=2,
+                      params=(("mucsc", "up", "z", 8), ("stc", "both", "keep", 0.05)), z_up=(4, 16))
+    setup = simulation.prepare(cfg)
+    write_job(tmp_path, cfg, "mucsc", setup, "cpu")
+    job = load_job(str(tmp_path))
+    assert job.cfg == cfg and job.codec == "mucsc" and job.device == "cpu"
+    assert (job.setup.groups, job.setup.model_name, job.setup.d) == (setup.groups, setup.model_name, setup.d)
+    assert len(job.setup.parts) == 6 and all(np.array_equal(a, b) for a, b in zip(job.setup.parts, setup.parts))
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert np.array_equal(getattr(job.setup.data, name), getattr(setup.data, name))
+    assert job.setup.data.transform == setup.data.transform
+    rec = FlowerRoundRecord(round=1, iteration=5, lr=0.5, participants=[0, 3], up_bytes=[10, 12],
+                            down_msg_bytes=7, down_recipients=2, comm_up_s=0.1, comm_down_s=0.2, train_s=0.3,
+                            encode_s=0.01, decode_s=0.02, comp_s=0.4, accuracy=0.5, loss=1.5)
+    rec.down_total = 99
+    back = FlowerRoundRecord.from_json(json.loads(json.dumps(rec.to_json())))
+    assert back == rec and back.bytes_down == 99 and back.bytes_up == 22
+
+
+def test_engine_raises_what_the_server_app_raised(tmp_path):
+    """A ServerApp failure reaches the caller: a mucsc error as itself, anything else with its type,
+    no result at all with the tail of flwr's log."""
+    from mucsc.fedsim.engines.flower import _read_result
+
+    with pytest.raises(RuntimeError, match="(?s)without a result.*boom in the log"):
+        (tmp_path / "flwr.log").write_text("line\nboom in the log\n")
+        _read_result(tmp_path)
+    err = {"type": "ParameterError", "message": "z must be >= 2", "traceback": "..."}
+    (tmp_path / "result.json").write_text(json.dumps({"reached": None, "error": err}))
+    with pytest.raises(mucsc.ParameterError, match="z must be >= 2"):
+        _read_result(tmp_path)
+    err = {"type": "KeyError", "message": "'fc.weight'", "traceback": "..."}
+    (tmp_path / "result.json").write_text(json.dumps({"reached": None, "error": err}))
+    with pytest.raises(RuntimeError, match="Flower run failed: KeyError"):
+        _read_result(tmp_path)
+    (tmp_path / "result.json").write_text(json.dumps({"reached": 3, "error": None}))
+    assert _read_result(tmp_path)["reached"] == 3

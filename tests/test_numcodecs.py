@@ -33,6 +33,33 @@ def test_config_round_trip_and_registry():
     assert other.get_config()["s"] == 3 and other.get_config()["seed"] == 7
 
 
+@pytest.mark.parametrize("params", [{"z": 16, "rounding": "nearest"}, {"bits": 3, "rounding": "dithered"},
+                                    {"max_error": 0.05, "rounding": "nearest"}, {"bits": 2}])
+def test_config_round_trips_rounding_and_goals(tmp_path, params):
+    """``rounding`` and the goals (``bits=``, ``max_error=``) are stored in the config, come back from it
+    (numcodecs registry and a reopened zarr v3 array) and encode the same bytes."""
+    c = Mucsc(dtype="<f4", **params)
+    cfg = c.get_config()
+    assert {k: cfg[k] for k in params} == {k: (float(v) if k == "bits" else v) for k, v in params.items()}
+    assert cfg["rounding"] == params.get("rounding", "stochastic")
+    again = numcodecs.get_codec(dict(cfg))
+    assert again.get_config() == cfg
+    x = _x((3000,), seed=5)
+    assert again.encode(x) == c.encode(x)
+    if "max_error" in params:  # the goal is relative error sqrt(J)/||x||; nearest rounding meets it
+        y = c.decode(c.encode(x)).astype(np.float64)
+        assert np.linalg.norm(y - x) / np.linalg.norm(x) <= params["max_error"] * (1 + 1e-6)
+    zarr = pytest.importorskip("zarr", reason="zarr not installed")
+    from mucsc.zarr import MucscCodec
+
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=x.shape, chunks=x.shape, dtype="float32",
+                          serializer=MucscCodec(**params), compressors=None, fill_value=0.0)
+    a[:] = x
+    stored = zarr.open_array(str(tmp_path / "a.zarr"), mode="r").metadata.codecs[0].to_dict()["configuration"]
+    assert {k: v for k, v in cfg.items() if k not in ("id", "dtype")} == stored
+    assert np.array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:], c.decode(c.encode(x)))
+
+
 def test_lossy_unbiased_and_deterministic():
     c = Mucsc(z=16)
     x = _x((50, 80))

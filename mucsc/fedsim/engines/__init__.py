@@ -1,7 +1,8 @@
 """The simulator's engines: what runs a sweep's runs, behind one small protocol (:class:`Engine`).
 
 ``builtin`` (module ``builtin``): this process and worker processes (``--workers``); ``flower``
-(module ``flower``): Flower's simulation engine on Ray, every update a real Flower Message.  Both
+(module ``flower``): each run a ``flwr run`` of the Flower app in ``flower_app`` on Flower's simulation
+runtime (Ray), every update a real Flower Message.  Both
 train and evaluate with :mod:`mucsc.fedsim.training` and produce the same
 :class:`~mucsc.fedsim.simulation.RunResult`; ``mucsc sim`` picks one with ``--engine``.
 Imports: the simulator's modules below it (simulation, parallel, training), and mucsc.flower.
