@@ -356,6 +356,20 @@ def _group_rng(seed: int, gi: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), gi])
 
 
+def _encode_others(plan, mine: set[int], tensors, seed: int, level: int, ready: dict) -> int:
+    """The section bytes of the groups not in ``mine`` (part of a budget over the whole message),
+    each encoded once: into ``ready`` unless it is there already."""
+    total = 0
+    for gi, (gcodec, members) in enumerate(plan):
+        if gi in mine:
+            continue
+        if gi not in ready:
+            x, _ = _group_vector(gcodec, [tensors[i] for i in members])
+            ready[gi] = gcodec.encode_array(_for_codec(gcodec, x), _group_rng(seed, gi))
+        total += sum(fmt.section_bytes(s.tobytes(), s.compressible, level) for s in ready[gi].sections)
+    return total
+
+
 def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes=0, ready=None):
     """Let ``codec`` see its groups and the rest of the message before encoding (a byte budget over
     the whole message, ``bits=`` / ``size=``).  The other groups are encoded here (their exact size is
@@ -363,16 +377,7 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     encoded twice.  ``auth_bytes``: the authentication trailer's size, also part of the message."""
     mine = [gi for gi, (c, _) in enumerate(plan) if c is codec]
     ready = dict(ready or {})
-    other_bytes = 0
-    for gi, (gcodec, members) in enumerate(plan):
-        if gi in mine:
-            continue
-        if gi in ready:
-            enc = ready[gi]
-        else:
-            x, _ = _group_vector(gcodec, [tensors[i] for i in members])
-            enc = ready[gi] = gcodec.encode_array(_for_codec(gcodec, x), _group_rng(seed, gi))
-        other_bytes += sum(fmt.section_bytes(s.tobytes(), s.compressible, level) for s in enc.sections)
+    other_bytes = _encode_others(plan, set(mine), tensors, seed, level, ready)
     records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
     dtypes = [_group_dtype(c, [tensors[i] for i in m]) for c, m in plan]
     meta = dict(meta or {})

@@ -89,6 +89,20 @@ def resolve(codec: Codec, choice: Any) -> Codec:
     return codec.replace(**{g: None for g in GOALS}, **choice.settings())
 
 
+def _cheapest_within_error(g: Any, max_error: float) -> allocate.Option:
+    """A ``max_error`` goal for one group: its fewest bytes with relative error <= ``max_error``."""
+    meets = lambda o: allocate.relative_error(o.J, g.norm2) <= max_error  # noqa: E731
+    g.sweep(meets, "error")
+    best = allocate.cheapest_within(g.options, g.norm2, max_error)
+    if best is None:
+        raise ParameterError(g.unreachable(max_error))
+    cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
+    best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
+    if getattr(g, "estimates", False):
+        best = _confirmed(g, best, meets, max_error ** 2 * g.norm2)
+    return best
+
+
 def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext) -> list[allocate.Option]:
     """The goal search shared by ``mucsc`` and ``bmucsc``: one option per group (:func:`resolve`
     of its key is the fixed codec) for ``goal``.
@@ -100,19 +114,7 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
     options are estimates (``estimates``: :class:`SummarySearch`) returns exact J from ``exact`` and
     ``closer(option, J_goal)`` after an exact miss of an error bound."""
     if goal.kind == "max_error":
-        out = []
-        for g in groups:
-            meets = lambda o, g=g: allocate.relative_error(o.J, g.norm2) <= goal.value  # noqa: E731
-            g.sweep(meets, "error")
-            best = allocate.cheapest_within(g.options, g.norm2, goal.value)
-            if best is None:
-                raise ParameterError(g.unreachable(goal.value))
-            cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
-            best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
-            if getattr(g, "estimates", False):
-                best = _confirmed(g, best, meets, goal.value ** 2 * g.norm2)
-            out.append(best)
-        return out
+        return [_cheapest_within_error(g, goal.value) for g in groups]
     total = goal.budget(ctx.elements)
     what = str(goal)
     for g in groups:
