@@ -219,6 +219,62 @@ def test_client_step_is_the_runs_client_and_workers_change_nothing():
         np.testing.assert_array_equal(pooled.weights[k], res.weights[k])
 
 
+def test_macs_per_sample_counts_convolutions_and_dense_layers():
+    from mucsc.fedsim.models import macs_per_sample
+
+    # the digits CNN on 8x8: conv 1->16 3x3, conv 16->32 3x3 (both 8x8 outputs), pool, 512->64, 64->10
+    assert macs_per_sample("cnn", (1, 8, 8), 10) == 64 * 16 * 9 + 64 * 32 * 16 * 9 + 512 * 64 + 64 * 10
+    assert macs_per_sample("logreg", (1, 8, 8), 10) == 64 * 10
+    # LeNet on 28x28: 5x5 convs 1->32 at 28x28 and 32->64 at 14x14, then 3136->400->62
+    assert macs_per_sample("lenet", (1, 28, 28), 62) == 784 * 32 * 25 + 196 * 64 * 32 * 25 + 3136 * 400 + 400 * 62
+
+
+class _FakeSetup:
+    """What choose_device reads of a Setup: the model's name and the data's shape."""
+
+    def __init__(self, model_name, input_shape, num_classes):
+        self.model_name = model_name
+        self.data = type("D", (), {"input_shape": input_shape, "num_classes": num_classes})()
+
+
+def test_auto_device_keeps_small_models_on_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as auto sees it
+    digits = _FakeSetup("cnn", (1, 8, 8), 10)
+    choice = simulation.choose_device("auto", [digits])
+    assert choice.device == "cpu" and choice.gpu_unused
+    assert "0.34 M multiply-accumulates per sample are below 2 M" in choice.reason
+    assert simulation.resolve_device("auto", [digits]) == "cpu"
+    femnist = _FakeSetup("lenet", (1, 28, 28), 62)
+    assert simulation.choose_device("auto", [femnist]) == simulation.DeviceChoice(
+        "cuda", "auto: 11.9 M multiply-accumulates per sample")
+    assert simulation.choose_device("auto", [digits, femnist]).device == "cuda"  # one device for the sweep
+    assert simulation.choose_device("cpu", [femnist]) == simulation.DeviceChoice("cpu", "--device cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert simulation.choose_device("auto", [femnist]) == simulation.DeviceChoice("cpu", "auto: no CUDA device")
+
+
+def test_auto_device_on_a_gpu_machine_runs_the_digits_sweep_on_the_cpu(tmp_path, monkeypatch):
+    """The quick start's model on a machine with a GPU: the header says why the GPU is left unused,
+    summary.json keeps the reason, and nothing touches CUDA (this machine may have none)."""
+    import json
+
+    import torch
+    from click.testing import CliRunner
+
+    from mucsc.fedsim.cli import sim
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = ["--dataset", "digits", "--model", "cnn", "-N", "4", "-K", "2", "-E", "1", "-B", "4", "--rounds", "1",
+            "--target", "0", "--samples-per-client", "10", "--codecs", "none", "--workers", "1", "-o", str(tmp_path)]
+    r = CliRunner().invoke(sim, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "device cpu (auto: the model's 0.34 M multiply-accumulates per sample are below 2 M" in r.stderr
+    machine = json.loads((tmp_path / "summary.json").read_text())["machine"]
+    assert machine["device"] == "cpu" and machine["device_reason"].startswith("auto: the model's")
+
+
 def test_device_resolution():
     import torch
 

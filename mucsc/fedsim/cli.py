@@ -197,14 +197,15 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
     torch.set_num_threads(cfg.threads)
     _check_codecs(cfg)
     try:
-        device = simulation.resolve_device(cfg.device)
+        simulation.resolve_device(cfg.device)  # --device cuda without a GPU: say so before loading data
     except InputError as exc:
         raise click.ClickException(str(exc)) from None
     sweep = _Sweep.prepare(cfg, out, quiet)
-    runner = _start_engine(engine, cfg, sweep.setups, len(sweep.specs), device)
+    where = simulation.choose_device(cfg.device, sweep.setups)
+    runner = _start_engine(engine, cfg, sweep.setups, len(sweep.specs), where.device)
     try:  # the pool is closed below; until then, here
-        machine = _machine(runner, device, engine)
-        sweep.start(runner, device)
+        machine = _machine(runner, where, engine)
+        sweep.start(runner, where)
     except BaseException:
         runner.close()
         raise
@@ -256,12 +257,12 @@ def _start_engine(engine: str, cfg, setups, runs: int, device: str):
         raise click.ClickException(f"workers: {exc}") from None
 
 
-def _machine(runner, device: str, engine: str) -> dict[str, object]:
+def _machine(runner, where, engine: str) -> dict[str, object]:
     """machine_info() plus how this sweep runs (for summary.json)."""
     machine = machine_info()
-    machine.update(device=device, workers=runner.workers, workers_reason=runner.reason,
-                   concurrent_runs=runner.concurrent, engine=engine)
-    if device == "cuda":
+    machine.update(device=where.device, device_reason=where.reason, workers=runner.workers,
+                   workers_reason=runner.reason, concurrent_runs=runner.concurrent, engine=engine)
+    if where.device == "cuda":
         import torch
 
         machine["gpu"] = torch.cuda.get_device_name()
@@ -302,14 +303,15 @@ class _Sweep:
     def run_dir(self, spec) -> Path:
         return self.out / f"seed{spec.cfg.seed}" if self.many else self.out
 
-    def start(self, runner, device: str) -> None:
+    def start(self, runner, where) -> None:
         """The data lines (on a terminal above the progress bar; piped, the first lines of the log)."""
-        
         self.data_infos = [data_summary(c, st) for c, st in zip(self.cfgs, self.setups)]
         if not self.quiet:
             workers = runner.workers
+            unused = f" ({where.reason})" if where.gpu_unused else ""
             for s, info in zip(self.seeds, self.data_infos):
-                click.echo((f"seed {s}: " if self.many else "") + data_line(info) + f"; device {device}, {workers} "
+                click.echo((f"seed {s}: " if self.many else "") + data_line(info)
+                           + f"; device {where.device}{unused}, {workers} "
                            f"worker process{'es' if workers > 1 else ''} ({runner.reason})", err=True)
         self.progress = SweepProgress(self.show, tuple(self.labels), self.cfg.resolved("rounds"),
                                       log=not self.quiet and not sys.stderr.isatty())

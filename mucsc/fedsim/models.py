@@ -7,6 +7,7 @@ the whole state crosses the codec as one flattened update (the paper's d).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,3 +79,27 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def macs_per_sample(name: str, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """Multiply-accumulates of one sample's forward pass through the convolutions and dense layers
+    (counted from the output shapes of a forward pass of one zero sample on the CPU)."""
+    model = build_model(name, input_shape, num_classes)
+    total = 0
+
+    def count(module: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):  # each output element: C_in / groups x k_h x k_w MACs
+            kh, kw = module.kernel_size
+            total += out.numel() * (module.in_channels // module.groups) * kh * kw
+        elif isinstance(module, nn.Linear):
+            total += out.numel() * module.in_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, *input_shape)))
+    finally:
+        for h in hooks:
+            h.remove()
+    return total

@@ -138,7 +138,7 @@ class WorkerPool(Executor):
     def __init__(self, cfg: SimConfig, setups: Setup | Sequence[Setup], workers: int) -> None:
         if workers < 1:
             raise InputError("workers must be >= 1")
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, [setups] if isinstance(setups, Setup) else list(setups))
         self.workers = workers
         self._shms: list[shared_memory.SharedMemory] = []
         try:
