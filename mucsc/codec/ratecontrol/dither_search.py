@@ -15,7 +15,7 @@ import numpy as np
 from mucsc.codec.codecs._dithered import DitherTrials, Grid, fixed_grid, min_step
 from mucsc.codec.numerics import allocate
 from mucsc.codec import meter
-from mucsc.codec.ratecontrol.search import group_bytes
+from mucsc.codec.ratecontrol.search import bisect, group_bytes
 
 LADDER = tuple(2.0 ** (7 - j / 2) for j in range(72))  # steps relative to the spread: 128 .. 2^-28.5
 REFINE_STEPS = 14  # bisections of log(step) between the two ladder points around a goal
@@ -67,16 +67,8 @@ class DitherSearch:
         if pair is None:
             return best
         good, bad = (pair[0], pair[1]) if ok(pair[0]) else (pair[1], pair[0])
-        g, b = good.key.step, bad.key.step
-        for _ in range(REFINE_STEPS):
-            o = self.measure(math.sqrt(g * b))
-            if ok(o):
-                g = o.key.step
-                if better(o, best):
-                    best = o
-            else:
-                b = o.key.step
-        return best
+        return bisect(good.key.step, bad.key.step, REFINE_STEPS, lambda g, b: math.sqrt(g * b), self.measure,
+                      ok, better, best, setting=lambda o: o.key.step)
 
     def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
         """Nothing more to search (the step is the only knob)."""

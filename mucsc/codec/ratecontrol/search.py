@@ -188,7 +188,7 @@ class ClusterSearch:
                 return best
         else:
             return best
-        return _bisect(good, bad, REFINE_STEPS, lambda g, b: math.sqrt(g * b),
+        return bisect(good, bad, REFINE_STEPS, lambda g, b: math.sqrt(g * b),
                        lambda mu: self.measure(mu=mu, coding="rans", fine=True), ok, better, best)
 
     def refine_z(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
@@ -215,7 +215,7 @@ class ClusterSearch:
                 levels = s.levels if knob == "z" else (lambda m: uniform_levels(self.lo, self.hi, m))
                 predicted = _crossing(bad, good, lambda m: ok(allocate.Option(0, s.J(levels(m)), None)))
                 midpoint = _guided(midpoint, predicted[::-1])
-            best = _bisect(good, bad, 12, midpoint, measure, ok, better, best)
+            best = bisect(good, bad, 12, midpoint, measure, ok, better, best)
         return best
 
 
@@ -268,23 +268,26 @@ def _guided(midpoint: Callable, guesses: Sequence[int]) -> Callable:
     return mid
 
 
-def _bisect(good, bad, steps: int, midpoint: Callable, measure: Callable[[Any], allocate.Option],
-            ok: Callable[[allocate.Option], bool],
-            better: Callable[[allocate.Option, allocate.Option], bool],
-            best: allocate.Option) -> allocate.Option:
+def bisect(good, bad, steps: int, midpoint: Callable, measure: Callable[[Any], allocate.Option],
+           ok: Callable[[allocate.Option], bool],
+           better: Callable[[allocate.Option, allocate.Option], bool],
+           best: allocate.Option, setting: Callable[[allocate.Option], Any] | None = None) -> allocate.Option:
     """Up to ``steps`` bisections between a setting that meets the goal (``good``) and one that does
-    not (``bad``); ``midpoint`` returns None when the two are adjacent.  Returns the best option seen."""
+    not (``bad``); ``midpoint`` returns None when the two are adjacent.  ``setting``: the setting an
+    option was measured at, where ``measure`` may move the one asked for (a grid step as sent), so
+    the next midpoint starts from it.  Returns the best option seen."""
     for _ in range(steps):
         mid = midpoint(good, bad)
         if mid is None:
             break
         o = measure(mid)
+        at = mid if setting is None else setting(o)
         if ok(o):
-            good = mid
+            good = at
             if better(o, best):
                 best = o
         else:
-            bad = mid
+            bad = at
     return best
 
 

@@ -23,13 +23,14 @@ from mucsc.codec.codecs.base import EncodedGroup
 from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials
 from mucsc.codec.numerics import allocate, quantize
 from mucsc.codec.numerics.summary import Summary
-from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, group_bytes
+from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, bisect, group_bytes
 from mucsc.codec.wire import container, rans
 
 LADDER_PER_OCTAVE = 4  # steps tried per halving of the step (about 1/4 bit per element apart)
 SPARSE, SPARSE_SHARE = 16.0, 16  # a grid is thinned when over 1/16 of its levels expect < 16 elements
 COARSEST = 10  # a budget's grids go up to 2^10 times the data's span (~1e-3 bits per element)
 REFINE_PRECISION = 2e-4  # bisect log(step) around a goal until the steps differ by this (~3e-4 bits)
+REFINE_MAX_STEPS = 64  # a bound only: from any two steps 2e-4 is reached in far fewer
 # An estimated J (subsampled summary) is taken this much larger: ~2 standard errors of the sample
 # mean at 2^17 samples, so that the exact J of an error goal's choice rarely misses the bound.
 SAMPLED_J_MARGIN = 3e-3
@@ -138,16 +139,12 @@ class SummarySearch(ClusterSearch):
         if pair is None:
             return best
         good, bad = (pair[0], pair[1]) if ok(pair[0]) else (pair[1], pair[0])
-        g, b = good.key.grid_step, bad.key.grid_step
-        while max(g, b) > min(g, b) * (1.0 + REFINE_PRECISION):
-            o = self.grid(math.sqrt(g * b))
-            if ok(o):
-                g = o.key.grid_step
-                if better(o, best):
-                    best = o
-            else:
-                b = o.key.grid_step
-        return best
+
+        def midpoint(g: float, b: float) -> float | None:
+            return math.sqrt(g * b) if max(g, b) > min(g, b) * (1.0 + REFINE_PRECISION) else None
+
+        return bisect(good.key.grid_step, bad.key.grid_step, REFINE_MAX_STEPS, midpoint, self.grid, ok, better,
+                      best, setting=lambda o: o.key.grid_step)
 
     def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
         """Nothing more to search (the step is continuous)."""
