@@ -2,7 +2,7 @@
 """Rate-distortion frontier: J / ||x||^2 against message bits per element, every codec.
 
     python benchmarks/bench_frontier.py [--d 200000] [--fl-rounds 20 | --updates DIR] [--out docs] [--quick]
-                                        [--inputs NAME,...]
+                                        [--inputs NAME,...] [--check-only]
 
 Inputs: Gaussian, Laplace, Student-t(3) and an 80%-near-zero mixture (d elements, float32), and real
 FL updates saved by ``mucsc sim --save-updates``: the first participant's update U_i (all LeNet
@@ -22,6 +22,10 @@ of at least 1.6x, vs the best QSGD / TernGrad message that fits in b bits per el
 row's distance to D(R) = 2^(-2R), the Gaussian rate-distortion function relative to the variance, an
 upper bound of D(R) for any other input of that variance) and writes ``rate-distortion.png`` and
 ``frontier.json`` to ``--out``.
+
+``--check-only`` encodes only the messages those checks read (mucsc bits=b stochastic and dithered,
+TernGrad, and per QSGD bucket and coding the largest s that fits each budget, by bisection) and
+writes no plot or JSON: minutes per input instead of hours for the whole run on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import mucsc
 
 BUDGETS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 TOLERANCE = 1.02  # "sends <= b bits per element (+2%)"
+QSGD_BUCKETS = (128, 512)  # and d: one bucket
 DITHER_MARGIN = 1.6  # issue 24: the dithered codec's J at most 1/1.6 of every QSGD/TernGrad configuration
 
 
@@ -81,18 +86,25 @@ def measure(x: np.ndarray, codec: str, **params) -> tuple[float, float]:
     return 8 * len(blob) / x.size, float(st.J)
 
 
+def point(x: np.ndarray, n2: float, family: str, codec: str, label: str, **params) -> dict | None:
+    """One message's bits per element and J / ||x||^2; None (said on stderr) where the codec refuses."""
+    try:
+        bits, J = measure(x, codec, **params)
+    except mucsc.MucscError as exc:  # e.g. a bits= goal below the smallest message
+        print(f"    {family} {label}: {exc}", file=sys.stderr)
+        return None
+    return {"family": family, "label": label, "bits": bits, "rel_J": J / n2}
+
+
 def frontier_points(x: np.ndarray, quick: bool) -> list[dict]:
     d = x.size
     n2 = float(np.dot(x, x.astype(np.float64)))
     pts = []
 
     def add(family: str, codec: str, label: str, **params) -> None:
-        try:
-            bits, J = measure(x, codec, **params)
-        except mucsc.MucscError as exc:  # e.g. a bits= goal below the smallest message
-            print(f"    {family} {label}: {exc}", file=sys.stderr)
-            return
-        pts.append({"family": family, "label": label, "bits": bits, "rel_J": J / n2})
+        p = point(x, n2, family, codec, label, **params)
+        if p is not None:
+            pts.append(p)
 
     for z in (2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256):
         add("mucsc z", "mucsc", f"z={z}", z=z)
@@ -105,7 +117,7 @@ def frontier_points(x: np.ndarray, quick: bool) -> list[dict]:
     for b in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0):  # keep and the kept set's coding chosen
         add("bmucsc bits", "bmucsc", f"bits={b:g}", bits=b)
     svals = (1, 2, 3, 4, 6, 8, 15, 31, 63, 127) if quick else range(1, 128)
-    for bucket in (128, 512, d):
+    for bucket in (*QSGD_BUCKETS, d):
         for coding in ("fixed", "elias"):
             for s in svals:
                 add("qsgd", "qsgd", f"s={s},bucket={bucket},{coding}", s=s, bucket=bucket, coding=coding)
@@ -116,6 +128,50 @@ def frontier_points(x: np.ndarray, quick: bool) -> list[dict]:
     for keep in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3):
         add("topk", "topk", f"keep={keep:g}", keep=keep)
         add("stc", "stc", f"keep={keep:g}", keep=keep)
+    return pts
+
+
+def qsgd_within_budgets(x: np.ndarray, n2: float, bucket: int, coding: str) -> list[dict]:
+    """QSGD messages of one bucket and coding: for every budget the largest s in 1..127 whose message
+    fits it, found by bisection (its bits rise and its J falls with s), plus s + 1 .. s + 4 in case
+    the bits are not monotone; every message evaluated on the way is returned."""
+    seen: dict[int, dict | None] = {}
+
+    def at(s: int) -> dict | None:
+        if s not in seen:
+            seen[s] = point(x, n2, "qsgd", "qsgd", f"s={s},bucket={bucket},{coding}", s=s, bucket=bucket,
+                            coding=coding)
+        return seen[s]
+
+    def fits(s: int, b: float) -> bool:
+        p = at(s)
+        return p is not None and p["bits"] <= b
+
+    for b in BUDGETS:
+        if not fits(1, b):
+            continue
+        lo, hi = 1, 127  # fits(lo); the largest fitting s is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid, b) else (lo, mid - 1)
+        for s in range(lo + 1, min(lo + 4, 127) + 1):
+            at(s)
+    return [p for p in seen.values() if p is not None]
+
+
+def check_points(x: np.ndarray) -> list[dict]:
+    """Only the points the budget checks read (minutes, not hours): mucsc ``bits=b`` stochastic and
+    dithered at every budget, TernGrad's 4 configurations, and QSGD's best within each budget for
+    every bucket and coding (:func:`qsgd_within_budgets`)."""
+    n2 = float(np.dot(x, x.astype(np.float64)))
+    cand = [point(x, n2, fam, "mucsc", f"bits={b:g}", bits=b, **kw) for b in BUDGETS
+            for fam, kw in (("mucsc bits", {}), ("mucsc dithered", {"rounding": "dithered"}))]
+    cand += [point(x, n2, "terngrad", "terngrad", f"clip={clip:g},{packing}", clip=clip, packing=packing)
+             for clip in (2.5, 0.0) for packing in ("2bit", "base3")]
+    pts = [p for p in cand if p is not None]
+    for bucket in (*QSGD_BUCKETS, x.size):
+        for coding in ("fixed", "elias"):
+            pts += qsgd_within_budgets(x, n2, bucket, coding)
     return pts
 
 
@@ -195,6 +251,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="10 QSGD levels s instead of all 127")
     ap.add_argument("--inputs", help="only the inputs whose names contain one of these (comma-separated), "
                     "e.g. near_zero,femnist: the whole run takes hours on a shared 2-core machine")
+    ap.add_argument("--check-only", action="store_true", help="only the messages the budget checks read "
+                    "(QSGD's best s per budget by bisection); writes no plot or frontier.json")
     a = ap.parse_args()
     inputs = {k: v.astype(np.float32) for k, v in synthetic(a.d).items()}
     if a.updates or a.fl_rounds:
@@ -204,7 +262,7 @@ def main() -> int:
     results, checks, rd_scale = {}, {}, {}
     for name, x in inputs.items():
         t = time.perf_counter()
-        results[name] = frontier_points(x, a.quick)
+        results[name] = check_points(x) if a.check_only else frontier_points(x, a.quick)
         checks[name] = budget_rows(results[name])
         checks[name + " (dithered)"] = budget_rows(results[name], "mucsc dithered", DITHER_MARGIN)
         n2 = float(np.dot(x, x.astype(np.float64)))
@@ -219,26 +277,36 @@ def main() -> int:
             bb = f"{bst['family']} {bst['label']} | {bst['bits']:.3f} | {bst['rel_J']:.4g}" if bst else "none fits | - | -"
             ratio = f"{m['rel_J'] / bst['rel_J']:.3f}" if m and bst else "-"
             print(f"| {r['budget']:g} | {mb} | {bb} | {ratio}{'' if r['pass'] else ' FAIL'} |")
-        print(f"\n| budget b | dithered bits=b: bits/elem | J/||x||^2 | best QSGD/TernGrad J / dithered J "
-              f"(pass: >= {DITHER_MARGIN}) | stochastic bits=b J / dithered J | dB above D(R) = var 2^(-2R) |")
-        print("|---|---|---|---|---|---|")
+        print(f"\n| budget b | dithered bits=b: bits/elem | J/||x||^2 | best QSGD/TernGrad within b | its bits "
+              f"| its J/||x||^2 | best / dithered J (pass: >= {DITHER_MARGIN}) | stochastic bits=b J / dithered J "
+              f"| dB above D(R) = var 2^(-2R) |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r, rs in zip(checks[name + " (dithered)"], checks[name]):
             m, bst, st = r["mucsc"], r["best_rival"], rs["mucsc"]
             if m is None:
-                print(f"| {r['budget']:g} | - | - | - | - | - FAIL |")
+                print(f"| {r['budget']:g} | - | - | - | - | - | - FAIL | - | - |")
                 continue
-            margin = f"{bst['rel_J'] / m['rel_J']:.2f}" if bst else "none fits"
+            bb = f"{bst['family']} {bst['label']} | {bst['bits']:.3f} | {bst['rel_J']:.4g}" if bst else "none fits | - | -"
+            margin = f"{bst['rel_J'] / m['rel_J']:.2f}" if bst else "-"
             vs = f"{st['rel_J'] / m['rel_J']:.2f}" if st else "-"
-            print(f"| {r['budget']:g} | {m['bits']:.3f} | {m['rel_J']:.4g} | {margin}{'' if r['pass'] else ' FAIL'} "
+            print(f"| {r['budget']:g} | {m['bits']:.3f} | {m['rel_J']:.4g} | {bb} | {margin}{'' if r['pass'] else ' FAIL'} "
                   f"| {vs} | {db_above_gaussian_rd(m, n2, x.size, var):.2f} |")
-        bm = [p for p in results[name] if p["family"] == "bmucsc bits"]
-        print("\nbmucsc bits=b: " + "; ".join(f"{p['label']}: {p['bits']:.3f} bits, J/||x||^2 {p['rel_J']:.4g}"
-                                             for p in bm))
+        if not a.check_only:
+            bm = [p for p in results[name] if p["family"] == "bmucsc bits"]
+            print("\nbmucsc bits=b: " + "; ".join(f"{p['label']}: {p['bits']:.3f} bits, J/||x||^2 {p['rel_J']:.4g}"
+                                                 for p in bm))
         sys.stdout.flush()
+    if a.check_only:
+        return report_checks(checks)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(results, rd_scale, out / "rate-distortion.png")
     (out / "frontier.json").write_text(json.dumps({"results": results, "checks": checks}, indent=1))
+    return report_checks(checks)
+
+
+def report_checks(checks: dict[str, list[dict]]) -> int:
+    """Print how many budget checks pass; the exit status: 1 when one fails."""
     failed = [(n, r["budget"]) for n, rows in checks.items() for r in rows if not r["pass"]]
     print(f"\nbudget checks: {sum(len(r) for r in checks.values()) - len(failed)} pass, {len(failed)} fail {failed}")
     return 1 if failed else 0

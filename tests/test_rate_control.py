@@ -205,6 +205,27 @@ def test_bits_beats_qsgd_and_terngrad_at_equal_bits(kind):
             assert st.J <= min(fit)
 
 
+def test_frontier_check_bisection_finds_the_full_sweeps_best_qsgd_within_each_budget():
+    """benchmarks/bench_frontier.py --check-only searches QSGD's s by bisection; it must find the same
+    best J within every budget as encoding every s in 1..127."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_frontier.py"
+    spec = importlib.util.spec_from_file_location("bench_frontier", path)
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    x = heavy(4000, seed=5)
+    n2 = float(np.dot(x, x.astype(np.float64)))
+    for bucket, coding in ((512, "elias"), (x.size, "fixed")):
+        full = [bf.point(x, n2, "qsgd", "qsgd", f"s={s}", s=s, bucket=bucket, coding=coding) for s in range(1, 128)]
+        fast = bf.qsgd_within_budgets(x, n2, bucket, coding)
+        assert len(fast) < len(full)
+        for b in bf.BUDGETS:
+            best = [min((p["rel_J"] for p in pts if p["bits"] <= b), default=None) for pts in (full, fast)]
+            assert best[0] == best[1], (bucket, coding, b)
+
+
 def test_a_goal_replaces_the_preset_z():
     c = mucsc.get_codec("mucsc")
     assert c.with_preset({"z": 8, "solver": "exact"}, {"bits": 1.0}) == {"solver": "exact", "bits": 1.0}
