@@ -6,6 +6,7 @@ the whole state crosses the codec as one flattened update (the paper's d).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -81,6 +82,7 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@functools.lru_cache(maxsize=16)  # the CLI and each executor ask for the same setups
 def macs_per_sample(name: str, input_shape: tuple[int, ...], num_classes: int) -> int:
     """Multiply-accumulates of one sample's forward pass through the convolutions and dense layers
     (counted from the output shapes of a forward pass of one zero sample on the CPU)."""
