@@ -196,7 +196,10 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
         size = cost(exact)
         if size <= total:
             return best
-        goal -= size - total
+        # Ask the next split for the overshoot less than this choice's *estimate*: when the options
+        # are sparse there, this choice may sit below the goal by more than the overshoot (the
+        # estimate off by more: subsampled counts), and the goal less the overshoot picks it again.
+        goal = min(goal, cost(best)) - (size - total)
         if len(groups) == 1 and getattr(groups[0], "estimates", False):  # its options are cheap: squeeze again
             groups[0].refine(best[0], lambda o: cost([o]) <= goal, lambda a, b: a.J < b.J)
         best = split(goal)
