@@ -5,6 +5,8 @@
  * dp_levels: the divide-and-conquer DP of centroids.dp_levels (same cost formula, same operation
  *            order, same leftmost-argmin tie rule), bit-identical to the numpy path.
  * prefix:    centroids._Sorted's unit-weight prefix sums in one pass (numpy's sequential cumsum).
+ * cand_counts, candidates: centroids._candidates (numpy's linspace, searchsorted, interp and
+ *            unique, reproduced operation by operation; np.cbrt stays numpy's, between the two).
  * polish:    the exact coordinate polishing of centroids._polish (same operations and order).
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
@@ -18,6 +20,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -569,6 +572,159 @@ f1:
     return res;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* DP candidates (centroids._candidates), numpy's linspace / searchsorted / interp / unique         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* numpy.linspace(start, stop, num)[i], float64, endpoint: i * step + start with step = (stop -
+ * start) / (num - 1), (i / (num - 1)) * delta + start when step is 0 (numpy's denormal rule), and
+ * the last value stop itself.  num >= 2. */
+static inline double linspace_at(double start, double stop, Py_ssize_t num, Py_ssize_t i)
+{
+    if (i == num - 1) return stop;
+    double delta = stop - start, div = (double)(num - 1), step = delta / div;
+    if (step == 0) return ((double)i / div) * delta + start;
+    return (double)i * step + start;
+}
+
+/* numpy.interp(t, xp, fp) for one t (xp non-decreasing, n >= 2, no NaN): the last j with
+ * xp[j] <= t (what numpy's binary_search_with_guess returns), its special cases and NaN retries. */
+static double interp_at(double t, const double *xp, const double *fp, Py_ssize_t n)
+{
+    if (t < xp[0]) return fp[0];
+    if (t > xp[n - 1]) return fp[n - 1];
+    Py_ssize_t j = search_right(xp, n, t) - 1;
+    if (j == n - 1 || xp[j] == t) return fp[j];
+    double slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]);
+    double r = slope * (t - xp[j]) + fp[j];
+    if (isnan(r)) {
+        r = slope * (t - xp[j + 1]) + fp[j + 1];
+        if (isnan(r) && fp[j] == fp[j + 1]) r = fp[j];
+    }
+    return r;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+PyDoc_STRVAR(cand_counts_doc,
+"cand_counts(xs, W, counts)\n\n"
+"centroids._candidates' bin weights: with edges = linspace(xs[0], xs[-1], nb + 1) (nb = len(counts)),\n"
+"counts = diff(W[searchsorted(xs, edges, 'right')]); xs sorted float64 (n), W float64 (n + 1).");
+
+static PyObject *py_cand_counts(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *co;
+    if (!PyArg_ParseTuple(args, "OOO", &xo, &wo, &co)) return NULL;
+    Py_buffer xb, wb, cb;
+    PyObject *res = NULL;
+    if (get_buf(xo, &xb, 0, "cand_counts xs") < 0) return NULL;
+    if (get_buf(wo, &wb, 0, "cand_counts W") < 0) goto f1;
+    if (get_buf(co, &cb, 1, "cand_counts counts") < 0) goto f2;
+    Py_ssize_t n = xb.len / 8, nb = cb.len / 8;
+    if (float_kind(&xb) != 8 || float_kind(&wb) != 8 || float_kind(&cb) != 8 || wb.len / 8 != n + 1 || n < 1
+        || nb < 1) {
+        PyErr_SetString(PyExc_ValueError, "cand_counts: xs (n >= 1), W (n + 1), counts (>= 1) must be float64");
+        goto done;
+    }
+    {
+        const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf;
+        double *counts = (double *)cb.buf;
+        Py_BEGIN_ALLOW_THREADS
+        double lo = xs[0], hi = xs[n - 1], prev = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, 0))];
+        for (Py_ssize_t i = 0; i < nb; i++) {
+            double next = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, i + 1))];
+            counts[i] = next - prev;
+            prev = next;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&cb);
+f2:
+    PyBuffer_Release(&wb);
+f1:
+    PyBuffer_Release(&xb);
+    return res;
+}
+
+PyDoc_STRVAR(candidates_doc,
+"candidates(xs, W, dens, k, out) -> count\n\n"
+"The rest of centroids._candidates given dens = cbrt(counts) (nb bins): the sorted distinct values of\n"
+"xs[q], xs[pos], xs[max(pos - 1, 0)] (q: the elements covering linspace(0, W[-1] - 1, k) of the\n"
+"weights; pos: searchsorted(xs, v, 'left') of the k-point uniform grid and the k companding points\n"
+"interp(linspace(0, cdf[-1], k), cdf, edges)), into out (float64, >= 5 k); numpy's operations.\n"
+"-1 when -0.0 and 0.0 are both among them (which one np.unique keeps is its sort's choice).");
+
+static PyObject *py_candidates(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *dob, *oo;
+    Py_ssize_t k, cnt = 0;
+    if (!PyArg_ParseTuple(args, "OOOnO", &xo, &wo, &dob, &k, &oo)) return NULL;
+    Py_buffer xb, wb, db, ob;
+    PyObject *res = NULL;
+    double *work = NULL;
+    if (get_buf(xo, &xb, 0, "candidates xs") < 0) return NULL;
+    if (get_buf(wo, &wb, 0, "candidates W") < 0) goto f1;
+    if (get_buf(dob, &db, 0, "candidates dens") < 0) goto f2;
+    if (get_buf(oo, &ob, 1, "candidates out") < 0) goto f3;
+    Py_ssize_t n = xb.len / 8, nb = db.len / 8;
+    if (float_kind(&xb) != 8 || float_kind(&wb) != 8 || float_kind(&db) != 8 || float_kind(&ob) != 8
+        || wb.len / 8 != n + 1 || n < 1 || nb < 1 || k < 2 || k > PY_SSIZE_T_MAX / 16 || ob.len / 8 < 5 * k
+        || nb > PY_SSIZE_T_MAX / 32) {
+        PyErr_SetString(PyExc_ValueError,
+                        "candidates: float64 xs (n >= 1), W (n + 1), dens (>= 1), out (>= 5 k), k >= 2");
+        goto done;
+    }
+    work = (double *)PyMem_RawMalloc(2 * ((size_t)nb + 1) * sizeof(double));
+    if (!work) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *dens = (const double *)db.buf;
+        double *out = (double *)ob.buf, *cdf = work, *edges = work + nb + 1;
+        Py_BEGIN_ALLOW_THREADS
+        double lo = xs[0], hi = xs[n - 1];
+        cdf[0] = 0.0;
+        for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
+        for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
+        for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
+            Py_ssize_t q = search_right(W, n + 1, linspace_at(0.0, W[n] - 1, k, i)) - 1;
+            out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
+        }
+        for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
+            double v = i < k ? linspace_at(lo, hi, k, i)
+                             : interp_at(linspace_at(0.0, cdf[nb], k, i - k), cdf, edges, nb + 1);
+            Py_ssize_t p = search_left(xs, n, v);
+            if (p > n - 1) p = n - 1;
+            out[cnt++] = xs[p];
+            out[cnt++] = xs[p > 0 ? p - 1 : 0];
+        }
+        qsort(out, (size_t)cnt, sizeof(double), cmp_double);
+        Py_ssize_t u = 0;
+        for (Py_ssize_t i = 0; i < cnt; i++) {
+            if (i == 0 || out[i] != out[u - 1]) out[u++] = out[i];
+            else if (out[i] == 0.0 && signbit(out[i]) != signbit(out[u - 1])) { u = -1; break; }
+        }
+        cnt = u;
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(cnt);
+done:
+    PyMem_RawFree(work);
+    PyBuffer_Release(&ob);
+f3:
+    PyBuffer_Release(&db);
+f2:
+    PyBuffer_Release(&wb);
+f1:
+    PyBuffer_Release(&xb);
+    return res;
+}
+
 PyDoc_STRVAR(outside_doc,
 "outside(x, lo, hi, out_lo, out_hi) -> (n_lo, n_hi)\n\n"
 "The elements of x (float32 or float64) below lo / above hi, in index order, into out_lo / out_hi\n"
@@ -905,6 +1061,8 @@ static PyMethodDef methods[] = {
     {"outside", py_outside, METH_VARARGS, outside_doc},
     {"polish", py_polish, METH_VARARGS, polish_doc},
     {"prefix", py_prefix, METH_VARARGS, prefix_doc},
+    {"cand_counts", py_cand_counts, METH_VARARGS, cand_counts_doc},
+    {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},

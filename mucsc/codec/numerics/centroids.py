@@ -482,6 +482,10 @@ def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
     density for J is ~ f^(1/3) (J ~ sum_segments n w^2 / 6), so companding points concentrate
     candidates where levels go; quantiles and the uniform grid cover the rest.
     """
+    if kernels.use_c():
+        cand = _candidates_c(xs, W, m)
+        if cand is not None:
+            return cand
     d = xs.size
     lo, hi = xs[0], xs[-1]
     # element covering each cumulative weight (= rank linspace(0, d - 1) for unit weights)
@@ -498,6 +502,20 @@ def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
     pos = np.clip(np.searchsorted(xs, vals), 0, d - 1)  # snap to data values (levels sit on data)
     cand = np.unique(np.concatenate((xs[q], xs[pos], xs[np.maximum(pos - 1, 0)])))
     return cand
+
+
+def _candidates_c(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray | None:
+    """``_candidates`` in two compiled calls around numpy's own ``np.cbrt`` (numpy may use a SIMD
+    cube root: the kernels take its values rather than libm's); the same values, or None when -0.0
+    and 0.0 both occur among them (np.unique's pick between the two is its sort's)."""
+    xs = np.ascontiguousarray(xs, dtype=np.float64)
+    W = np.ascontiguousarray(W, dtype=np.float64)
+    k = m // 3 + 2
+    counts = np.empty(4 * m)
+    kernels.c_module().cand_counts(xs, W, counts)
+    out = np.empty(5 * k)
+    n = kernels.c_module().candidates(xs, W, np.cbrt(counts, out=counts), k, out)
+    return out[:n] if n >= 0 else None
 
 
 def _polish(S: _Sorted, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarray:
