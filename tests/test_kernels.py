@@ -191,6 +191,10 @@ def test_c_validates_buffers():
         m.candidates(v, w, np.ones(8), 4, np.empty(19))  # out shorter than 5 k
     with pytest.raises(ValueError):
         m.candidates(v, w, np.ones(8, np.float32), 4, np.empty(20))  # float32 densities
+    with pytest.raises(ValueError):
+        m.dp_polish(v, w, w, w, v[:5], 3, True, 5, np.empty(2))  # out shorter than min(z, m)
+    with pytest.raises(ValueError):
+        m.dp_polish(v, w, w[:10], w, v[:5], 3, True, 5, np.empty(3))  # P1 not n + 1 long
 
 
 @needs_c
@@ -237,6 +241,19 @@ def test_candidate_kernels_are_numpys(monkeypatch):
         np.testing.assert_array_equal(c.view(np.int64), n.view(np.int64))
         declined += centroids._candidates_c(xs, W, m) is None
     assert declined > 0  # the signed-zero rule was exercised
+
+
+@needs_c
+def test_dp_polish_kernel_is_dp_then_polish(monkeypatch):
+    """dp_polish (the DP and the polishing in one compiled call) gives the numpy path's levels for
+    unit and weighted data and for z below, at and above the number of candidates."""
+    for i, (xs, W, m) in enumerate(_candidate_inputs()[::3]):
+        shift = 0.5 * (xs[0] + xs[-1])
+        S = centroids._Sorted(xs - shift, np.diff(W) if i % 2 else None)
+        cand = centroids._candidates(xs, S.W, m) - shift
+        for z in (3, 16, cand.size, cand.size + 5):
+            c, n = both(monkeypatch, lambda: centroids._dp_polish(S, cand, z))
+            np.testing.assert_array_equal(c.view(np.int64), n.view(np.int64))
 
 
 @needs_c

@@ -8,6 +8,7 @@
  * cand_counts, candidates: centroids._candidates (numpy's linspace, searchsorted, interp and
  *            unique, reproduced operation by operation; np.cbrt stays numpy's, between the two).
  * polish:    the exact coordinate polishing of centroids._polish (same operations and order).
+ * dp_polish: centroids._dp_polish: the DP's levels among candidates, then polish, in one call.
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
  * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
@@ -340,6 +341,32 @@ static void dc(const dp_ctx *q, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t olo, Py
     }
 }
 
+/* The DP of centroids.dp_levels (2 <= z < m): the best z of m candidates into idx.  Work buffers:
+ * prev, cur (m doubles each), argm (z * m int32, zeroed). */
+static void dp_run(const double *v, const double *n, const double *s1, const double *s2, Py_ssize_t m,
+                   Py_ssize_t z, int64_t *idx, double *prev, double *cur, int32_t *argm)
+{
+    dp_ctx q = {v, n, s1, s2, prev, cur, NULL};
+    for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
+    prev[0] = 0.0;
+    for (Py_ssize_t k = 1; k < z; k++) {
+        Py_ssize_t jlo = k, jhi = (k < z - 1) ? m - 1 - (z - 1 - k) : m - 1;
+        if (k == z - 1) jlo = m - 1;
+        for (Py_ssize_t j = 0; j < m; j++) cur[j] = INFINITY;
+        q.prev = prev;
+        q.cur = cur;
+        q.arg = argm + (size_t)k * (size_t)m;
+        dc(&q, jlo, jhi, k - 1, jhi - 1);
+        double *t = prev; prev = cur; cur = t;
+    }
+    Py_ssize_t j = m - 1;
+    for (Py_ssize_t k = z - 1; k > 0; k--) {
+        idx[k] = j;
+        j = argm[(size_t)k * (size_t)m + (size_t)j];
+    }
+    idx[0] = 0;
+}
+
 PyDoc_STRVAR(dp_doc,
 "dp_levels(v, n, s1, s2, z, idx)\n\n"
 "Indices of the best z of the m candidates v (float64, m > z >= 2) into idx (int64, length z):\n"
@@ -384,26 +411,8 @@ static PyObject *py_dp_levels(PyObject *self, PyObject *args)
     if (!prev || !cur || !argm) { PyErr_NoMemory(); goto done; }
     int64_t *idx = (int64_t *)ib.buf;
     Py_BEGIN_ALLOW_THREADS
-    dp_ctx q = {(const double *)b[0].buf, (const double *)b[1].buf, (const double *)b[2].buf,
-                (const double *)b[3].buf, prev, cur, NULL};
-    for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
-    prev[0] = 0.0;
-    for (Py_ssize_t k = 1; k < z; k++) {
-        Py_ssize_t jlo = k, jhi = (k < z - 1) ? m - 1 - (z - 1 - k) : m - 1;
-        if (k == z - 1) jlo = m - 1;
-        for (Py_ssize_t j = 0; j < m; j++) cur[j] = INFINITY;
-        q.prev = prev;
-        q.cur = cur;
-        q.arg = argm + (size_t)k * (size_t)m;
-        dc(&q, jlo, jhi, k - 1, jhi - 1);
-        double *t = prev; prev = cur; cur = t;
-    }
-    Py_ssize_t j = m - 1;
-    for (Py_ssize_t k = z - 1; k > 0; k--) {
-        idx[k] = j;
-        j = argm[(size_t)k * (size_t)m + (size_t)j];
-    }
-    idx[0] = 0;
+    dp_run((const double *)b[0].buf, (const double *)b[1].buf, (const double *)b[2].buf,
+           (const double *)b[3].buf, m, z, idx, prev, cur, argm);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
@@ -440,6 +449,50 @@ static inline Py_ssize_t search_left(const double *a, Py_ssize_t n, double key)
     return lo;
 }
 
+/* centroids._polish on c (z levels) in place; fresh: z / 2 + 1 doubles.  Returns the sweeps run. */
+static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const double *p1, double *c,
+                             Py_ssize_t z, int unit, Py_ssize_t sweeps, double *fresh)
+{
+    Py_ssize_t done_sweeps = 0;
+    for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
+        int changed = 0;
+        done_sweeps++;
+        for (Py_ssize_t parity = 1; parity <= 2; parity++) {
+            int differ = 0;
+            Py_ssize_t k = 0;
+            /* every new value of this parity from the levels before it (numpy's vector step) */
+            for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
+                double a = c[j - 1], b = c[j + 1];
+                Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
+                double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
+                double t = T / (b - a);
+                double v = c[j];
+                if (hi > lo && t > 0) {
+                    Py_ssize_t rank;
+                    if (unit) {
+                        rank = lo - 1 + (Py_ssize_t)ceil(t);
+                    } else {
+                        Py_ssize_t i = search_left(W, n + 1, W[lo] + t);
+                        rank = (i > lo + 1 ? i : lo + 1) - 1;
+                    }
+                    if (rank < 0) rank = 0;
+                    if (rank > n - 1) rank = n - 1;
+                    v = xs[rank];
+                }
+                fresh[k] = v;
+                if (!(v == c[j])) differ = 1;
+            }
+            if (differ) {
+                changed = 1;
+                k = 0;
+                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
+            }
+        }
+        if (!changed) break;
+    }
+    return done_sweeps;
+}
+
 PyDoc_STRVAR(polish_doc,
 "polish(xs, W, P1, c, unit, sweeps) -> number of sweeps run\n\n"
 "centroids._polish in place on c (float64): ALQ coordinate updates, odd then even levels, on the\n"
@@ -469,44 +522,8 @@ static PyObject *py_polish(PyObject *self, PyObject *args)
     if (!fresh) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *p1 = (const double *)pb.buf;
-        double *c = (double *)cb.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
-            int changed = 0;
-            done_sweeps++;
-            for (Py_ssize_t parity = 1; parity <= 2; parity++) {
-                int differ = 0;
-                Py_ssize_t k = 0;
-                /* every new value of this parity from the levels before it (numpy's vector step) */
-                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
-                    double a = c[j - 1], b = c[j + 1];
-                    Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
-                    double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
-                    double t = T / (b - a);
-                    double v = c[j];
-                    if (hi > lo && t > 0) {
-                        Py_ssize_t rank;
-                        if (unit) {
-                            rank = lo - 1 + (Py_ssize_t)ceil(t);
-                        } else {
-                            Py_ssize_t i = search_left(W, n + 1, W[lo] + t);
-                            rank = (i > lo + 1 ? i : lo + 1) - 1;
-                        }
-                        if (rank < 0) rank = 0;
-                        if (rank > n - 1) rank = n - 1;
-                        v = xs[rank];
-                    }
-                    fresh[k] = v;
-                    if (!(v == c[j])) differ = 1;
-                }
-                if (differ) {
-                    changed = 1;
-                    k = 0;
-                    for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
-                }
-            }
-            if (!changed) break;
-        }
+        done_sweeps = polish_run(xs, n, W, p1, (double *)cb.buf, z, unit, sweeps, fresh);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(done_sweeps);
@@ -519,6 +536,70 @@ f2:
     PyBuffer_Release(&wb);
 f1:
     PyBuffer_Release(&xb);
+    return res;
+}
+
+PyDoc_STRVAR(dp_polish_doc,
+"dp_polish(xc, W, P1, P2, cand, z, unit, sweeps, out) -> count\n\n"
+"centroids._dp_polish: the DP's best min(z, m) of the m sorted distinct candidates cand (centred like\n"
+"xc; its prefix sums W, P1, P2 read at searchsorted(xc, cand, 'left')), polished as by polish(), into\n"
+"out (float64, >= min(z, m)).  The operations of dp_levels and polish in one call.");
+
+static PyObject *py_dp_polish(PyObject *self, PyObject *args)
+{
+    PyObject *o[5], *oo;
+    Py_ssize_t z, sweeps, count = 0;
+    int unit;
+    if (!PyArg_ParseTuple(args, "OOOOOnpnO", &o[0], &o[1], &o[2], &o[3], &o[4], &z, &unit, &sweeps, &oo))
+        return NULL;
+    Py_buffer b[5], ob;
+    int got = 0;
+    PyObject *res = NULL;
+    double *work = NULL;
+    int32_t *argm = NULL;
+    int64_t *idx = NULL;
+    for (; got < 5; got++)
+        if (get_buf(o[got], &b[got], 0, "dp_polish input") < 0) goto fail_bufs;
+    if (get_buf(oo, &ob, 1, "dp_polish out") < 0) goto fail_bufs;
+    Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
+    count = z < m ? z : m;
+    int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && ob.len / 8 >= count
+             && (size_t)count <= ((size_t)PY_SSIZE_T_MAX / 8) / (size_t)m;
+    for (int k = 0; k < 5; k++) ok = ok && float_kind(&b[k]) == 8 && (k == 0 || k == 4 || b[k].len / 8 == n + 1);
+    if (!ok || float_kind(&ob) != 8) {
+        PyErr_SetString(PyExc_ValueError, "dp_polish: float64 xc (n >= 1), W, P1, P2 (n + 1), cand (m), "
+                                          "out (>= min(z, m)); 2 <= z, m < 2^31");
+        goto done;
+    }
+    work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
+    idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
+    argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
+    if (!work || !idx || !argm) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xc = (const double *)b[0].buf, *W = (const double *)b[1].buf;
+        const double *P1 = (const double *)b[2].buf, *P2 = (const double *)b[3].buf;
+        const double *cand = (const double *)b[4].buf;
+        double *vn = work, *v1 = vn + m, *v2 = v1 + m, *prev = v2 + m, *cur = prev + m, *fresh = cur + m;
+        double *out = (double *)ob.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_ssize_t p = search_left(xc, n, cand[i]);
+            vn[i] = W[p]; v1[i] = P1[p]; v2[i] = P2[p];
+        }
+        if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
+        else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
+        for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
+        polish_run(xc, n, W, P1, out, count, unit, sweeps, fresh);
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(count);
+done:
+    PyMem_RawFree(work);
+    PyMem_RawFree(idx);
+    PyMem_RawFree(argm);
+    PyBuffer_Release(&ob);
+fail_bufs:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
     return res;
 }
 
@@ -1062,6 +1143,7 @@ static PyMethodDef methods[] = {
     {"polish", py_polish, METH_VARARGS, polish_doc},
     {"prefix", py_prefix, METH_VARARGS, prefix_doc},
     {"cand_counts", py_cand_counts, METH_VARARGS, cand_counts_doc},
+    {"dp_polish", py_dp_polish, METH_VARARGS, dp_polish_doc},
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},

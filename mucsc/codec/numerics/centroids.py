@@ -574,9 +574,7 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
     m = int(min(xs.size, max(CAND_MIN, CAND_PER_LEVEL * zd)))
     cand = _candidates(xs, S.W, m) - shift
     del xs
-    pos = np.searchsorted(S.xc, cand, side="left")
-    idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], zd)
-    c = _polish(S, np.unique(cand[idx]))
+    c = _dp_polish(S, cand, zd)
     if z > zd:
         zr = min(z, DP_REFINE_MAX_Z)
         c = _polish(S, _insert_levels(S, c, zr))
@@ -584,6 +582,19 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
         if z > zr:
             c = _polish(S, _insert_levels(S, c, z))
     return c + shift
+
+
+def _dp_polish(S: _Sorted, cand: np.ndarray, z: int) -> np.ndarray:
+    """The best ``z`` of the sorted distinct candidates ``cand`` (centred like S.xc) by the DP, then
+    polished; with the kernels in one call (~10 numpy calls fewer: they dominate small inputs)."""
+    if kernels.use_c() and cand.size < 1 << 31:
+        out = np.empty(min(z, cand.size))
+        kernels.c_module().dp_polish(S.xc, S.W, S.P1, S.P2, np.ascontiguousarray(cand, np.float64), z, S.unit,
+                                     POLISH_SWEEPS, out)
+        return out
+    pos = np.searchsorted(S.xc, cand, side="left")
+    idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], z)
+    return _polish(S, np.unique(cand[idx]))
 
 
 def _refine_dp(S: _Sorted, c: np.ndarray) -> np.ndarray:
