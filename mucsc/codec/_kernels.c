@@ -77,6 +77,26 @@ static int float_kind(const Py_buffer *b)
     return 0;
 }
 
+static void release_bufs(Py_buffer *b, int k)
+{
+    for (int i = 0; i < k; i++) PyBuffer_Release(&b[i]);
+}
+
+/* o[0..k) as C-contiguous float64 buffers, writable from index first_writable on; on failure what
+ * was taken is released and -1 returned (ValueError set). */
+static int get_f64_bufs(PyObject *const *o, Py_buffer *b, int k, int first_writable, const char *name)
+{
+    for (int i = 0; i < k; i++) {
+        if (get_buf(o[i], &b[i], i >= first_writable, name) < 0) { release_bufs(b, i); return -1; }
+        if (float_kind(&b[i]) != 8) {
+            release_bufs(b, i + 1);
+            PyErr_Format(PyExc_ValueError, "%s: float64 buffers needed", name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* stochastic rounding                                                                             */
 /* ---------------------------------------------------------------------------------------------- */
@@ -547,26 +567,23 @@ PyDoc_STRVAR(dp_polish_doc,
 
 static PyObject *py_dp_polish(PyObject *self, PyObject *args)
 {
-    PyObject *o[5], *oo;
+    PyObject *o[6];
+    Py_buffer b[6];
     Py_ssize_t z, sweeps, count = 0;
     int unit;
-    if (!PyArg_ParseTuple(args, "OOOOOnpnO", &o[0], &o[1], &o[2], &o[3], &o[4], &z, &unit, &sweeps, &oo))
+    if (!PyArg_ParseTuple(args, "OOOOOnpnO", &o[0], &o[1], &o[2], &o[3], &o[4], &z, &unit, &sweeps, &o[5]))
         return NULL;
-    Py_buffer b[5], ob;
-    int got = 0;
+    if (get_f64_bufs(o, b, 6, 5, "dp_polish") < 0) return NULL;
     PyObject *res = NULL;
     double *work = NULL;
     int32_t *argm = NULL;
     int64_t *idx = NULL;
-    for (; got < 5; got++)
-        if (get_buf(o[got], &b[got], 0, "dp_polish input") < 0) goto fail_bufs;
-    if (get_buf(oo, &ob, 1, "dp_polish out") < 0) goto fail_bufs;
     Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
     count = z < m ? z : m;
-    int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && ob.len / 8 >= count
+    int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && b[5].len / 8 >= count
              && (size_t)count <= ((size_t)PY_SSIZE_T_MAX / 8) / (size_t)m;
-    for (int k = 0; k < 5; k++) ok = ok && float_kind(&b[k]) == 8 && (k == 0 || k == 4 || b[k].len / 8 == n + 1);
-    if (!ok || float_kind(&ob) != 8) {
+    for (int k = 1; k < 4; k++) ok = ok && b[k].len / 8 == n + 1;
+    if (!ok) {
         PyErr_SetString(PyExc_ValueError, "dp_polish: float64 xc (n >= 1), W, P1, P2 (n + 1), cand (m), "
                                           "out (>= min(z, m)); 2 <= z, m < 2^31");
         goto done;
@@ -580,7 +597,7 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
         const double *P1 = (const double *)b[2].buf, *P2 = (const double *)b[3].buf;
         const double *cand = (const double *)b[4].buf;
         double *vn = work, *v1 = vn + m, *v2 = v1 + m, *prev = v2 + m, *cur = prev + m, *fresh = cur + m;
-        double *out = (double *)ob.buf;
+        double *out = (double *)b[5].buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < m; i++) {
             Py_ssize_t p = search_left(xc, n, cand[i]);
@@ -597,9 +614,7 @@ done:
     PyMem_RawFree(work);
     PyMem_RawFree(idx);
     PyMem_RawFree(argm);
-    PyBuffer_Release(&ob);
-fail_bufs:
-    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    release_bufs(b, 6);
     return res;
 }
 
@@ -698,40 +713,28 @@ PyDoc_STRVAR(cand_counts_doc,
 
 static PyObject *py_cand_counts(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *co;
-    if (!PyArg_ParseTuple(args, "OOO", &xo, &wo, &co)) return NULL;
-    Py_buffer xb, wb, cb;
-    PyObject *res = NULL;
-    if (get_buf(xo, &xb, 0, "cand_counts xs") < 0) return NULL;
-    if (get_buf(wo, &wb, 0, "cand_counts W") < 0) goto f1;
-    if (get_buf(co, &cb, 1, "cand_counts counts") < 0) goto f2;
-    Py_ssize_t n = xb.len / 8, nb = cb.len / 8;
-    if (float_kind(&xb) != 8 || float_kind(&wb) != 8 || float_kind(&cb) != 8 || wb.len / 8 != n + 1 || n < 1
-        || nb < 1) {
+    PyObject *o[3];
+    Py_buffer bf[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    if (get_f64_bufs(o, bf, 3, 2, "cand_counts") < 0) return NULL;
+    Py_ssize_t n = bf[0].len / 8, nb = bf[2].len / 8;
+    if (bf[1].len / 8 != n + 1 || n < 1 || nb < 1) {
         PyErr_SetString(PyExc_ValueError, "cand_counts: xs (n >= 1), W (n + 1), counts (>= 1) must be float64");
-        goto done;
+        release_bufs(bf, 3);
+        return NULL;
     }
-    {
-        const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf;
-        double *counts = (double *)cb.buf;
-        Py_BEGIN_ALLOW_THREADS
-        double lo = xs[0], hi = xs[n - 1], prev = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, 0))];
-        for (Py_ssize_t i = 0; i < nb; i++) {
-            double next = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, i + 1))];
-            counts[i] = next - prev;
-            prev = next;
-        }
-        Py_END_ALLOW_THREADS
+    const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+    double *counts = (double *)bf[2].buf;
+    Py_BEGIN_ALLOW_THREADS
+    double lo = xs[0], hi = xs[n - 1], prev = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, 0))];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        double next = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, i + 1))];
+        counts[i] = next - prev;
+        prev = next;
     }
-    Py_INCREF(Py_None);
-    res = Py_None;
-done:
-    PyBuffer_Release(&cb);
-f2:
-    PyBuffer_Release(&wb);
-f1:
-    PyBuffer_Release(&xb);
-    return res;
+    Py_END_ALLOW_THREADS
+    release_bufs(bf, 3);
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(candidates_doc,
@@ -744,19 +747,15 @@ PyDoc_STRVAR(candidates_doc,
 
 static PyObject *py_candidates(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *dob, *oo;
+    PyObject *o[4];
+    Py_buffer bf[4];
     Py_ssize_t k, cnt = 0;
-    if (!PyArg_ParseTuple(args, "OOOnO", &xo, &wo, &dob, &k, &oo)) return NULL;
-    Py_buffer xb, wb, db, ob;
+    if (!PyArg_ParseTuple(args, "OOOnO", &o[0], &o[1], &o[2], &k, &o[3])) return NULL;
+    if (get_f64_bufs(o, bf, 4, 3, "candidates") < 0) return NULL;
     PyObject *res = NULL;
     double *work = NULL;
-    if (get_buf(xo, &xb, 0, "candidates xs") < 0) return NULL;
-    if (get_buf(wo, &wb, 0, "candidates W") < 0) goto f1;
-    if (get_buf(dob, &db, 0, "candidates dens") < 0) goto f2;
-    if (get_buf(oo, &ob, 1, "candidates out") < 0) goto f3;
-    Py_ssize_t n = xb.len / 8, nb = db.len / 8;
-    if (float_kind(&xb) != 8 || float_kind(&wb) != 8 || float_kind(&db) != 8 || float_kind(&ob) != 8
-        || wb.len / 8 != n + 1 || n < 1 || nb < 1 || k < 2 || k > PY_SSIZE_T_MAX / 16 || ob.len / 8 < 5 * k
+    Py_ssize_t n = bf[0].len / 8, nb = bf[2].len / 8;
+    if (bf[1].len / 8 != n + 1 || n < 1 || nb < 1 || k < 2 || k > PY_SSIZE_T_MAX / 16 || bf[3].len / 8 < 5 * k
         || nb > PY_SSIZE_T_MAX / 32) {
         PyErr_SetString(PyExc_ValueError,
                         "candidates: float64 xs (n >= 1), W (n + 1), dens (>= 1), out (>= 5 k), k >= 2");
@@ -765,8 +764,9 @@ static PyObject *py_candidates(PyObject *self, PyObject *args)
     work = (double *)PyMem_RawMalloc(2 * ((size_t)nb + 1) * sizeof(double));
     if (!work) { PyErr_NoMemory(); goto done; }
     {
-        const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *dens = (const double *)db.buf;
-        double *out = (double *)ob.buf, *cdf = work, *edges = work + nb + 1;
+        const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+        const double *dens = (const double *)bf[2].buf;
+        double *out = (double *)bf[3].buf, *cdf = work, *edges = work + nb + 1;
         Py_BEGIN_ALLOW_THREADS
         double lo = xs[0], hi = xs[n - 1];
         cdf[0] = 0.0;
@@ -796,13 +796,7 @@ static PyObject *py_candidates(PyObject *self, PyObject *args)
     res = PyLong_FromSsize_t(cnt);
 done:
     PyMem_RawFree(work);
-    PyBuffer_Release(&ob);
-f3:
-    PyBuffer_Release(&db);
-f2:
-    PyBuffer_Release(&wb);
-f1:
-    PyBuffer_Release(&xb);
+    release_bufs(bf, 4);
     return res;
 }
 
