@@ -221,3 +221,19 @@ def test_progress_hook_must_be_callable():
         mucsc.encode(np.ones(4, "f4"), progress=1)
     with pytest.raises(mucsc.ParameterError, match="progress must be a callable"):
         mucsc.decode(mucsc.encode(np.ones(4, "f4")), progress="bar")
+
+
+def test_header_check_remembers_only_headers_that_passed():
+    """The writer's header check skips re-parsing a header that passed before (the same shapes and
+    codec round after round) and never remembers one that failed."""
+    from mucsc.codec.api import messages
+
+    bad = fmt.Header((fmt.Record("w", "bogus", (3,)),), (fmt.Group("raw", {}, (0,), "bogus"),), "dict", {})
+    for _ in range(2):
+        with pytest.raises(InputError, match="header would be invalid"):
+            messages._check_header(bad)
+    assert bad.to_json() not in messages._VALID_HEADERS
+    good = fmt.Header((fmt.Record("w", "float32", (3,)),), (fmt.Group("raw", {}, (0,), "float32"),), "dict", {})
+    raw = messages._check_header(good)
+    assert raw == good.to_json() and raw in messages._VALID_HEADERS
+    assert len(messages._VALID_HEADERS) <= messages._VALID_HEADER_COUNT

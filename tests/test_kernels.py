@@ -185,6 +185,16 @@ def test_c_validates_buffers():
         m.prefix(v, 0.0, np.empty(10), np.empty((3, 10)))  # buf not 3 x (n + 1)
     with pytest.raises(ValueError):
         m.prefix(v, 0.0, np.empty(9), np.empty((3, 11)))  # xc not n long
+    with pytest.raises(ValueError):
+        m.cand_counts(v, w[:10], np.empty(8))  # W not n + 1 long
+    with pytest.raises(ValueError):
+        m.candidates(v, w, np.ones(8), 4, np.empty(19))  # out shorter than 5 k
+    with pytest.raises(ValueError):
+        m.candidates(v, w, np.ones(8, np.float32), 4, np.empty(20))  # float32 densities
+    with pytest.raises(ValueError):
+        m.dp_polish(v, w, w, w, v[:5], 3, True, 5, np.empty(2))  # out shorter than min(z, m)
+    with pytest.raises(ValueError):
+        m.dp_polish(v, w, w[:10], w, v[:5], 3, True, 5, np.empty(3))  # P1 not n + 1 long
 
 
 @needs_c
@@ -198,6 +208,52 @@ def test_prefix_kernel_is_numpys_cumsum(n):
     b = centroids._Sorted(xs - shift, None)
     for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
         np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
+
+
+def _candidate_inputs():
+    """(sorted float64 data, prefix weights W, m): unit and non-unit weights, heavy tails, ties,
+    many zeros, tiny scales, both signs of zero, sizes 3..3e4 and m from 3 to 3072."""
+    rng = np.random.default_rng(21)
+    out = []
+    for i in range(60):
+        d = int(rng.integers(3, 30_000))
+        x = [rng.standard_normal(d), rng.standard_t(2, d), rng.integers(-5, 6, d).astype(float),
+             np.where(rng.random(d) < 0.7, 0.0, rng.standard_normal(d)), 1e-30 * rng.standard_normal(d),
+             np.concatenate((g := rng.standard_normal(d), -g, [-0.0, 0.0] * 3)), rng.exponential(1.0, d) ** 3][i % 7]
+        xs = np.sort(x.astype((np.float32, np.float64)[i % 2])).astype(np.float64)
+        if xs[0] == xs[-1]:
+            continue
+        w = np.concatenate(([0.0], np.cumsum(rng.random(xs.size) + 0.5))) if i % 3 == 0 else None
+        W = np.arange(xs.size + 1, dtype=np.float64) if w is None else w
+        for m in (3, 40, 384, 3072):
+            out.append((xs, W, min(m, xs.size)))
+    return out
+
+
+@needs_c
+def test_candidate_kernels_are_numpys(monkeypatch):
+    """The compiled _candidates (numpy's linspace, searchsorted, interp, unique in C around numpy's
+    cbrt) gives numpy's candidates bit for bit, signs of zero included; with both signs of zero
+    among them it declines (None) and the numpy path runs."""
+    declined = 0
+    for xs, W, m in _candidate_inputs():
+        c, n = both(monkeypatch, lambda: centroids._candidates(xs, W, m))
+        np.testing.assert_array_equal(c.view(np.int64), n.view(np.int64))
+        declined += centroids._candidates_c(xs, W, m) is None
+    assert declined > 0  # the signed-zero rule was exercised
+
+
+@needs_c
+def test_dp_polish_kernel_is_dp_then_polish(monkeypatch):
+    """dp_polish (the DP and the polishing in one compiled call) gives the numpy path's levels for
+    unit and weighted data and for z below, at and above the number of candidates."""
+    for i, (xs, W, m) in enumerate(_candidate_inputs()[::3]):
+        shift = 0.5 * (xs[0] + xs[-1])
+        S = centroids._Sorted(xs - shift, np.diff(W) if i % 2 else None)
+        cand = centroids._candidates(xs, S.W, m) - shift
+        for z in (3, 16, cand.size, cand.size + 5):
+            c, n = both(monkeypatch, lambda: centroids._dp_polish(S, cand, z))
+            np.testing.assert_array_equal(c.view(np.int64), n.view(np.int64))
 
 
 @needs_c

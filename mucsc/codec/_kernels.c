@@ -5,7 +5,10 @@
  * dp_levels: the divide-and-conquer DP of centroids.dp_levels (same cost formula, same operation
  *            order, same leftmost-argmin tie rule), bit-identical to the numpy path.
  * prefix:    centroids._Sorted's unit-weight prefix sums in one pass (numpy's sequential cumsum).
+ * cand_counts, candidates: centroids._candidates (numpy's linspace, searchsorted, interp and
+ *            unique, reproduced operation by operation; np.cbrt stays numpy's, between the two).
  * polish:    the exact coordinate polishing of centroids._polish (same operations and order).
+ * dp_polish: centroids._dp_polish: the DP's levels among candidates, then polish, in one call.
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
  * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
@@ -18,6 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -70,6 +74,26 @@ static int float_kind(const Py_buffer *b)
     char c = fmt_char(b);
     if (c == 'f' && b->itemsize == 4) return 4;
     if (c == 'd' && b->itemsize == 8) return 8;
+    return 0;
+}
+
+static void release_bufs(Py_buffer *b, int k)
+{
+    for (int i = 0; i < k; i++) PyBuffer_Release(&b[i]);
+}
+
+/* o[0..k) as C-contiguous float64 buffers, writable from index first_writable on; on failure what
+ * was taken is released and -1 returned (ValueError set). */
+static int get_f64_bufs(PyObject *const *o, Py_buffer *b, int k, int first_writable, const char *name)
+{
+    for (int i = 0; i < k; i++) {
+        if (get_buf(o[i], &b[i], i >= first_writable, name) < 0) { release_bufs(b, i); return -1; }
+        if (float_kind(&b[i]) != 8) {
+            release_bufs(b, i + 1);
+            PyErr_Format(PyExc_ValueError, "%s: float64 buffers needed", name);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -337,6 +361,32 @@ static void dc(const dp_ctx *q, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t olo, Py
     }
 }
 
+/* The DP of centroids.dp_levels (2 <= z < m): the best z of m candidates into idx.  Work buffers:
+ * prev, cur (m doubles each), argm (z * m int32, zeroed). */
+static void dp_run(const double *v, const double *n, const double *s1, const double *s2, Py_ssize_t m,
+                   Py_ssize_t z, int64_t *idx, double *prev, double *cur, int32_t *argm)
+{
+    dp_ctx q = {v, n, s1, s2, prev, cur, NULL};
+    for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
+    prev[0] = 0.0;
+    for (Py_ssize_t k = 1; k < z; k++) {
+        Py_ssize_t jlo = k, jhi = (k < z - 1) ? m - 1 - (z - 1 - k) : m - 1;
+        if (k == z - 1) jlo = m - 1;
+        for (Py_ssize_t j = 0; j < m; j++) cur[j] = INFINITY;
+        q.prev = prev;
+        q.cur = cur;
+        q.arg = argm + (size_t)k * (size_t)m;
+        dc(&q, jlo, jhi, k - 1, jhi - 1);
+        double *t = prev; prev = cur; cur = t;
+    }
+    Py_ssize_t j = m - 1;
+    for (Py_ssize_t k = z - 1; k > 0; k--) {
+        idx[k] = j;
+        j = argm[(size_t)k * (size_t)m + (size_t)j];
+    }
+    idx[0] = 0;
+}
+
 PyDoc_STRVAR(dp_doc,
 "dp_levels(v, n, s1, s2, z, idx)\n\n"
 "Indices of the best z of the m candidates v (float64, m > z >= 2) into idx (int64, length z):\n"
@@ -381,26 +431,8 @@ static PyObject *py_dp_levels(PyObject *self, PyObject *args)
     if (!prev || !cur || !argm) { PyErr_NoMemory(); goto done; }
     int64_t *idx = (int64_t *)ib.buf;
     Py_BEGIN_ALLOW_THREADS
-    dp_ctx q = {(const double *)b[0].buf, (const double *)b[1].buf, (const double *)b[2].buf,
-                (const double *)b[3].buf, prev, cur, NULL};
-    for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
-    prev[0] = 0.0;
-    for (Py_ssize_t k = 1; k < z; k++) {
-        Py_ssize_t jlo = k, jhi = (k < z - 1) ? m - 1 - (z - 1 - k) : m - 1;
-        if (k == z - 1) jlo = m - 1;
-        for (Py_ssize_t j = 0; j < m; j++) cur[j] = INFINITY;
-        q.prev = prev;
-        q.cur = cur;
-        q.arg = argm + (size_t)k * (size_t)m;
-        dc(&q, jlo, jhi, k - 1, jhi - 1);
-        double *t = prev; prev = cur; cur = t;
-    }
-    Py_ssize_t j = m - 1;
-    for (Py_ssize_t k = z - 1; k > 0; k--) {
-        idx[k] = j;
-        j = argm[(size_t)k * (size_t)m + (size_t)j];
-    }
-    idx[0] = 0;
+    dp_run((const double *)b[0].buf, (const double *)b[1].buf, (const double *)b[2].buf,
+           (const double *)b[3].buf, m, z, idx, prev, cur, argm);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
@@ -437,6 +469,50 @@ static inline Py_ssize_t search_left(const double *a, Py_ssize_t n, double key)
     return lo;
 }
 
+/* centroids._polish on c (z levels) in place; fresh: z / 2 + 1 doubles.  Returns the sweeps run. */
+static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const double *p1, double *c,
+                             Py_ssize_t z, int unit, Py_ssize_t sweeps, double *fresh)
+{
+    Py_ssize_t done_sweeps = 0;
+    for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
+        int changed = 0;
+        done_sweeps++;
+        for (Py_ssize_t parity = 1; parity <= 2; parity++) {
+            int differ = 0;
+            Py_ssize_t k = 0;
+            /* every new value of this parity from the levels before it (numpy's vector step) */
+            for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
+                double a = c[j - 1], b = c[j + 1];
+                Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
+                double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
+                double t = T / (b - a);
+                double v = c[j];
+                if (hi > lo && t > 0) {
+                    Py_ssize_t rank;
+                    if (unit) {
+                        rank = lo - 1 + (Py_ssize_t)ceil(t);
+                    } else {
+                        Py_ssize_t i = search_left(W, n + 1, W[lo] + t);
+                        rank = (i > lo + 1 ? i : lo + 1) - 1;
+                    }
+                    if (rank < 0) rank = 0;
+                    if (rank > n - 1) rank = n - 1;
+                    v = xs[rank];
+                }
+                fresh[k] = v;
+                if (!(v == c[j])) differ = 1;
+            }
+            if (differ) {
+                changed = 1;
+                k = 0;
+                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
+            }
+        }
+        if (!changed) break;
+    }
+    return done_sweeps;
+}
+
 PyDoc_STRVAR(polish_doc,
 "polish(xs, W, P1, c, unit, sweeps) -> number of sweeps run\n\n"
 "centroids._polish in place on c (float64): ALQ coordinate updates, odd then even levels, on the\n"
@@ -466,44 +542,8 @@ static PyObject *py_polish(PyObject *self, PyObject *args)
     if (!fresh) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *p1 = (const double *)pb.buf;
-        double *c = (double *)cb.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
-            int changed = 0;
-            done_sweeps++;
-            for (Py_ssize_t parity = 1; parity <= 2; parity++) {
-                int differ = 0;
-                Py_ssize_t k = 0;
-                /* every new value of this parity from the levels before it (numpy's vector step) */
-                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
-                    double a = c[j - 1], b = c[j + 1];
-                    Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
-                    double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
-                    double t = T / (b - a);
-                    double v = c[j];
-                    if (hi > lo && t > 0) {
-                        Py_ssize_t rank;
-                        if (unit) {
-                            rank = lo - 1 + (Py_ssize_t)ceil(t);
-                        } else {
-                            Py_ssize_t i = search_left(W, n + 1, W[lo] + t);
-                            rank = (i > lo + 1 ? i : lo + 1) - 1;
-                        }
-                        if (rank < 0) rank = 0;
-                        if (rank > n - 1) rank = n - 1;
-                        v = xs[rank];
-                    }
-                    fresh[k] = v;
-                    if (!(v == c[j])) differ = 1;
-                }
-                if (differ) {
-                    changed = 1;
-                    k = 0;
-                    for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
-                }
-            }
-            if (!changed) break;
-        }
+        done_sweeps = polish_run(xs, n, W, p1, (double *)cb.buf, z, unit, sweeps, fresh);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(done_sweeps);
@@ -516,6 +556,65 @@ f2:
     PyBuffer_Release(&wb);
 f1:
     PyBuffer_Release(&xb);
+    return res;
+}
+
+PyDoc_STRVAR(dp_polish_doc,
+"dp_polish(xc, W, P1, P2, cand, z, unit, sweeps, out) -> count\n\n"
+"centroids._dp_polish: the DP's best min(z, m) of the m sorted distinct candidates cand (centred like\n"
+"xc; its prefix sums W, P1, P2 read at searchsorted(xc, cand, 'left')), polished as by polish(), into\n"
+"out (float64, >= min(z, m)).  The operations of dp_levels and polish in one call.");
+
+static PyObject *py_dp_polish(PyObject *self, PyObject *args)
+{
+    PyObject *o[6];
+    Py_buffer b[6];
+    Py_ssize_t z, sweeps, count = 0;
+    int unit;
+    if (!PyArg_ParseTuple(args, "OOOOOnpnO", &o[0], &o[1], &o[2], &o[3], &o[4], &z, &unit, &sweeps, &o[5]))
+        return NULL;
+    if (get_f64_bufs(o, b, 6, 5, "dp_polish") < 0) return NULL;
+    PyObject *res = NULL;
+    double *work = NULL;
+    int32_t *argm = NULL;
+    int64_t *idx = NULL;
+    Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
+    count = z < m ? z : m;
+    int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && b[5].len / 8 >= count
+             && (size_t)count <= ((size_t)PY_SSIZE_T_MAX / 8) / (size_t)m;
+    for (int k = 1; k < 4; k++) ok = ok && b[k].len / 8 == n + 1;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "dp_polish: float64 xc (n >= 1), W, P1, P2 (n + 1), cand (m), "
+                                          "out (>= min(z, m)); 2 <= z, m < 2^31");
+        goto done;
+    }
+    work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
+    idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
+    argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
+    if (!work || !idx || !argm) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xc = (const double *)b[0].buf, *W = (const double *)b[1].buf;
+        const double *P1 = (const double *)b[2].buf, *P2 = (const double *)b[3].buf;
+        const double *cand = (const double *)b[4].buf;
+        double *vn = work, *v1 = vn + m, *v2 = v1 + m, *prev = v2 + m, *cur = prev + m, *fresh = cur + m;
+        double *out = (double *)b[5].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_ssize_t p = search_left(xc, n, cand[i]);
+            vn[i] = W[p]; v1[i] = P1[p]; v2[i] = P2[p];
+        }
+        if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
+        else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
+        for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
+        polish_run(xc, n, W, P1, out, count, unit, sweeps, fresh);
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(count);
+done:
+    PyMem_RawFree(work);
+    PyMem_RawFree(idx);
+    PyMem_RawFree(argm);
+    release_bufs(b, 6);
     return res;
 }
 
@@ -566,6 +665,138 @@ f2:
     PyBuffer_Release(&cb);
 f1:
     PyBuffer_Release(&xb);
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* DP candidates (centroids._candidates), numpy's linspace / searchsorted / interp / unique         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* numpy.linspace(start, stop, num)[i], float64, endpoint: i * step + start with step = (stop -
+ * start) / (num - 1), (i / (num - 1)) * delta + start when step is 0 (numpy's denormal rule), and
+ * the last value stop itself.  num >= 2. */
+static inline double linspace_at(double start, double stop, Py_ssize_t num, Py_ssize_t i)
+{
+    if (i == num - 1) return stop;
+    double delta = stop - start, div = (double)(num - 1), step = delta / div;
+    if (step == 0) return ((double)i / div) * delta + start;
+    return (double)i * step + start;
+}
+
+/* numpy.interp(t, xp, fp) for one t (xp non-decreasing, n >= 2, no NaN): the last j with
+ * xp[j] <= t (what numpy's binary_search_with_guess returns), its special cases and NaN retries. */
+static double interp_at(double t, const double *xp, const double *fp, Py_ssize_t n)
+{
+    if (t < xp[0]) return fp[0];
+    if (t > xp[n - 1]) return fp[n - 1];
+    Py_ssize_t j = search_right(xp, n, t) - 1;
+    if (j == n - 1 || xp[j] == t) return fp[j];
+    double slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]);
+    double r = slope * (t - xp[j]) + fp[j];
+    if (isnan(r)) {
+        r = slope * (t - xp[j + 1]) + fp[j + 1];
+        if (isnan(r) && fp[j] == fp[j + 1]) r = fp[j];
+    }
+    return r;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+PyDoc_STRVAR(cand_counts_doc,
+"cand_counts(xs, W, counts)\n\n"
+"centroids._candidates' bin weights: with edges = linspace(xs[0], xs[-1], nb + 1) (nb = len(counts)),\n"
+"counts = diff(W[searchsorted(xs, edges, 'right')]); xs sorted float64 (n), W float64 (n + 1).");
+
+static PyObject *py_cand_counts(PyObject *self, PyObject *args)
+{
+    PyObject *o[3];
+    Py_buffer bf[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    if (get_f64_bufs(o, bf, 3, 2, "cand_counts") < 0) return NULL;
+    Py_ssize_t n = bf[0].len / 8, nb = bf[2].len / 8;
+    if (bf[1].len / 8 != n + 1 || n < 1 || nb < 1) {
+        PyErr_SetString(PyExc_ValueError, "cand_counts: xs (n >= 1), W (n + 1), counts (>= 1) must be float64");
+        release_bufs(bf, 3);
+        return NULL;
+    }
+    const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+    double *counts = (double *)bf[2].buf;
+    Py_BEGIN_ALLOW_THREADS
+    double lo = xs[0], hi = xs[n - 1], prev = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, 0))];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        double next = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, i + 1))];
+        counts[i] = next - prev;
+        prev = next;
+    }
+    Py_END_ALLOW_THREADS
+    release_bufs(bf, 3);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(candidates_doc,
+"candidates(xs, W, dens, k, out) -> count\n\n"
+"The rest of centroids._candidates given dens = cbrt(counts) (nb bins): the sorted distinct values of\n"
+"xs[q], xs[pos], xs[max(pos - 1, 0)] (q: the elements covering linspace(0, W[-1] - 1, k) of the\n"
+"weights; pos: searchsorted(xs, v, 'left') of the k-point uniform grid and the k companding points\n"
+"interp(linspace(0, cdf[-1], k), cdf, edges)), into out (float64, >= 5 k); numpy's operations.\n"
+"-1 when -0.0 and 0.0 are both among them (which one np.unique keeps is its sort's choice).");
+
+static PyObject *py_candidates(PyObject *self, PyObject *args)
+{
+    PyObject *o[4];
+    Py_buffer bf[4];
+    Py_ssize_t k, cnt = 0;
+    if (!PyArg_ParseTuple(args, "OOOnO", &o[0], &o[1], &o[2], &k, &o[3])) return NULL;
+    if (get_f64_bufs(o, bf, 4, 3, "candidates") < 0) return NULL;
+    PyObject *res = NULL;
+    double *work = NULL;
+    Py_ssize_t n = bf[0].len / 8, nb = bf[2].len / 8;
+    if (bf[1].len / 8 != n + 1 || n < 1 || nb < 1 || k < 2 || k > PY_SSIZE_T_MAX / 16 || bf[3].len / 8 < 5 * k
+        || nb > PY_SSIZE_T_MAX / 32) {
+        PyErr_SetString(PyExc_ValueError,
+                        "candidates: float64 xs (n >= 1), W (n + 1), dens (>= 1), out (>= 5 k), k >= 2");
+        goto done;
+    }
+    work = (double *)PyMem_RawMalloc(2 * ((size_t)nb + 1) * sizeof(double));
+    if (!work) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+        const double *dens = (const double *)bf[2].buf;
+        double *out = (double *)bf[3].buf, *cdf = work, *edges = work + nb + 1;
+        Py_BEGIN_ALLOW_THREADS
+        double lo = xs[0], hi = xs[n - 1];
+        cdf[0] = 0.0;
+        for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
+        for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
+        for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
+            Py_ssize_t q = search_right(W, n + 1, linspace_at(0.0, W[n] - 1, k, i)) - 1;
+            out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
+        }
+        for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
+            double v = i < k ? linspace_at(lo, hi, k, i)
+                             : interp_at(linspace_at(0.0, cdf[nb], k, i - k), cdf, edges, nb + 1);
+            Py_ssize_t p = search_left(xs, n, v);
+            if (p > n - 1) p = n - 1;
+            out[cnt++] = xs[p];
+            out[cnt++] = xs[p > 0 ? p - 1 : 0];
+        }
+        qsort(out, (size_t)cnt, sizeof(double), cmp_double);
+        Py_ssize_t u = 0;
+        for (Py_ssize_t i = 0; i < cnt; i++) {
+            if (i == 0 || out[i] != out[u - 1]) out[u++] = out[i];
+            else if (out[i] == 0.0 && signbit(out[i]) != signbit(out[u - 1])) { u = -1; break; }
+        }
+        cnt = u;
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(cnt);
+done:
+    PyMem_RawFree(work);
+    release_bufs(bf, 4);
     return res;
 }
 
@@ -905,6 +1136,9 @@ static PyMethodDef methods[] = {
     {"outside", py_outside, METH_VARARGS, outside_doc},
     {"polish", py_polish, METH_VARARGS, polish_doc},
     {"prefix", py_prefix, METH_VARARGS, prefix_doc},
+    {"cand_counts", py_cand_counts, METH_VARARGS, cand_counts_doc},
+    {"dp_polish", py_dp_polish, METH_VARARGS, dp_polish_doc},
+    {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},

@@ -6,6 +6,7 @@ Everything above the codecs (the CLI, the simulator, other systems) goes through
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import threading
@@ -276,10 +277,10 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     errors = {k: v for d in done for k, v in d[3].items()}
     del done
     header = fmt.Header(records, tuple(groups), container, req.meta)
-    _check_header(header)
+    head = _check_header(header)
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
-                             minor=max(minor, _minor_needed(header)), threads=req.threads)
+                             minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
     reporter.finish()
     return blob, (_message_stats(blob, header, gstats, errors) if req.want_stats else None)
 
@@ -352,8 +353,16 @@ def _for_codec(codec: Codec, x: Any) -> Any:
 
 
 def _group_rng(seed: int, gi: int) -> np.random.Generator:
-    """Group ``gi``'s generator (FORMAT.md 4.3): default_rng([seed, gi])."""
-    return np.random.default_rng([int(seed), gi])
+    """Group ``gi``'s generator (FORMAT.md 4.3): default_rng([seed, gi]), i.e.
+    Generator(PCG64(SeedSequence([seed, gi]))), with the SeedSequence memoised (its entropy hashing
+    is half the cost of a generator, paid per group and call; the stream is the same)."""
+    return np.random.Generator(np.random.PCG64(_seed_sequence(int(seed), int(gi))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _seed_sequence(seed: int, gi: int) -> np.random.SeedSequence:
+    """SeedSequence([seed, gi]): immutable as PCG64 reads it (generate_state is a pure function)."""
+    return np.random.SeedSequence([seed, gi])
 
 
 def _encode_others(plan, mine: set[int], tensors, seed: int, level: int, ready: dict) -> int:
@@ -565,16 +574,32 @@ def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
             raise LimitError(f"tensor {r.name!r} has more than {fmt.MAX_ELEMENTS} elements")
 
 
-def _check_header(header: fmt.Header) -> None:
-    """The finished header passes the reader's own checks: never write a message we cannot read."""
+def _check_header(header: fmt.Header) -> bytes:
+    """The finished header passes the reader's own checks: never write a message we cannot read.
+    Returns its JSON (HEAD's payload).  ``parse_header`` is a pure function of those bytes, so a
+    header that passed before (the same shapes and codec, round after round) is not parsed again."""
     raw = header.to_json()
     if len(raw) > fmt.MAX_HEADER_BYTES:
         raise LimitError(f"the header (record table and meta) would take {len(raw)} bytes, more than the "
                          f"limit of {fmt.MAX_HEADER_BYTES}")
+    if raw in _VALID_HEADERS:
+        return raw
     try:
         fmt.parse_header(raw)
     except FormatError as exc:
         raise InputError(f"cannot encode this input: its header would be invalid ({exc})") from None
+    if len(raw) <= _VALID_HEADER_BYTES:
+        with _VALID_HEADERS_LOCK:  # encodes may run on several threads
+            if len(_VALID_HEADERS) >= _VALID_HEADER_COUNT:
+                del _VALID_HEADERS[next(iter(_VALID_HEADERS))]  # the oldest (dicts keep insertion order)
+            _VALID_HEADERS[raw] = None
+    return raw
+
+
+# Headers that passed parse_header (bounded: at most 64 of up to 64 KiB each).
+_VALID_HEADERS: dict[bytes, None] = {}
+_VALID_HEADER_COUNT, _VALID_HEADER_BYTES = 64, 1 << 16
+_VALID_HEADERS_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------- decode

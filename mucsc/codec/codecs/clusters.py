@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -134,6 +135,16 @@ def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
     if codec.params.id_packing != "auto":
         return codec
     packing = "aligned" if compressing else "tight"
+    try:
+        return _with_packing(codec, packing)
+    except TypeError:  # unhashable parameters (not memoised)
+        return _with_packing.__wrapped__(codec, packing)
+
+
+@functools.lru_cache(maxsize=256)
+def _with_packing(codec: Codec, packing: str) -> Codec:
+    """``codec`` with ``id_packing=packing``, memoised: codecs are immutable values (equal and hashed
+    by their parameters), and rebuilding one costs ~50 us per encode call (measured, d = 1e3)."""
     return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from mucsc.codec.codecs._dithered import DitherTrials, Grid, fixed_grid, min_step
 from mucsc.codec.numerics import allocate
 from mucsc.codec import meter
-from mucsc.codec.ratecontrol.search import bisect, group_bytes
+from mucsc.codec.ratecontrol.search import bisect, group_bytes, squared_norm
 
 LADDER = tuple(2.0 ** (7 - j / 2) for j in range(72))  # steps relative to the spread: 128 .. 2^-28.5
 REFINE_STEPS = 14  # bisections of log(step) between the two ladder points around a goal
@@ -29,7 +29,7 @@ class DitherSearch:
         self.trials, self.rng, self.level = trials, rng, zstd_level
         self.x = x = trials.x
         self.n = x.size
-        self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
+        self.norm2 = squared_norm(x)
         lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
         self.constant = lo == hi
         mean = float(np.mean(x, dtype=np.float64)) if x.size else 0.0

@@ -14,7 +14,7 @@ import numpy as np
 
 from mucsc.codec.codecs.bmucsc import KeptPart, KeptTrials
 from mucsc.codec.numerics import allocate
-from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, group_bytes
+from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, group_bytes, squared_norm
 
 # Keep fractions a goal tries when ``keep`` is not given: about three per decade from 0.1% to all
 # (at keep = 1 nothing is replaced by a mean: J is the kept set's variance alone).
@@ -66,7 +66,7 @@ class SparseSearch:
     def __init__(self, trials: KeptTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None):
         self.trials, self.rng, self.level = trials, rng, zstd_level
         self.x, self.p = x, p = trials.x, trials.p
-        self.norm2 = float(np.dot(x, x.astype(np.float64))) if x.size else 0.0
+        self.norm2 = squared_norm(x)
         self.keeps = KEEP_LADDER if p.keep is None else (p.keep,)
         self.parts: dict[float, KeptSearch] = {}
         self.options: list[allocate.Option] = []

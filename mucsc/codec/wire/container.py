@@ -296,7 +296,7 @@ class Payload(Protocol):
 
 def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]], *,
                   zstd_level: int | None = 3, flags: int = 0, auth: AuthWriter | None = None,
-                  minor: int = 0, threads: int = 1) -> bytes:
+                  minor: int = 0, threads: int = 1, head: bytes | None = None) -> bytes:
     """Serialise a message.  ``sections`` yields (group, tag, payload, compressible); a payload is
     bytes-like or a :class:`Payload`.
 
@@ -308,6 +308,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
     message is 1.1 with an authentication trailer.  Writers emit the oldest version that fits.
     ``threads``: zstd worker threads (the bytes do not depend on it, see ``parallel.zstd_compressor``).
+    ``head``: ``header.to_json()`` when the caller already has it (it is not built twice).
 
     The message is allocated once at its final size and every part is copied into it once, its
     CRC-32 taken in the same pass (``parallel.copy_crc32``; a :class:`Payload` brings its own CRC).
@@ -318,7 +319,8 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     parts: list[bytes | memoryview | Payload] = []
-    for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", header.to_json(), True), *sections]:
+    head = header.to_json() if head is None else head
+    for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", head, True), *sections]:
         _check_tag(tag)
         raw_len, enc, stored = _stored(data, compressible, cctx)
         size = _length(stored)
