@@ -237,3 +237,17 @@ def test_header_check_remembers_only_headers_that_passed():
     raw = messages._check_header(good)
     assert raw == good.to_json() and raw in messages._VALID_HEADERS
     assert len(messages._VALID_HEADERS) <= messages._VALID_HEADER_COUNT
+
+
+def test_group_generator_is_default_rng_even_after_a_codec_spawned_from_it():
+    """Group generators reuse a memoised SeedSequence([seed, gi]); a codec that spawns from its
+    generator must not change what the next encode with the same seed draws or spawns."""
+    from mucsc.codec.api import messages
+
+    want = np.random.default_rng([7, 3])
+    first = messages._group_rng(7, 3)
+    assert first.random(4).tolist() == want.random(4).tolist()
+    kids = [g.random() for g in first.spawn(2)]
+    again = messages._group_rng(7, 3)
+    assert again.random(4).tolist() == np.random.default_rng([7, 3]).random(4).tolist()
+    assert [g.random() for g in again.spawn(2)] == kids

@@ -6,7 +6,6 @@ Everything above the codecs (the CLI, the simulator, other systems) goes through
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 import threading
@@ -359,10 +358,24 @@ def _group_rng(seed: int, gi: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(_seed_sequence(int(seed), int(gi))))
 
 
-@functools.lru_cache(maxsize=4096)
 def _seed_sequence(seed: int, gi: int) -> np.random.SeedSequence:
-    """SeedSequence([seed, gi]): immutable as PCG64 reads it (generate_state is a pure function)."""
-    return np.random.SeedSequence([seed, gi])
+    """SeedSequence([seed, gi]), memoised: PCG64 only reads it (generate_state is a pure function).
+    A codec that spawns children from its generator changes it (``n_children_spawned``), so a
+    sequence that has spawned is replaced, and the next call's children are the same again."""
+    key = (seed, gi)
+    ss = _SEED_SEQUENCES.get(key)
+    if ss is None or ss.n_children_spawned:
+        ss = np.random.SeedSequence([seed, gi])
+        with _SEED_SEQUENCES_LOCK:  # encodes may run on several threads
+            if len(_SEED_SEQUENCES) >= _SEED_SEQUENCE_COUNT:
+                del _SEED_SEQUENCES[next(iter(_SEED_SEQUENCES))]  # the oldest
+            _SEED_SEQUENCES[key] = ss
+    return ss
+
+
+_SEED_SEQUENCES: dict[tuple[int, int], np.random.SeedSequence] = {}
+_SEED_SEQUENCE_COUNT = 4096
+_SEED_SEQUENCES_LOCK = threading.Lock()
 
 
 def _encode_others(plan, mine: set[int], tensors, seed: int, level: int, ready: dict) -> int:
