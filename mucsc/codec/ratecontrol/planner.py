@@ -47,7 +47,7 @@ class PlanContext:
 
 
 CHECKS = 4  # exact checks of an estimated choice against an error bound (one is the rule)
-RAISE = 4  # a calibrated choice falling short of its budget by more than this many slacks tries again
+RAISE = 2  # a calibrated choice falling short of its budget by more than this many slacks tries again
 
 # The searches by measuring protocol: what a codec's ``trials`` returns decides how it is searched.
 SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch,
