@@ -5,7 +5,7 @@ import pytest
 
 import mucsc
 from mucsc.codec.wire import container as fmt
-from mucsc.codec.numerics import nearest
+from mucsc.codec.numerics import dither, nearest
 from mucsc.errors import ParameterError
 
 
@@ -225,9 +225,68 @@ def test_dithered_id_coding_packed_is_refused():
         mucsc.encode(gauss(10), "mucsc", rounding="dithered", id_coding="packed")
 
 
-def test_dithered_same_bytes_and_values_on_the_torch_backend(monkeypatch):
+def _reference_alphabet(q, t):
+    """choose_alphabet as first written (per-element splits, one histogram per candidate and context)."""
+    values, counts = np.unique(q, return_counts=True)
+
+    def cost(alpha, c):
+        sym, esc = alpha.split(q.copy())
+        hist = np.bincount(dither.contexts(t, c) * alpha.symbols + sym, minlength=c * alpha.symbols)
+        size = dither._coded_bytes(hist.reshape(c, alpha.symbols))
+        if alpha.escape:
+            size += 32 + float(dither._varint_len(dither.zigzag(esc - alpha.q_lo).astype(np.int64)).sum())
+        return size
+
+    best = min(((cost(a, 1), i, a) for i, a in enumerate(dither._candidate_ranges(values, counts))),
+               key=lambda r: (r[0], r[1]))
+    size, _, alpha = best
+    c = 1
+    for k in dither.CONTEXT_CHOICES[1:]:
+        if cost(alpha, k) < size:
+            size, c = cost(alpha, k), k
+    return (alpha.q_lo, alpha.inner, alpha.escape), c, size
+
+
+@pytest.mark.parametrize("data", [gauss, heavy, near_zero])
+@pytest.mark.parametrize("rel", [4.0, 0.7, 0.05, 1e-4])
+def test_dithered_alphabet_choice_matches_the_per_element_reference(data, rel):
+    # the encoder's choice (one joint histogram of finest context and index) is what decides the bytes
+    x = data(20_000, 31)
+    t = dither.stream(77, x.size)
+    q = dither.quantize(x, rel * float(np.std(x)), 0.0, dither.uniforms(t))
+    alpha, c, size = dither.choose_alphabet(q, t)
+    assert ((alpha.q_lo, alpha.inner, alpha.escape), c, size) == _reference_alphabet(q, t)
+
+
+@pytest.mark.parametrize("data", [gauss, heavy])
+@pytest.mark.parametrize("rel", [6.0, 1.0, 0.2, 0.05])
+def test_dithered_expected_sizes_match_the_realised_ones(data, rel):
+    # the summary search's model: the indices' expected histogram per context, without a dither draw
+    x = data(50_000, 32)
+    step = rel * float(np.std(x))
+    t = dither.stream(78, x.size)
+    alpha, c, size = dither.choose_alphabet(dither.quantize(x, step, 0.0, dither.uniforms(t)), t)
+    e_alpha, e_c, e_size, straddled = dither.expected_choice(np.sort(x).astype(np.float64), None, step)
+    assert e_size == pytest.approx(size, rel=0.006, abs=64)  # tables: a few bytes either way
+    assert straddled == pytest.approx(dither.straddle(x, step, 0.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("data", [gauss, heavy])
+@pytest.mark.parametrize("bits", [0.5, 1, 3])
+def test_dithered_summary_search_is_as_good_as_trial_encodes(data, bits, monkeypatch):
+    # groups of >= 2^15 elements choose the step from their summary, then encode once (or twice)
+    x = data(1 << 16, 33)
+    blob, st = dithered(x, bits=bits)
+    from mucsc.codec.ratecontrol import dither_search
+    monkeypatch.setattr(dither_search, "summarised", lambda trials: False)
+    trial_blob, trial = dithered(x, bits=bits)
+    assert 8 * len(blob) <= bits * x.size and st.J <= 1.01 * trial.J
+
+
+@pytest.mark.parametrize("n", [30_000, 70_000])  # a trial-encode search and a summary search
+def test_dithered_same_bytes_and_values_on_the_torch_backend(monkeypatch, n):
     torch = pytest.importorskip("torch")
-    x = heavy(30_000, 27)
+    x = heavy(n, 27)
     host = mucsc.encode(x, "mucsc", rounding="dithered", bits=2, seed=3)
     assert mucsc.encode(torch.from_numpy(x), "mucsc", rounding="dithered", bits=2, seed=3) == host
     from mucsc.codec import kernels

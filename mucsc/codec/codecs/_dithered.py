@@ -19,6 +19,7 @@ import numpy as np
 
 from mucsc.codec.codecs.base import Section, param_int, section
 from mucsc.codec.numerics import dither, quantize
+from mucsc.codec.numerics.centroids import _sample_sorted
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError, ParameterError
 
@@ -101,7 +102,7 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
             cache.update(key=key, t=t, v=v)
     q = dither.quantize(x, grid.step, grid.offset, v)
     alpha, c, est = dither.choose_alphabet(q, t)
-    params = {"escape": alpha.escape, "rounding": "dithered", "symbols": alpha.symbols}
+    params = _params(alpha)
     straddled = dither.straddle(x, grid.step, grid.offset) if grid.share != 1.0 else 0.0
     share = dither.best_share(n, straddled) if grid.share is None else grid.share
     head = Section("GRID", GRID.pack(grid.step, grid.offset, share, alpha.q_lo, key))
@@ -109,16 +110,20 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
         sections = (head, Section("QIDX", bytes(int(est))))
     else:
         sym, esc = alpha.split(q)
-        ctx = dither.contexts(t, c)
         parts = [CONTEXTS.pack(c)]
-        for j in range(c):
-            coded = rans.encode(sym[ctx == j] if c > 1 else sym, alpha.symbols)
+        for part in dither.by_context(sym, t, c):
+            coded = rans.encode(part, alpha.symbols)
             parts += [LENGTH.pack(len(coded)), coded]
         sections = (head, Section("QIDX", b"".join(parts)))
         if alpha.escape:
             sections += (Section("QESC", dither.zigzag_varints(esc - alpha.q_lo)),)
     J = dither.variance(n, grid.step, share, straddled)
     return params, sections, lambda: J
+
+
+def _params(alpha: dither.Alphabet) -> dict:
+    """The header params of a dithered group with this index alphabet."""
+    return {"escape": alpha.escape, "rounding": "dithered", "symbols": alpha.symbols}
 
 
 def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype) -> np.ndarray:
@@ -195,8 +200,27 @@ class DitherTrials:
     def __init__(self, x: np.ndarray):
         self.x = x
         self._stream: dict = {}
+        self._sample: tuple[np.ndarray, np.ndarray | None] | None = None  # the summary (:meth:`expected`)
 
     def encode(self, grid: Grid, rng: np.random.Generator, estimate: bool = True
                ) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
         """(header params, sections, J) of x on ``grid`` (``estimate``: index bytes estimated)."""
         return encode(self.x, rng, grid, estimate, self._stream)
+
+    def expected(self, grid: Grid) -> tuple[dict, tuple[Section, ...], float] | None:
+        """(header params, sections, J) x is expected to get on ``grid`` (offset 0, the J-minimising
+        share), from its sorted summary without drawing the dither: QIDX as zeros of the estimated
+        bytes (:func:`dither.expected_choice`), J estimated (exact when the summary is all of x).
+        None where the model does not apply (a grid too fine for it): encode instead."""
+        if self._sample is None:
+            lo, hi = float(self.x.min()), float(self.x.max())
+            self._sample = _sample_sorted(self.x, lo, hi)
+        xs, w = self._sample
+        got = dither.expected_choice(xs, w, grid.step)
+        if got is None:
+            return None
+        alpha, _, est, straddled = got
+        n = self.x.size
+        J = dither.variance(n, grid.step, dither.best_share(n, straddled), straddled)
+        sections = (Section("GRID", bytes(GRID.size)), Section("QIDX", bytes(int(est))))
+        return _params(alpha), sections, J

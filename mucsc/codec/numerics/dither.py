@@ -30,14 +30,17 @@ import numpy as np
 from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 
-__all__ = ["stream", "contexts", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
-           "zigzag_varints", "read_zigzag_varints", "estimated_bytes", "MAX_INDEX", "MAX_SYMBOLS",
+__all__ = ["stream", "contexts", "by_context", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
+           "zigzag_varints", "read_zigzag_varints", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
            "MAX_CONTEXTS"]
 
 MAX_INDEX = 1 << 52  # |q| at most this: q + 1/2 is exact in float64
 MAX_SYMBOLS = 1 << 16  # the index alphabet (escape included)
 MAX_CONTEXTS = 64
 CONTEXT_CHOICES = (1, 2, 4, 8, 16)  # what the reference encoder tries
+FINE = CONTEXT_CHOICES[-1]  # the finest contexts: every coarser choice is a union of them
+JOINT_MAX = 1 << 22  # cells of the (finest context, distinct index) histogram kept in memory
+MIN_PER_VALUE = 8  # expected_choice's model applies down to this many elements per index value
 MANTISSA = 53
 
 
@@ -60,6 +63,15 @@ def contexts(t: np.ndarray, count: int) -> np.ndarray:
     if count == 1:
         return np.zeros(t.size, np.intp)
     return ((t * np.uint64(count)) >> np.uint64(MANTISSA)).astype(np.intp)
+
+
+def by_context(sym: np.ndarray, t: np.ndarray, count: int) -> list[np.ndarray]:
+    """The symbols of each context 0 .. count - 1, in index order within each (one stable sort)."""
+    if count == 1:
+        return [sym]
+    ctx = contexts(t, count).astype(np.uint8)
+    ordered = sym[np.argsort(ctx, kind="stable")]
+    return np.split(ordered, np.cumsum(np.bincount(ctx, minlength=count))[:-1])
 
 
 def quantize(x: np.ndarray, step: float, offset: float, v: np.ndarray) -> np.ndarray:
@@ -220,31 +232,119 @@ def choose_alphabet(q: np.ndarray, t: np.ndarray) -> tuple[Alphabet, int, float]
     span = qmax - qmin + 1
     if span <= max(4 * n, 1 << 16) and span <= 1 << 24:
         counts = np.bincount(q - qmin, minlength=span)
-        values = np.arange(qmin, qmax + 1)
         keep = counts > 0
-        values, counts = values[keep], counts[keep]
+        values, counts = np.arange(qmin, qmax + 1)[keep], counts[keep]
+        inv = (np.cumsum(keep) - 1)[q - qmin]  # each index's rank among the distinct values
     else:  # sparse: the distinct indices only
-        values, counts = np.unique(q, return_counts=True)
+        values, inv, counts = np.unique(q, return_inverse=True, return_counts=True)
+    fine = contexts(t, FINE)
+    m = values.size
+    joint = (np.bincount(fine * m + inv, minlength=FINE * m).reshape(FINE, m) if FINE * m <= JOINT_MAX
+             else None)
 
-    def cost(alpha: Alphabet, sym: np.ndarray, esc: np.ndarray, c: int) -> float:
-        hist = np.bincount(contexts(t, c) * alpha.symbols + sym, minlength=c * alpha.symbols)
-        size = _coded_bytes(hist.reshape(c, alpha.symbols))
-        if alpha.escape:
-            size += 32 + float(_varint_len(zigzag(esc - alpha.q_lo).astype(np.int64)).sum())
-        return size
+    def by_context(c: int, col: np.ndarray, cols: int) -> np.ndarray:
+        """c x cols: the indices per context (floor(v c)) and symbol (``col`` of each distinct value)."""
+        if joint is None:
+            return np.bincount((fine >> (FINE.bit_length() - c.bit_length())) * cols + col[inv],
+                               minlength=c * cols).reshape(c, cols)
+        return _columns(joint.reshape(c, FINE // c, m).sum(1), col, cols)
 
+    return _choose(values, counts, by_context, _coded_bytes)
+
+
+def _columns(h: np.ndarray, col: np.ndarray, cols: int) -> np.ndarray:
+    """Rows of ``h`` (per distinct value) summed into ``cols`` columns: value i into column col[i]."""
+    out = np.zeros((h.shape[0], cols), h.dtype)
+    for r in range(h.shape[0]):
+        out[r] = np.bincount(col, weights=h[r], minlength=cols)
+    return out
+
+
+def _choose(values: np.ndarray, counts: np.ndarray, by_context, coded) -> tuple[Alphabet, int, float]:
+    """The alphabet and contexts minimising ``coded`` bytes (+ QESC's) of the distinct indices
+    ``values`` (sorted) occurring ``counts`` times; ``by_context(c, col, cols)`` gives their
+    histogram per context and symbol (realised or expected: :func:`expected_choice`)."""
     best = None
     for alpha in _candidate_ranges(values, counts):
-        sym, esc = alpha.split(q)
-        size = cost(alpha, sym, esc, 1)
+        s = values - alpha.q_lo
+        out = (s < 0) | (s >= alpha.inner)
+        col = np.where(out, alpha.inner, s)
+        esc = (32 + float(np.dot(counts[out], _varint_len(zigzag(values[out] - alpha.q_lo).astype(np.int64))))
+               if alpha.escape else 0.0)
+        size = coded(np.bincount(col, weights=counts, minlength=alpha.symbols).astype(counts.dtype)[None]) + esc
         if best is None or size < best[2]:
-            best = (alpha, 1, size, sym, esc)
-    alpha, _, _, sym, esc = best
+            best = (alpha, 1, size, col, esc)
+    alpha, _, _, col, esc = best
     for c in CONTEXT_CHOICES[1:]:
-        size = cost(alpha, sym, esc, c)
+        size = coded(by_context(c, col, alpha.symbols)) + esc
         if size < best[2]:
-            best = (alpha, c, size, sym, esc)
+            best = (alpha, c, size, col, esc)
     return best[:3]
+
+
+def expected_choice(xs: np.ndarray, w: np.ndarray | None, step: float
+                    ) -> tuple[Alphabet, int, float, float] | None:
+    """What :func:`choose_alphabet` is expected to choose for x on the grid k ``step`` (offset 0), from
+    a sample ``xs`` of x (weights ``w``, summing to x's size; None: all 1) without drawing the
+    dither: (alphabet, contexts, estimated QIDX + QESC bytes, expected straddle sum f (1 - f)).
+    Element y = x / step = k + f goes to k + 1 iff v >= 1 - f, so in the finest context j (v in
+    [j, j + 1) / FINE, probability 1 / FINE) with probability clip(FINE f - (FINE - 1 - j), 0, 1):
+    per index value and context the expected count follows from each element's cell a = floor(FINE f)
+    and remainder FINE f - a.  None when the indices take more than JOINT_MAX / FINE values, or
+    fewer than MIN_PER_VALUE elements a value on average (there the realised histogram, mostly ones,
+    is far from the expected one, and the alphabet chosen from it too)."""
+    g = np.multiply(xs, FINE / step)  # FINE y: floor(FINE y) = FINE k + a
+    z = np.floor(g)
+    g -= z  # the remainder within the cell
+    cell = z.astype(np.int64)  # ascending (xs is sorted): sum per occupied cell
+    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+    cell = cell[first]
+    W = (np.diff(np.append(first, xs.size)).astype(np.float64) if w is None else np.add.reduceat(w, first))
+    if w is not None:
+        g *= w
+    B = np.add.reduceat(g, first)
+    g *= g if w is None else g / w
+    k, a = np.divmod(cell, FINE)
+    # f = (a + b) / FINE: the sum of f (1 - f) from each cell's weight, sum of b and of b^2
+    straddled = float(np.sum((a * W + B) / FINE - (a * a * W + 2 * a * B + np.add.reduceat(g, first)) / FINE**2))
+    new_k = np.concatenate(([True], k[1:] != k[:-1]))
+    ks, row = k[new_k], np.cumsum(new_k) - 1
+    values = np.union1d(ks, ks + 1)
+    if values.size * FINE > JOINT_MAX or values.size * MIN_PER_VALUE > W.sum():
+        return None
+    Wk, Bk = np.zeros((ks.size, FINE)), np.zeros((ks.size, FINE))
+    Wk[row, a], Bk[row, a] = W, B
+    above = np.zeros((ks.size, FINE + 1))  # above[:, a] = the weight in cells a.. of each k
+    above[:, :FINE] = np.cumsum(Wk[:, ::-1], axis=1)[:, ::-1]
+    j = np.arange(FINE)
+    up = (above[:, FINE - j] + Bk[:, FINE - 1 - j]) / FINE  # k x j: to k + 1 in context j
+    H = np.zeros((FINE, values.size))
+    H[:, np.searchsorted(values, ks)] = (Wk.sum(1)[:, None] / FINE - up).T
+    H[:, np.searchsorted(values, ks + 1)] += up.T
+    counts = H.sum(0)
+    keep = counts > 0
+    values, counts, H = values[keep], counts[keep], H[:, keep]
+
+    def by_context(c: int, col: np.ndarray, cols: int) -> np.ndarray:
+        return _columns(H.reshape(c, FINE // c, -1).sum(1), col, cols)
+
+    return (*_choose(values, counts, by_context, _expected_coded_bytes), straddled)
+
+
+def _expected_coded_bytes(hist: np.ndarray) -> float:
+    """:func:`_coded_bytes` of expected (float) per-context histograms: rans.expected_size's model
+    of each context's IDSA payload (its table from the proportional frequencies), all at once."""
+    h = np.asarray(hist, np.float64)
+    used = h > 0
+    total = h.sum(1)
+    S = np.array([rans.scale_bits_for(int(u)) for u in used.sum(1)], np.float64)
+    W = np.array([rans.lanes_for(int(round(t))) for t in total], np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.maximum(1.0, np.rint(h * (np.exp2(S) / total)[:, None]))
+        bits = np.where(used, h * (S[:, None] - np.log2(f)), 0.0).sum(1)
+    table = np.where(used, 1 + (f >= 1 << 7) + (f >= 1 << 14) + (f >= 1 << 21), 1).sum(1)
+    per = np.where(total > 0, 2 + table + 9 * W + np.ceil(bits / 8), 3 + 9 * W)
+    return 1.0 + float(np.sum(4 + per))
 
 
 def _candidate_ranges(values: np.ndarray, counts: np.ndarray) -> list[Alphabet]:

@@ -25,7 +25,7 @@ from mucsc.codec.codecs._dithered import DitherTrials
 from mucsc.codec.codecs.bmucsc import KeptTrials
 from mucsc.codec.codecs.clusters import ClusterTrials
 from mucsc.codec.numerics import allocate
-from mucsc.codec.ratecontrol import summary_search
+from mucsc.codec.ratecontrol import dither_search, summary_search
 from mucsc.codec.ratecontrol.dither_search import DitherSearch
 from mucsc.codec.ratecontrol.goal import GOALS, Goal
 from mucsc.codec.ratecontrol.search import ClusterSearch
@@ -47,6 +47,7 @@ class PlanContext:
 
 
 CHECKS = 4  # exact checks of an estimated choice against an error bound (one is the rule)
+RAISE = 2  # a calibrated choice falling short of its budget by more than this many slacks tries again
 
 # The searches by measuring protocol: what a codec's ``trials`` returns decides how it is searched.
 SEARCHES: Mapping[type, Callable[..., Any]] = {ClusterTrials: ClusterSearch, KeptTrials: SparseSearch,
@@ -73,6 +74,8 @@ def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext,
         if summary_search.applies(trials):
             encode = lambda key, x=x, i=i: resolve(codec, key).encode_array(x, ctx.rngs(i))  # noqa: E731
             groups.append(summary_search.SummarySearch(trials, rng, ctx.zstd_level, encode))
+        elif dither_search.summarised(trials):
+            groups.append(dither_search.DitherSummarySearch(trials, rng, ctx.zstd_level))
         else:
             groups.append(SEARCHES[type(trials)](trials, rng, ctx.zstd_level))
     chosen = plan_goal(codec, goal, groups, ctx)
@@ -188,25 +191,48 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
         g.refine(best[0], fits, lambda a, b: a.J < b.J)
         g.refine_z(best[0], fits, lambda a, b: a.J < b.J)
         best = split(total)
-    # The search used estimated rANS sizes: check the exact size, and shrink the budget by the
-    # overshoot until the exact message fits (the cheapest options always fit: checked below).
-    goal = total
-    for _ in range(8):
-        exact = [g.exact(o) for g, o in zip(groups, best)]
-        size = cost(exact)
-        if size <= total:
-            return best
-        # Ask the next split for the overshoot less than this choice's *estimate*: when the options
-        # are sparse there, this choice may sit below the goal by more than the overshoot (the
-        # estimate off by more: subsampled counts), and the goal less the overshoot picks it again.
-        goal = min(goal, cost(best)) - (size - total)
-        if len(groups) == 1 and getattr(groups[0], "estimates", False):  # its options are cheap: squeeze again
-            groups[0].refine(best[0], lambda o: cost([o]) <= goal, lambda a, b: a.J < b.J)
-        best = split(goal)
+    # The search used estimated rANS sizes: check the exact size (the cheapest options always fit:
+    # checked below).
+    fitted = _exact_fit(groups, best, total, cost, split)
+    if fitted is not None:
+        return fitted
     exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
     if cost(exact) > total:
         raise too_small(exact, cost(exact))
     return exact
+
+
+def _exact_fit(groups: Sequence[Any], best: list[allocate.Option], total: int,
+               cost: Callable[[list[allocate.Option]], int], split: Callable[[int], list[allocate.Option]]
+               ) -> list[allocate.Option] | None:
+    """``best`` (a split of ``total`` on estimated sizes) checked exactly, or a corrected choice that
+    fits; None when none fits after a few.  An overshoot shrinks the budget by itself (below the
+    choice's estimated cost); a search that calibrates (its estimates scaled by the exact size
+    measured: ``calibrate``, which returns its slack) aims its slack below the budget instead, after
+    a miss either way (once after falling short by more than RAISE slacks), and the choice of least
+    J that fits is kept."""
+    goal, fitting, raised = total, None, False
+    for _ in range(8):
+        exact = [g.exact(o) for g, o in zip(groups, best)]
+        size, J = cost(exact), sum(e.J for e in exact)
+        if size <= total and (fitting is None or J < fitting[1]):
+            fitting = (best, J)
+        slack = sum(g.calibrate(o, e) for g, o, e in zip(groups, best, exact) if hasattr(g, "calibrate"))
+        if size <= total:
+            if not slack or raised or size >= total - RAISE * slack:
+                break
+            raised, goal = True, total - slack
+        elif slack:
+            goal = min(goal, total) - slack
+        else:
+            # Ask the next split for the overshoot less than this choice's *estimate*: when the options
+            # are sparse there, this choice may sit below the goal by more than the overshoot (the
+            # estimate off by more: subsampled counts), and the goal less the overshoot picks it again.
+            goal = min(goal, cost(best)) - (size - total)
+        if len(groups) == 1 and getattr(groups[0], "estimates", False):  # its options are cheap: squeeze again
+            groups[0].refine(best[0], lambda o: cost([o]) <= goal, lambda a, b: a.J < b.J)
+        best = split(goal)
+    return None if fitting is None else fitting[0]
 
 
 def _confirmed(g: Any, best: allocate.Option, meets: Callable[[allocate.Option], bool],
