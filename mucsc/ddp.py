@@ -93,6 +93,7 @@ class MucscHookState:
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.iter = 0
         self.compressors: dict[int, Any] = {}  # per bucket index: codec + error-feedback memory
+        self.slots: dict[int, tuple[int, int]] = {}  # per bucket index: the all-gather slot's bytes, slack
         self.stats = HookStats()
 
     @property
@@ -196,21 +197,14 @@ class _BucketJob:
     def run(self) -> torch.Tensor:
         state, flat, buf = self.state, self.flat, self.buf
         blob = state.encode_bucket(flat, self.index, self.rank, self.iteration)
-        dev = buf.device
-        # 1) lengths, 2) messages padded to the longest (all_gather needs equal sizes)
-        lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
-        dist.all_gather(lengths, torch.tensor([len(blob)], dtype=torch.int64, device=dev), group=self.group)
-        sizes = [int(t.item()) for t in lengths]
-        longest = max(sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        gathered = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(self.world)]
-        dist.all_gather(gathered, mine.to(dev), group=self.group)
+        # no codec's message for a bucket comes near twice its raw bytes plus framing
+        limit = 2 * flat.nbytes + (1 << 20)
+        messages, sent = _gather_messages(blob, state.slots, self.index, limit, self.world, self.group, buf.device)
         # Every rank decodes the same bytes in rank order with the same float arithmetic: identical replicas.
         total = np.zeros(flat.shape, dtype=flat.dtype)
-        for r, (t, n) in enumerate(zip(gathered, sizes)):
+        for r, message in enumerate(messages):
             # a peer's message must hold exactly this bucket's values: that bounds what decoding allocates
-            decoded = mucsc.decode(t[:n].cpu().numpy().tobytes(), max_elements=flat.size, max_expansion=None)
+            decoded = mucsc.decode(message, max_elements=flat.size, max_expansion=None)
             if decoded.shape != flat.shape:
                 raise mucsc.FormatError(f"rank {r}'s message for bucket {self.index} holds {decoded.size} "
                                         f"values, the bucket {flat.size}")
@@ -219,8 +213,63 @@ class _BucketJob:
         with state.lock:
             st = state.stats
             st.message_bytes += len(blob)
-            st.sent_bytes += longest + 8
+            st.sent_bytes += sent
             st.compressed_buckets += 1
             st.raw_bucket_bytes += buf.numel() * buf.element_size()
         buf.copy_(torch.from_numpy(total))
         return buf
+
+
+_LENGTH = 8  # bytes of the int64 message length in front of each rank's slot
+
+
+def _gather_messages(blob: bytes, slots: dict[int, tuple[int, int]], index: int, limit: int, world: int, group: Any,
+                     device: Any) -> tuple[list[memoryview], int]:
+    """All ranks' messages for one bucket, in rank order, and the bytes this rank contributed.
+
+    One all-gather of fixed slots: each rank sends its message's length and its first ``cap`` bytes,
+    zero-padded (all_gather needs equal sizes).  Every rank then knows every length; only when some
+    message was longer than ``cap`` does a second all-gather carry the rest (padded to the longest
+rest).  A declared length over ``limit`` is refused before anything is allocated for it.  The slot
+    starts empty (the first compressed iteration gathers lengths, then messages) and then holds the
+    longest message of the last iteration plus a slack, so later iterations need one collective.  All
+    ranks see the same lengths, so they take the same branch and set the same next ``cap``."""
+    cap, slack = slots.get(index, (0, 0))
+    slot = np.zeros(_LENGTH + cap, dtype=np.uint8)
+    slot[:_LENGTH] = np.array([len(blob)], dtype="<i8").view(np.uint8)
+    head = min(cap, len(blob))
+    slot[_LENGTH:_LENGTH + head] = np.frombuffer(blob, dtype=np.uint8, count=head)
+    rows = _all_gather(torch.from_numpy(slot), world, group, device)
+    lengths = rows[:, :_LENGTH].copy().view("<i8").ravel().tolist()
+    for r, n in enumerate(lengths):  # checked before anything is allocated for them
+        if not 0 < n <= limit:
+            raise mucsc.FormatError(f"rank {r} declared a {n}-byte message for bucket {index} (at most {limit})")
+    longest = max(lengths)
+    sent = slot.size
+    rests = None
+    if longest > cap:  # someone's message did not fit: gather what is left of every message
+        rest = np.zeros(longest - cap, dtype=np.uint8)
+        mine = np.frombuffer(blob, dtype=np.uint8)[cap:]
+        rest[:mine.size] = mine
+        rests = _all_gather(torch.from_numpy(rest), world, group, device)
+        sent += rest.size
+    # zstd'd lengths drift by ~0.1 % per step: the slot keeps a slack, doubled after an overflow (to 1/16)
+    if not slack:
+        slack = longest // 256 + 64
+    elif rests is not None:
+        slack = min(2 * slack, longest // 16 + 64)
+    slots[index] = (longest + slack, slack)
+    messages = []
+    for r, n in enumerate(lengths):
+        body = rows[r, _LENGTH:_LENGTH + min(n, cap)]
+        if n > cap:
+            body = np.concatenate([body, rests[r, :n - cap]])
+        messages.append(memoryview(body))
+    return messages, sent
+
+
+def _all_gather(mine: torch.Tensor, world: int, group: Any, device: Any) -> np.ndarray:
+    """``world`` equal-sized uint8 vectors, one per rank, as the rows of a host array."""
+    out = torch.empty((world, mine.numel()), dtype=torch.uint8, device=device)
+    dist.all_gather(list(out.unbind(0)), mine.to(device), group=group)
+    return out.cpu().numpy()
