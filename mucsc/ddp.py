@@ -5,8 +5,9 @@
     >>> ddp_model.register_comm_hook(state, mucsc_hook)
 
 Per bucket, from iteration ``start_iter`` on: every rank encodes its gradient bucket, the ranks
-all-gather the message lengths and then the messages (padded to the longest), and every rank decodes
-all messages in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
+all-gather one slot each (the message's length and the message, padded to a size all ranks know: the
+longest message of the bucket's previous iteration plus a slack), and every rank decodes all messages
+in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
 in the same order, so the replicas stay bitwise identical.  Before ``start_iter`` the hook is a plain
 averaging allreduce: DDP rebuilds its buckets after the first iteration, and per-bucket error feedback
 needs stable buckets.  Each bucket has its own :class:`mucsc.Compressor`: biased codecs (top-k,
@@ -44,8 +45,9 @@ import mucsc
 @dataclasses.dataclass
 class HookStats:
     """Bytes of this rank, by phase.  ``message_bytes``: its mucsc messages (what the codec produced);
-    ``sent_bytes``: its contribution to the all-gathers (message padded to the longest of the group,
-    plus the 8-byte length; a ring all-gather forwards P - 1 such pieces through every rank);
+    ``sent_bytes``: its contribution to the all-gathers (the 8-byte length and the message padded to
+    the slot, plus what overflowed the slot; a ring all-gather forwards P - 1 such pieces through every
+    rank);
     ``allreduce_bytes``: bucket bytes of the plain allreduce iterations before ``start_iter``."""
 
     message_bytes: int = 0
@@ -139,8 +141,8 @@ class MucscHookState:
 def mucsc_hook(state: "MucscHookState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket over the group through mucsc messages.
 
-    Returns at once with a pending future: the bucket's values are copied out, and encoding, the two
-    all-gathers and the decodes run on the state's worker thread while backward goes on producing the
+    Returns at once with a pending future: the bucket's values are copied out, and encoding, the
+    all-gather and the decodes run on the state's worker thread while backward goes on producing the
     next buckets; DDP waits on the future only at the end of backward."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
@@ -174,7 +176,7 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
 
 @dataclasses.dataclass
 class _BucketJob:
-    """One bucket's compressed average: encode, all-gather lengths and messages, decode, average.
+    """One bucket's compressed average: encode, all-gather the messages, decode, average.
 
     Collectives of one process group must be issued in the same order on every rank: the state's one
     worker thread runs the jobs in the order DDP calls the hook, which is the same on every rank."""
