@@ -232,7 +232,7 @@ def _gather_messages(blob: bytes, slots: dict[int, tuple[int, int]], index: int,
     One all-gather of fixed slots: each rank sends its message's length and its first ``cap`` bytes,
     zero-padded (all_gather needs equal sizes).  Every rank then knows every length; only when some
     message was longer than ``cap`` does a second all-gather carry the rest (padded to the longest
-rest).  A declared length over ``limit`` is refused before anything is allocated for it.  The slot
+    rest).  A declared length over ``limit`` is refused before anything is allocated for it.  The slot
     starts empty (the first compressed iteration gathers lengths, then messages) and then holds the
     longest message of the last iteration plus a slack, so later iterations need one collective.  All
     ranks see the same lengths, so they take the same branch and set the same next ``cap``."""
