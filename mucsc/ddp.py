@@ -5,8 +5,9 @@
     >>> ddp_model.register_comm_hook(state, mucsc_hook)
 
 Per bucket, from iteration ``start_iter`` on: every rank encodes its gradient bucket, the ranks
-all-gather the message lengths and then the messages (padded to the longest), and every rank decodes
-all messages in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
+all-gather one slot each (the message's length and the message, padded to a size all ranks know: the
+longest message of the bucket's previous iteration plus a slack), and every rank decodes all messages
+in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
 in the same order, so the replicas stay bitwise identical.  Before ``start_iter`` the hook is a plain
 averaging allreduce: DDP rebuilds its buckets after the first iteration, and per-bucket error feedback
 needs stable buckets.  Each bucket has its own :class:`mucsc.Compressor`: biased codecs (top-k,
@@ -44,8 +45,9 @@ import mucsc
 @dataclasses.dataclass
 class HookStats:
     """Bytes of this rank, by phase.  ``message_bytes``: its mucsc messages (what the codec produced);
-    ``sent_bytes``: its contribution to the all-gathers (message padded to the longest of the group,
-    plus the 8-byte length; a ring all-gather forwards P - 1 such pieces through every rank);
+    ``sent_bytes``: its contribution to the all-gathers (the 8-byte length and the message padded to
+    the slot, plus what overflowed the slot; a ring all-gather forwards P - 1 such pieces through every
+    rank);
     ``allreduce_bytes``: bucket bytes of the plain allreduce iterations before ``start_iter``."""
 
     message_bytes: int = 0
@@ -93,6 +95,7 @@ class MucscHookState:
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.iter = 0
         self.compressors: dict[int, Any] = {}  # per bucket index: codec + error-feedback memory
+        self.slots: dict[int, tuple[int, int]] = {}  # per bucket index: the all-gather slot's bytes, slack
         self.stats = HookStats()
 
     @property
@@ -138,8 +141,8 @@ class MucscHookState:
 def mucsc_hook(state: "MucscHookState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket over the group through mucsc messages.
 
-    Returns at once with a pending future: the bucket's values are copied out, and encoding, the two
-    all-gathers and the decodes run on the state's worker thread while backward goes on producing the
+    Returns at once with a pending future: the bucket's values are copied out, and encoding, the
+    all-gather and the decodes run on the state's worker thread while backward goes on producing the
     next buckets; DDP waits on the future only at the end of backward."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
@@ -173,7 +176,7 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
 
 @dataclasses.dataclass
 class _BucketJob:
-    """One bucket's compressed average: encode, all-gather lengths and messages, decode, average.
+    """One bucket's compressed average: encode, all-gather the messages, decode, average.
 
     Collectives of one process group must be issued in the same order on every rank: the state's one
     worker thread runs the jobs in the order DDP calls the hook, which is the same on every rank."""
@@ -196,21 +199,14 @@ class _BucketJob:
     def run(self) -> torch.Tensor:
         state, flat, buf = self.state, self.flat, self.buf
         blob = state.encode_bucket(flat, self.index, self.rank, self.iteration)
-        dev = buf.device
-        # 1) lengths, 2) messages padded to the longest (all_gather needs equal sizes)
-        lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
-        dist.all_gather(lengths, torch.tensor([len(blob)], dtype=torch.int64, device=dev), group=self.group)
-        sizes = [int(t.item()) for t in lengths]
-        longest = max(sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        gathered = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(self.world)]
-        dist.all_gather(gathered, mine.to(dev), group=self.group)
+        # no codec's message for a bucket comes near twice its raw bytes plus framing
+        limit = 2 * flat.nbytes + (1 << 20)
+        messages, sent = _gather_messages(blob, state.slots, self.index, limit, self.world, self.group, buf.device)
         # Every rank decodes the same bytes in rank order with the same float arithmetic: identical replicas.
         total = np.zeros(flat.shape, dtype=flat.dtype)
-        for r, (t, n) in enumerate(zip(gathered, sizes)):
+        for r, message in enumerate(messages):
             # a peer's message must hold exactly this bucket's values: that bounds what decoding allocates
-            decoded = mucsc.decode(t[:n].cpu().numpy().tobytes(), max_elements=flat.size, max_expansion=None)
+            decoded = mucsc.decode(message, max_elements=flat.size, max_expansion=None)
             if decoded.shape != flat.shape:
                 raise mucsc.FormatError(f"rank {r}'s message for bucket {self.index} holds {decoded.size} "
                                         f"values, the bucket {flat.size}")
@@ -219,8 +215,63 @@ class _BucketJob:
         with state.lock:
             st = state.stats
             st.message_bytes += len(blob)
-            st.sent_bytes += longest + 8
+            st.sent_bytes += sent
             st.compressed_buckets += 1
             st.raw_bucket_bytes += buf.numel() * buf.element_size()
         buf.copy_(torch.from_numpy(total))
         return buf
+
+
+_LENGTH = 8  # bytes of the int64 message length in front of each rank's slot
+
+
+def _gather_messages(blob: bytes, slots: dict[int, tuple[int, int]], index: int, limit: int, world: int, group: Any,
+                     device: Any) -> tuple[list[memoryview], int]:
+    """All ranks' messages for one bucket, in rank order, and the bytes this rank contributed.
+
+    One all-gather of fixed slots: each rank sends its message's length and its first ``cap`` bytes,
+    zero-padded (all_gather needs equal sizes).  Every rank then knows every length; only when some
+    message was longer than ``cap`` does a second all-gather carry the rest (padded to the longest
+    rest).  A declared length over ``limit`` is refused before anything is allocated for it.  The slot
+    starts empty (the first compressed iteration gathers lengths, then messages) and then holds the
+    longest message of the last iteration plus a slack, so later iterations need one collective.  All
+    ranks see the same lengths, so they take the same branch and set the same next ``cap``."""
+    cap, slack = slots.get(index, (0, 0))
+    slot = np.zeros(_LENGTH + cap, dtype=np.uint8)
+    slot[:_LENGTH] = np.array([len(blob)], dtype="<i8").view(np.uint8)
+    head = min(cap, len(blob))
+    slot[_LENGTH:_LENGTH + head] = np.frombuffer(blob, dtype=np.uint8, count=head)
+    rows = _all_gather(torch.from_numpy(slot), world, group, device)
+    lengths = rows[:, :_LENGTH].copy().view("<i8").ravel().tolist()
+    for r, n in enumerate(lengths):  # checked before anything is allocated for them
+        if not 0 < n <= limit:
+            raise mucsc.FormatError(f"rank {r} declared a {n}-byte message for bucket {index} (at most {limit})")
+    longest = max(lengths)
+    sent = slot.size
+    rests = None
+    if longest > cap:  # someone's message did not fit: gather what is left of every message
+        rest = np.zeros(longest - cap, dtype=np.uint8)
+        mine = np.frombuffer(blob, dtype=np.uint8)[cap:]
+        rest[:mine.size] = mine
+        rests = _all_gather(torch.from_numpy(rest), world, group, device)
+        sent += rest.size
+    # zstd'd lengths drift by ~0.1 % per step: the slot keeps a slack, doubled after an overflow (to 1/16)
+    if not slack:
+        slack = longest // 256 + 64
+    elif rests is not None:
+        slack = min(2 * slack, longest // 16 + 64)
+    slots[index] = (longest + slack, slack)
+    messages = []
+    for r, n in enumerate(lengths):
+        body = rows[r, _LENGTH:_LENGTH + min(n, cap)]
+        if n > cap:
+            body = np.concatenate([body, rests[r, :n - cap]])
+        messages.append(memoryview(body))
+    return messages, sent
+
+
+def _all_gather(mine: torch.Tensor, world: int, group: Any, device: Any) -> np.ndarray:
+    """``world`` equal-sized uint8 vectors, one per rank, as the rows of a host array."""
+    out = torch.empty((world, mine.numel()), dtype=torch.uint8, device=device)
+    dist.all_gather(list(out.unbind(0)), mine.to(device), group=group)
+    return out.cpu().numpy()

@@ -103,7 +103,8 @@ def test_world_size_one_matches_the_codec(group):
     assert st.allreduce_bytes == 2 * 4 * d
     assert st.raw_bucket_bytes == 2 * 4 * d and st.compressed_buckets >= 2
     assert 0 < st.message_bytes < st.raw_bucket_bytes / 2
-    assert st.sent_bytes == st.message_bytes + 8 * st.compressed_buckets  # one rank: no padding
+    # one rank: its length, its message, and from the second compressed iteration on the slot's slack
+    assert 0 <= st.sent_bytes - (st.message_bytes + 8 * st.compressed_buckets) <= 2 * 64 + st.message_bytes // 128
     assert st.ratio > 2
 
 
@@ -154,6 +155,43 @@ def _train_grads(group, overlap, steps=4):
                 p.sub_(0.1 * p.grad)
     state.close()
     return out, state.stats
+
+
+def test_one_all_gather_per_bucket_once_the_slot_fits(group, monkeypatch):
+    """The first compressed iteration gathers lengths then messages; later ones one slot that holds the
+    length and the message (a second all-gather only for what overflows the slot)."""
+    import mucsc.ddp as hook_module
+
+    calls = []
+    real = hook_module._all_gather
+    monkeypatch.setattr(hook_module, "_all_gather", lambda mine, *a: calls.append(mine.numel()) or real(mine, *a))
+    slots: dict[int, tuple[int, int]] = {}
+    blob = mucsc.encode(np.linspace(-1, 1, 1000, dtype=np.float32), "mucsc", z=16)
+    messages, sent = hook_module._gather_messages(blob, slots, 0, 1 << 20, 1, group, "cpu")
+    assert [bytes(m) for m in messages] == [blob] and sent == 8 + len(blob) and calls == [8, len(blob)]
+    cap, slack = slots[0]
+    assert cap == len(blob) + slack and slack > 0
+    calls.clear()
+    messages, sent = hook_module._gather_messages(blob, slots, 0, 1 << 20, 1, group, "cpu")
+    assert [bytes(m) for m in messages] == [blob] and sent == 8 + cap and calls == [8 + cap]
+    calls.clear()
+    longer = blob + bytes(cap)  # overflows the slot: the rest follows in a second all-gather
+    messages, sent = hook_module._gather_messages(longer, slots, 0, 1 << 20, 1, group, "cpu")
+    assert [bytes(m) for m in messages] == [longer] and len(calls) == 2 and sent == 8 + len(longer)
+    assert slots[0] == (len(longer) + 2 * slack, 2 * slack)  # an overflow doubles the slack
+
+
+def test_a_declared_length_over_the_limit_is_refused(group, monkeypatch):
+    import mucsc.ddp as hook_module
+
+    def forged(mine, world, group, device):
+        out = mine.numpy().copy()[None, :]
+        out[0, :8] = np.array([1 << 40], dtype="<i8").view(np.uint8)
+        return out
+
+    monkeypatch.setattr(hook_module, "_all_gather", forged)
+    with pytest.raises(mucsc.FormatError, match="declared"):
+        hook_module._gather_messages(b"x" * 100, {}, 0, 1 << 20, 1, group, "cpu")
 
 
 def test_overlapped_hook_gives_the_inline_hooks_gradients(group):
