@@ -132,18 +132,18 @@ def _varints(values: np.ndarray) -> bytes:
     return bytes(out)
 
 
-def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int) -> tuple[np.ndarray, int]:
+def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int, tag: str = "IDSA") -> tuple[np.ndarray, int]:
     vals = np.zeros(k, np.int64)
     for i in range(k):
         v, shift = 0, 0
         while True:
             if pos >= buf.size:
-                raise FormatError("IDSA: frequency table runs past the end of the section")
+                raise FormatError(f"{tag}: frequency table runs past the end of the section")
             b = int(buf[pos])
             pos += 1
             v |= (b & 0x7F) << shift
             if v > limit:
-                raise FormatError(f"IDSA: frequency {v} exceeds the table size {limit}")
+                raise FormatError(f"{tag}: frequency {v} exceeds the table size {limit}")
             if not b & 0x80:
                 break
             shift += 7
