@@ -31,7 +31,8 @@ import functools
 
 import numpy as np
 
-from mucsc.codec import kernels, parallel, rans
+from mucsc.codec import kernels, parallel
+from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
@@ -121,8 +122,6 @@ def header_size(k: int, w: int, f: np.ndarray, m: int) -> int:
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
     """The symbols of ``ids`` (host): the IDS_ packing's bytes at width w (1, 2, 4, 8), or the IDs as
     uint16 (w = 16)."""
-    from mucsc.codec import bitpack
-
     w = symbol_bits(k) if w is None else w
     if w == WIDE:
         return np.ascontiguousarray(ids, np.uint16)
