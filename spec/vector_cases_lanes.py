@@ -1,4 +1,4 @@
-"""Test-vector cases for format 1.2's lane-parallel rANS IDs (IDSL, FORMAT.md 4.5).  Imported by
+"""Test-vector cases for format 1.2's lane-parallel rANS IDs (IDSL, FORMAT.md 4.6).  Imported by
 make_vectors.py: ``CASES`` (valid vectors) and ``invalid_cases()`` (name -> (message, error class name,
 description)); each invalid message is a valid one with its IDSL section changed and a correct CRC."""
 

@@ -1,4 +1,4 @@
-"""Format 1.2's lane-parallel rANS of cluster IDs (IDSL, spec/FORMAT.md 4.5): the layout, the coder's
+"""Format 1.2's lane-parallel rANS of cluster IDs (IDSL, spec/FORMAT.md 4.6): the layout, the coder's
 backends (compiled, numpy, the torch loop, the Triton kernels in Triton's interpreter) writing the
 same bytes, threads, the default's choice against zstd, and corrupt sections rejected."""
 

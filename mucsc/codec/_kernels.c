@@ -1017,7 +1017,7 @@ done:
     return res;
 }
 
-/* ---- lane-parallel rANS (spec/FORMAT.md 4.5, section IDSL; numpy twin: lanes.py) ------------------ */
+/* ---- lane-parallel rANS (spec/FORMAT.md 4.6, section IDSL; numpy twin: lanes.py) ------------------ */
 
 #define LANES_BLOCK 65536
 #define LANES_MAX 32
@@ -1155,7 +1155,7 @@ done:
 
 static const char lanes_encode_doc[] =
     "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64) -> bytes written\n"
-    "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.5) into out, lane after lane;\n"
+    "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
     "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.";
 
 static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
@@ -1283,7 +1283,7 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
 
 static const char lanes_decode_doc[] =
     "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16) -> 0 or 1\n"
-    "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.5; starts/lens: their lanes' streams in buf,\n"
+    "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.6; starts/lens: their lanes' streams in buf,\n"
     "checked against it) into out (m symbols).  1 if a lane ends early, not in state 2^23 or with bytes left.";
 
 static PyObject *py_lanes_decode(PyObject *self, PyObject *args)

@@ -1,4 +1,4 @@
-"""IDSL's lane coder (spec/FORMAT.md 4.5, the coder of 4.4) in Triton's language: one program codes or
+"""IDSL's lane coder (spec/FORMAT.md 4.6, the coder of 4.4) in Triton's language: one program codes or
 decodes ``BL`` lanes, looping over their symbol rows (imported only by :mod:`mucsc.codec.backends.triton_lanes`,
 which applies ``triton.jit`` when first used and checks the bytes against the torch reference,
 :mod:`mucsc.codec.backends.torch_lanes`).  Every step is that reference's integer arithmetic in int64."""

@@ -1,4 +1,4 @@
-"""IDSL's lane-parallel rANS (spec/FORMAT.md 4.5) on torch tensors: cluster IDs coded and decoded where
+"""IDSL's lane-parallel rANS (spec/FORMAT.md 4.6) on torch tensors: cluster IDs coded and decoded where
 they live, byte-identical to :mod:`mucsc.codec.wire.lanes`.
 
 Encode: the symbols (the fused Triton kernel's packed IDs where it runs), their histogram on the

@@ -1,4 +1,4 @@
-"""IDSL's lane coder (spec/FORMAT.md 4.5) as two Triton kernels, checked against the host reference.
+"""IDSL's lane coder (spec/FORMAT.md 4.6) as two Triton kernels, checked against the host reference.
 
 :mod:`mucsc.codec.backends.torch_lanes` codes all lanes with one vector step per symbol row (a few dozen
 kernel launches per row); these kernels run each lane's whole loop in one launch

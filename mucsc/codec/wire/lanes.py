@@ -1,4 +1,4 @@
-"""Lane-parallel static rANS of cluster IDs (spec/FORMAT.md 4.5, section ``IDSL``, format 1.2).
+"""Lane-parallel static rANS of cluster IDs (spec/FORMAT.md 4.6, section ``IDSL``, format 1.2).
 
 IDSA (format 1.1, :mod:`mucsc.codec.rans`) has at most 64 interleaved lanes: one core decodes it.
 IDSL cuts the symbols into blocks of :data:`BLOCK` and codes each block by up to :data:`LANES`
@@ -97,7 +97,7 @@ def lane_total(m: int) -> int:
 
 @functools.lru_cache(maxsize=16)
 def layout(m: int) -> Layout:
-    """The lane layout of m symbols (FORMAT.md 4.5): a function of m only."""
+    """The lane layout of m symbols (FORMAT.md 4.6): a function of m only."""
     nb = -(-m // BLOCK)
     sizes = np.full(nb, BLOCK, np.int64)
     if nb:
@@ -247,7 +247,7 @@ class Parsed:
 
 
 def parse(b: np.ndarray, n: int, k: int) -> Parsed:
-    """Validate an IDSL payload's header against n IDs < k (FORMAT.md 4.5's rejections)."""
+    """Validate an IDSL payload's header against n IDs < k (FORMAT.md 4.6's rejections)."""
     if b.size < 2:
         raise FormatError("IDSL: section shorter than its 2-byte header")
     S, w = int(b[0]), int(b[1])
