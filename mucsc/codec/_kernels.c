@@ -1032,13 +1032,15 @@ static inline int lanes_of(Py_ssize_t s)
 
 /* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + bias + q (M - f) with
  * q = x div f from a 32x32 -> 64-bit product (division by an invariant integer: exact for x < 2^31,
- * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias. */
-typedef struct { uint32_t xmax, rcp, shift, bias, cmpl; } enc_sym;
+ * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias.
+ * bad: 1 for a symbol without frequency (or beyond the table), checked once per block, not per symbol. */
+typedef struct { uint32_t xmax, rcp, shift, bias, cmpl, bad; } enc_sym;
 
 static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
 {
     e->xmax = ((RANS_L >> S) << 8) * f;
     e->cmpl = (1u << S) - f;
+    e->bad = f == 0;
     if (f < 2) {
         e->rcp = 0xFFFFFFFFu;
         e->shift = 0;
@@ -1055,48 +1057,93 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
 /* Symbol i of a u8 (wide = 0) or u16 (wide = 1) array. */
 #define SYM_AT(P, WIDE, I) ((WIDE) ? (uint32_t)((const uint16_t *)(P))[I] : (uint32_t)((const uint8_t *)(P))[I])
 
+/* The renormalisation's bytes below q: q[-1] = x, q[-2] = x >> 8, q[-3] = x >> 16 (q[-4] is scratch:
+ * a later symbol or the lane's final state overwrites it, and the lane's region has room for it).
+ * One 4-byte store of the byte-swapped state on little-endian hosts. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define ENC_BYTES(q, xs) do { (q)[-1] = (uint8_t)(xs); (q)[-2] = (uint8_t)((xs) >> 8); \
+                              (q)[-3] = (uint8_t)((xs) >> 16); } while (0)
+#else
+#define ENC_BYTES(q, xs) do { uint32_t v_ = ((xs) << 24) | (((xs) & 0xFF00u) << 8) | (((xs) >> 8) & 0xFF00u) \
+                                            | ((xs) >> 24); memcpy((q) - 4, &v_, 4); } while (0)
+#endif
+
 /* Code one symbol into a lane whose stream grows down from *p: the renormalisation's 0..3 bytes
  * (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent branch: x >= xmax << 8i for
  * i = 0, 1, 2 counts the bytes, and all three candidates are stored (the lane's region has room:
- * cap = 4 + 3 T), the pointer moving by the count. */
-static inline void enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
+ * cap = 4 + 3 T), the pointer moving by the count.  Returns the symbol's bad flag. */
+static inline uint32_t enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
 {
     uint32_t xs = *x;
     uint8_t *q = *p;
     uint64_t xm = e->xmax;
     int n = (xs >= xm) + ((uint64_t)xs >= (xm << 8)) + ((uint64_t)xs >= (xm << 16));
-    q[-1] = (uint8_t)xs; q[-2] = (uint8_t)(xs >> 8); q[-3] = (uint8_t)(xs >> 16);
+    ENC_BYTES(q, xs);
     *p = q - n;
     xs = (uint32_t)((uint64_t)xs >> (8 * n));
     uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> 32) >> e->shift;
     *x = xs + e->bias + qt * e->cmpl;
+    return e->bad;
 }
 
-/* One block: symbols [o, o + s), W lanes interleaved, coded backwards into scratch (lane j's bytes end
- * at (j + 1) * cap), then each lane's stream copied to out in lane order.  Returns bytes written, -1 if
- * out is too small, -2 for a symbol without frequency. */
+/* Symbol c's coder entry, or -2 from the enclosing function when c is beyond the table (u16 symbols;
+ * the table of u8 symbols has all 256 entries). */
+#define ENC_TAB(c, WIDE, k, tab) ((WIDE) && (Py_ssize_t)(c) >= (k) ? NULL : &(tab)[c])
+
+/* LANE_GROUP lanes of one block coded together, each state in a local (a register): independent
+ * dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows t = rows - 1 .. 0
+ * (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial last row if it has one. */
+#define LANE_GROUP 4
+static inline uint32_t enc_group(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, int W, int j0,
+                                 const enc_sym *tab, Py_ssize_t k, uint32_t *x, uint8_t **ptr)
+{
+    Py_ssize_t full = s / W, i0 = full * W;
+    uint32_t bad = 0;
+    for (int j = j0; j < j0 + LANE_GROUP && i0 + j < s; j++) {  /* the last, partial row first */
+        uint32_t c = SYM_AT(sym, wide, o + i0 + j);
+        const enc_sym *e = ENC_TAB(c, wide, k, tab);
+        if (!e) return 1;
+        bad |= enc_put(&x[j], &ptr[j], e);
+    }
+    uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3];
+    uint8_t *p0 = ptr[j0], *p1 = ptr[j0 + 1], *p2 = ptr[j0 + 2], *p3 = ptr[j0 + 3];
+    for (Py_ssize_t t = full - 1; t >= 0; t--) {
+        Py_ssize_t i = o + t * W + j0;
+        uint32_t c0 = SYM_AT(sym, wide, i), c1 = SYM_AT(sym, wide, i + 1);
+        uint32_t c2 = SYM_AT(sym, wide, i + 2), c3 = SYM_AT(sym, wide, i + 3);
+        if (wide && ((Py_ssize_t)c0 >= k || (Py_ssize_t)c1 >= k || (Py_ssize_t)c2 >= k || (Py_ssize_t)c3 >= k))
+            return 1;
+        bad |= enc_put(&x0, &p0, &tab[c0]) | enc_put(&x1, &p1, &tab[c1])
+             | enc_put(&x2, &p2, &tab[c2]) | enc_put(&x3, &p3, &tab[c3]);
+    }
+    x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
+    ptr[j0] = p0; ptr[j0 + 1] = p1; ptr[j0 + 2] = p2; ptr[j0 + 3] = p3;
+    return bad;
+}
+
+/* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
+ * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
+ * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency. */
 static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab,
-                                     const uint32_t *f, Py_ssize_t k, uint8_t *scratch, Py_ssize_t cap,
+                                     Py_ssize_t k, uint8_t *scratch, Py_ssize_t cap,
                                      uint8_t *out, Py_ssize_t room, int64_t *lens)
 {
     int W = lanes_of(s);
-    uint32_t x[LANES_MAX];
+    uint32_t x[LANES_MAX], bad = 0;
     uint8_t *ptr[LANES_MAX];
     for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = scratch + (Py_ssize_t)(j + 1) * cap; }
-    Py_ssize_t full = s / W, i0 = full * W;
-    for (int j = 0; i0 + j < s; j++) {  /* the last, partial row first (the coder runs backwards) */
-        uint32_t c = SYM_AT(sym, wide, o + i0 + j);
-        if ((Py_ssize_t)c >= k || f[c] == 0) return -2;
-        enc_put(&x[j], &ptr[j], &tab[c]);
-    }
-    for (Py_ssize_t t = full - 1; t >= 0; t--) {
-        Py_ssize_t i = o + t * W;
-        for (int j = 0; j < W; j++) {
-            uint32_t c = SYM_AT(sym, wide, i + j);
-            if ((Py_ssize_t)c >= k || f[c] == 0) return -2;
-            enc_put(&x[j], &ptr[j], &tab[c]);
+    int grouped = W - W % LANE_GROUP;
+    for (int j0 = 0; j0 < grouped; j0 += LANE_GROUP)
+        bad |= enc_group(sym, wide, o, s, W, j0, tab, k, x, ptr);
+    for (int j = grouped; j < W; j++) {  /* the lanes left over, one at a time, backwards */
+        for (Py_ssize_t i = o + j + ((s - 1 - j) / W) * W; i >= o + j; i -= W) {
+            uint32_t c = SYM_AT(sym, wide, i);
+            const enc_sym *e = ENC_TAB(c, wide, k, tab);
+            if (!e) return -2;
+            bad |= enc_put(&x[j], &ptr[j], e);
         }
     }
+    if (bad) return -2;
     Py_ssize_t used = 0;
     for (int j = 0; j < W; j++) {
         uint8_t *q = ptr[j] - 4;
@@ -1198,19 +1245,21 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
         const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
         Py_ssize_t k = fb.len / 4;
         Py_ssize_t cap = 4 + 3 * (LANES_BLOCK / LANES_MAX);
-        tab = (enc_sym *)PyMem_RawMalloc((size_t)k * sizeof(enc_sym));
+        Py_ssize_t entries = wide ? k : 256;  /* u8 symbols index all 256 entries (those >= k are bad) */
+        tab = (enc_sym *)PyMem_RawMalloc((size_t)(entries > k ? entries : k) * sizeof(enc_sym));
         scratch = (uint8_t *)PyMem_RawMalloc((size_t)(LANES_MAX * cap));
         if (!tab || !scratch) { PyErr_NoMemory(); goto done; }
         Py_ssize_t used = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < k; c++) enc_sym_init(&tab[c], cum[c], f[c], S);
+        for (Py_ssize_t c = k; c < entries; c++) enc_sym_init(&tab[c], 0, 0, S);
         int64_t *lens = (int64_t *)lb.buf;
         for (Py_ssize_t b = b0; b < b1 && used >= 0; b++) {
             Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
             Py_ssize_t got = wide  /* two specialised copies of the block loop */
-                ? lanes_encode_block(sb.buf, 1, b * LANES_BLOCK, s, tab, f, k, scratch, cap,
+                ? lanes_encode_block(sb.buf, 1, b * LANES_BLOCK, s, tab, k, scratch, cap,
                                      (uint8_t *)ob.buf + used, ob.len - used, lens)
-                : lanes_encode_block(sb.buf, 0, b * LANES_BLOCK, s, tab, f, k, scratch, cap,
+                : lanes_encode_block(sb.buf, 0, b * LANES_BLOCK, s, tab, k, scratch, cap,
                                      (uint8_t *)ob.buf + used, ob.len - used, lens);
             lens += lanes_of(s);
             used = got < 0 ? got : used + got;
