@@ -1034,22 +1034,27 @@ static inline int lanes_of(Py_ssize_t s)
  * q = x div f from a 32x32 -> 64-bit product (division by an invariant integer: exact for x < 2^31,
  * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias.
  * bad: 1 for a symbol without frequency (or beyond the table), checked once per block, not per symbol. */
-typedef struct { uint32_t xmax, rcp, shift, bias, cmpl, bad; } enc_sym;
+typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, bad; } enc_sym;
 
 static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
 {
-    e->xmax = ((RANS_L >> S) << 8) * f;
+    /* x1, x2, x3: the renormalisation's thresholds xmax << 8i (i = 0, 1, 2), clamped to 32 bits: the
+     * states compared with them are below 2^31 */
+    uint64_t xmax = (uint64_t)((RANS_L >> S) << 8) * f;
+    e->x1 = (uint32_t)(xmax < 0xFFFFFFFFull ? xmax : 0xFFFFFFFFull);
+    e->x2 = (uint32_t)((xmax << 8) < 0xFFFFFFFFull ? (xmax << 8) : 0xFFFFFFFFull);
+    e->x3 = (uint32_t)((xmax << 16) < 0xFFFFFFFFull ? (xmax << 16) : 0xFFFFFFFFull);
     e->cmpl = (1u << S) - f;
     e->bad = f == 0;
     if (f < 2) {
         e->rcp = 0xFFFFFFFFu;
-        e->shift = 0;
+        e->shift = 32;
         e->bias = cum + (1u << S) - 1;
     } else {
         uint32_t sh = 0;
         while (f > (1u << sh)) sh++;
         e->rcp = (uint32_t)(((1ull << (sh + 31)) + f - 1) / f);
-        e->shift = sh - 1;
+        e->shift = 32 + sh - 1;
         e->bias = cum;
     }
 }
@@ -1076,12 +1081,11 @@ static inline uint32_t enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
 {
     uint32_t xs = *x;
     uint8_t *q = *p;
-    uint64_t xm = e->xmax;
-    int n = (xs >= xm) + ((uint64_t)xs >= (xm << 8)) + ((uint64_t)xs >= (xm << 16));
+    int n = (xs >= e->x1) + (xs >= e->x2) + (xs >= e->x3);
     ENC_BYTES(q, xs);
     *p = q - n;
     xs = (uint32_t)((uint64_t)xs >> (8 * n));
-    uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> 32) >> e->shift;
+    uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> e->shift);
     *x = xs + e->bias + qt * e->cmpl;
     return e->bad;
 }
