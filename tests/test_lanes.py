@@ -239,3 +239,17 @@ def test_the_triton_kernels_write_the_reference_bytes(interpreter):
         assert got == want, (n, k)
         np.testing.assert_array_equal(y.numpy(), mucsc.decode(want))
     assert triton_lanes._checked  # they ran (the self-check passed first)
+
+
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+@pytest.mark.parametrize("w", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [1, 7, 8, 1001, (1 << 20) + 13])
+def test_symbols_counted_equals_the_two_steps(w, n):
+    # the compiled pack-and-count pass gives IDS_'s packing and the symbols' histogram
+    from mucsc.codec import parallel
+
+    ids = np.random.default_rng(n).integers(0, 1 << w, n).astype(np.uint8)
+    with parallel.using(2):
+        sym, counts = lanes.symbols_counted(ids, 1 << w, w)
+    assert np.array_equal(sym, lanes.symbols(ids, 1 << w, w))
+    assert np.array_equal(counts, np.bincount(sym, minlength=256))

@@ -1204,6 +1204,65 @@ done:
     return res;
 }
 
+static const char pack_counts_doc[] =
+    "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
+    "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
+    "occurrences to counts (256): IDSL's byte symbols and their histogram in one pass.  The GIL is released.";
+
+static PyObject *py_pack_counts(PyObject *self, PyObject *args)
+{
+    PyObject *io, *oo, *co;
+    int width;
+    if (!PyArg_ParseTuple(args, "OiOO", &io, &width, &oo, &co)) return NULL;
+    Py_buffer ib, ob, cb;
+    if (get_buf(io, &ib, 0, "ids") < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&ib); return NULL; }
+    if (get_buf(co, &cb, 1, "counts") < 0) { PyBuffer_Release(&ib); PyBuffer_Release(&ob); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t n = ib.len;
+    if (ib.itemsize != 1 || ob.itemsize != 1 || cb.itemsize != 8 || cb.len != 256 * 8
+        || (width != 1 && width != 2 && width != 4 && width != 8) || ob.len != (n * width + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "pack_counts: bad arguments");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const uint8_t *v = (const uint8_t *)ib.buf;
+    uint8_t *out = (uint8_t *)ob.buf;
+    int64_t *c = (int64_t *)cb.buf;
+    int64_t sub[2][256];
+    memset(sub, 0, sizeof(sub));
+    const int per = 8 / width;
+    const uint32_t mask = (1u << width) - 1;
+    Py_ssize_t m = n / per, i = 0;
+    if (width == 4) {
+        for (; i < m; i++) {
+            uint8_t b = (uint8_t)((v[2 * i] & 15u) | ((v[2 * i + 1] & 15u) << 4));
+            out[i] = b;
+            sub[i & 1][b]++;
+        }
+    } else {
+        for (; i < m; i++) {
+            uint32_t b = 0;
+            for (int j = 0; j < per; j++) b |= (v[i * per + j] & mask) << (j * width);
+            out[i] = (uint8_t)b;
+            sub[i & 1][b]++;
+        }
+    }
+    if (m * per < n) {  /* the last byte: the IDs left, zero padding bits */
+        uint32_t b = 0;
+        for (Py_ssize_t j = m * per; j < n; j++) b |= (v[j] & mask) << ((j - m * per) * width);
+        out[m] = (uint8_t)b;
+        sub[0][b]++;
+    }
+    for (int s = 0; s < 256; s++) c[s] += sub[0][s] + sub[1][s];
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&ib); PyBuffer_Release(&ob); PyBuffer_Release(&cb);
+    return res;
+}
+
 static const char lanes_encode_doc[] =
     "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64) -> bytes written\n"
     "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
@@ -1531,6 +1590,7 @@ static PyMethodDef methods[] = {
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
+    {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},

@@ -314,8 +314,8 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
             if not _lanes_win(coded.nbytes, packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])):
                 return None
         return Section("IDSL", coded)
-    sym = lanes.symbols(ids, k, w)
-    data = lanes.encode_symbols(sym, w, lanes.alphabet(k, w))
+    sym, counts = lanes.symbols_counted(ids, k, w)
+    data = lanes.encode_symbols(sym, w, lanes.alphabet(k, w), counts)
     if auto:
         packed = sym if bits == w else parallel.pack_array(ids, bits)
         if not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b]):

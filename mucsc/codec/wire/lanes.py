@@ -128,6 +128,24 @@ def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
     return parallel.pack_array(np.ascontiguousarray(ids), w)
 
 
+def symbols_counted(ids: np.ndarray, k: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`symbols`, :func:`counts_of` of them): byte symbols of uint8 IDs packed and counted in
+    one pass by the compiled kernel where built (over the fixed chunks on ``parallel.current()``
+    threads; every chunk but the last holds whole bytes), else the two steps."""
+    if not (kernels.use_c() and w in BYTE_WIDTHS and ids.dtype == np.uint8 and ids.ndim == 1):
+        sym = symbols(ids, k, w)
+        return sym, counts_of(sym, alphabet(k, w))
+    ids = np.ascontiguousarray(ids)
+    sym = np.empty(symbol_count(ids.size, w), np.uint8)
+
+    def one(s: int, e: int) -> np.ndarray:
+        c = np.zeros(256, np.int64)
+        kernels.c_module().pack_counts(ids[s:e], w, sym[s * w // 8: (e * w + 7) // 8], c)
+        return c
+    parts = parallel.run_spans(one, ids.size)
+    return sym, (parts[0] if len(parts) == 1 else np.sum(parts, axis=0))
+
+
 def table(counts: np.ndarray, m: int) -> tuple[int, np.ndarray]:
     """(S, frequencies) of the reference encoder for symbol ``counts``: IDSA's normalisation
     (``rans.normalize``) at IDSA's scale bits."""
