@@ -228,23 +228,13 @@ def encode_lane_set(sym, f, cum, S, base, stride, count) -> list[bytes]:
     ptr = np.zeros(nl, np.int64)
     lane = np.arange(nl)
     f64, c64 = np.asarray(f).astype(np.uint64), np.asarray(cum).astype(np.uint64)
-    base_x = np.uint64((RANS_L >> S) << 8)
     for t in range(T - 1, -1, -1):
         act = t < count
         s = sym[np.where(act, base + t * stride, 0)].astype(np.int64)
         fs = np.where(act, f64[s], np.uint64(1))
         if np.any(act & (fs == 0)):
             raise ValueError("a symbol has no frequency")
-        xmax = base_x * fs
-        for _ in range(3):
-            m = act & (x >= xmax)
-            if not m.any():
-                break
-            out[lane[m], ptr[m]] = (x[m] & np.uint64(0xFF)).astype(np.uint8)
-            ptr[m] += 1
-            x[m] >>= np.uint64(8)
-        nx = ((x // fs) << np.uint64(S)) + (x % fs) + c64[s]
-        x = np.where(act, nx, x)
+        x = rans.encode_row(x, fs, c64[s], act, S, out, ptr)
     for sh in (24, 16, 8, 0):  # the state last, so that it comes first once reversed
         out[lane, ptr] = ((x >> np.uint64(sh)) & np.uint64(0xFF)).astype(np.uint8)
         ptr += 1
