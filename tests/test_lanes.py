@@ -253,3 +253,30 @@ def test_symbols_counted_equals_the_two_steps(w, n):
         sym, counts = lanes.symbols_counted(ids, 1 << w, w)
     assert np.array_equal(sym, lanes.symbols(ids, 1 << w, w))
     assert np.array_equal(counts, np.bincount(sym, minlength=256))
+
+
+def test_nearest_rounding_lane_codes_a_fixed_z_and_goals_never_do():
+    # the default lane-codes the IDs of both roundings that send centroids; a goal weighs packed IDs
+    # against IDSA only, and id_coding="lanes" with a goal is refused
+    x = gauss(200_000, 11)
+    # nearest rounding on the cluster-ID path: "auto" sends whichever of IDSL and IDS_ is smaller
+    # (Lloyd-Max IDs are nearly uniform: here zstd's IDS_ wins by the IDSL table's cost)
+    coded = {c: mucsc.encode(x, "mucsc", rounding="nearest", id_coding=c) for c in ("auto", "lanes", "packed")}
+    assert mucsc.inspect(coded["lanes"]).groups[0].params["rounding"] == "nearest"
+    assert np.array_equal(mucsc.decode(coded["lanes"]), mucsc.decode(coded["packed"]))  # deterministic IDs
+    assert coded["auto"] == min(coded["lanes"], coded["packed"], key=len)
+    goal = mucsc.inspect(mucsc.encode(x, "mucsc", bits=3.0))
+    assert goal.groups[0].params.get("id_coding", "packed") in ("packed", "rans")
+    with pytest.raises(mucsc.ParameterError, match="lanes"):
+        mucsc.get_codec("mucsc", bits=3.0, id_coding="lanes")
+
+
+def test_dithered_keeps_its_own_index_coding():
+    # a dithered grid codes its indices per context (QIDX): "auto" is not resolved to packed IDs when
+    # nothing is compressed, and id_coding "lanes" does not apply
+    x = gauss(20_000, 12)
+    blob = mucsc.encode(x, "mucsc", rounding="dithered", compress="off")
+    assert mucsc.inspect(blob).groups[0].params["rounding"] == "dithered"
+    assert mucsc.decode(blob).shape == x.shape
+    with pytest.raises(mucsc.ParameterError, match="dithered"):
+        mucsc.get_codec("mucsc", rounding="dithered", id_coding="lanes")
