@@ -7,7 +7,9 @@
 
 Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
 * ``device encode``: ``mucsc.encode(x_dev)`` -- the solver summary, rounding and packing on the device,
-  only the packed IDs copied to the host (the torch backend);
+  the IDs lane-coded there (format 1.2's IDSL: mucsc/codec/backends/torch_lanes.py, the Triton kernels
+  of triton_lanes.py where they run), only the coded section copied to the host; ``id_coding=packed``:
+  the format 1.0 default (packed IDs copied over, zstd on the host);
 * ``threads=0`` / ``compress=off``: the same with the host's stages (zstd, CRC-32) on all cores / with
   the IDs stored fixed-width (no zstd);
 * ``device encode, MUCSC_TRITON=0``: the same with the fused Triton kernel switched off (the torch
@@ -18,9 +20,13 @@ Rows, for each d (float32, Gaussian, mucsc Z = 16, seed 0):
   the CRC-32 of the packed IDs on the device vs on the host, and the message writer alone on the
   device encode's sections (``compress=off``: the IDs copied into the message with the device's or
   the host's CRC, 1 thread / all cores; and the old writer's passes for comparison);
+* with ``--stages`` also the IDSL coding's steps (histogram + table, lane encode, compaction, the
+  section's copy, lane decode) and which coder ran;
 * with ``--selection KEEP``, each step of the top-k family's and B-MUCSC's device selection of the
   largest KEEP fraction timed alone: ``torch.topk`` against the radix select the backend uses, the
   positions' copy, the values' gather, the positions' coding on the host, the rest's float64 sum;
+  where the Gaussian input has ties at the k-th magnitude (the host decides), that path is timed
+  on it and the device path on a tie-free input of the same size;
 * ``host encode``: ``mucsc.encode(x_dev.cpu().numpy())`` -- the copy to the host plus the compiled kernels
   (or numpy) on one core: what a user did before the torch backend;
 * ``device decode``: ``mucsc.decode(blob, as_torch=True, device=dev)`` -- unpack and gather on the device;
@@ -162,22 +168,45 @@ def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, 
             for t in (1, 0)]
 
 
+def tie_free(d: int, torch, dev):
+    """A float32 vector of d distinct magnitudes (random signs): bit patterns 0x3F000000 + a random
+    permutation of range(d) (0.5 and up, all finite for d < 2^30), so no two |x| are equal and the
+    device selection never hands over to the host."""
+    g = torch.Generator(device=dev).manual_seed(1)
+    bits = torch.randperm(d, generator=g, device=dev, dtype=torch.int64) + 0x3F000000
+    sign = torch.randint(0, 2, (d,), generator=g, device=dev, dtype=torch.int64) << 31
+    return (bits | sign).to(torch.int32).view(torch.float32)
+
+
 def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str, float]]:
     """Seconds of each step of a device top-k selection of ``keep`` (the top-k family and B-MUCSC),
-    timed alone (best of ``repeat``), with ``torch.topk`` as the reference for the radix select."""
+    timed alone (best of ``repeat``), with ``torch.topk`` as the reference for the radix select.
+
+    Gaussian float32 at 1e7 and more has elements tied at the k-th magnitude, and then the host
+    decides (the set is a choice): that path is timed on ``x`` as it is (the copy to the host and
+    ``sparse.top_k`` there, as ``top_k_positions`` returning None leads to), and the device path on a
+    tie-free vector of the same size (:func:`tie_free`)."""
     from mucsc.codec.wire import sparse
     from mucsc.codec.backends import torch_backend as tb
 
     k = sparse.keep_count(keep, x.numel())
+    rows = []
+    if tb.top_k_positions(x, k) is None:
+        rows += [(f"ties at the k-th |x| (k = {k:,}): the host's path", None),
+                 ("  device: detect the tie", best_time(lambda: tb.top_k_positions(x, k), repeat, torch, dev)),
+                 ("  copy to host + sparse.top_k", best_time(lambda: sparse.top_k(x.cpu().numpy(), k), repeat, torch,
+                                                            dev))]
+        x = tie_free(x.numel(), torch, dev)
+        rows.append(("tie-free input (distinct |x|), the device path", None))
     a = x.abs()
     t, _, _ = tb.kth_largest_abs(a, k)
     if t != float(torch.topk(a, k, sorted=False).values.min()):
         raise SystemExit("bench_gpu: the radix select and torch.topk disagree on the k-th magnitude")
     pos = tb.top_k_positions(x, k)
     if pos is None:
-        raise SystemExit("bench_gpu: ties at the k-th magnitude (the host decides): no device selection to time")
+        raise SystemExit("bench_gpu: ties at the k-th magnitude in the tie-free input")
     pos_dev = torch.from_numpy(pos).to(dev)
-    return [
+    return rows + [
         (f"|x| (k = {k:,})", best_time(lambda: x.abs(), repeat, torch, dev)),
         ("k-th |x|: torch.topk", best_time(lambda: float(torch.topk(a, k, sorted=False).values.min()),
                                            repeat, torch, dev)),
@@ -190,6 +219,49 @@ def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str,
         ("positions coded (host, auto)", best_time(lambda: sparse.encode(pos, x.numel(), "auto"), repeat, torch, dev)),
         ("float64 sum, numpy's order", best_time(lambda: tb.sum64_like_numpy(x), repeat, torch, dev)),
         ("kept values' float64 sum", best_time(lambda: tb.sum64_like_numpy(x[pos_dev]), repeat, torch, dev)),
+    ]
+
+
+def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | str]]:
+    """Seconds of each step of the IDSL coding of a device encode's IDs (format 1.2), timed alone:
+    the symbols' histogram and table, the lane encode (Triton kernels where they run, else the torch
+    loop), the compaction, and the lane decode on the device; which coder ran is named."""
+    from mucsc.codec.backends import device_rounding, torch_lanes, triton_lanes
+    from mucsc.codec.backends import torch_backend as tb
+    from mucsc.codec.numerics import centroids, quantize
+    from mucsc.codec.wire import lanes
+
+    src = tb.TorchSource(x)
+    b = src.bounds()
+    wire = quantize.wire_centroids(centroids.solve(src, z, "optimal", np.random.default_rng(0), bounds=b),
+                                   None, np.float32, bounds=b)
+    ids = device_rounding.Rounding(x, wire, quantize.draw_key(np.random.default_rng(0)))
+    w = lanes.symbol_bits(wire.size)
+    sym = torch_lanes.symbols_of(ids, wire.size, w)
+    size = lanes.alphabet(wire.size, w)
+    counts = torch.bincount(sym.to(torch.int64), minlength=size).cpu().numpy()
+    S, f = lanes.table(counts, sym.numel())
+    cum = np.concatenate(([0], np.cumsum(f)[:-1]))
+    geo = torch_lanes.Geometry(lanes.layout(sym.numel()), dev)
+    kernel = triton_lanes.encode(sym, f, cum, S, geo) is not None
+    coder = "Triton kernels" if kernel else f"torch loop ({triton_lanes.disabled_reason() or 'Triton not run here'})"
+    section = torch_lanes.encode_ids(ids, wire.size, w)
+    host = section.host()
+    p = lanes.parse(host, x.numel(), wire.size)
+    buf = tb.to_device(np.concatenate((host, np.zeros(torch_lanes.PAD, np.uint8))), dev)
+    enc = (lambda: triton_lanes.launch_encode(sym, f, cum, S, geo)) if kernel else \
+        (lambda: torch_lanes.encode_lanes_torch(sym, f, cum, S, geo))
+    raw = enc()
+    return [
+        (f"IDSL coder: {coder}", None),
+        ("  histogram + table", best_time(lambda: lanes.table(torch.bincount(sym.to(torch.int64), minlength=size)
+                                                            .cpu().numpy(), sym.numel()), repeat, torch, dev)),
+        ("  lane encode", best_time(enc, repeat, torch, dev)),
+        ("  compaction", best_time(lambda: torch_lanes.compact(*raw, geo), repeat, torch, dev)),
+        ("  whole IDSL section on the device", best_time(lambda: torch_lanes.encode_ids(ids, wire.size, w).tensor,
+                                                         repeat, torch, dev)),
+        ("  copy of the section to host", best_time(lambda: tb.to_host(section.tensor), repeat, torch, dev)),
+        ("  lane decode", best_time(lambda: torch_lanes.decode_lanes(buf, p, geo), repeat, torch, dev)),
     ]
 
 
@@ -257,26 +329,38 @@ def main() -> None:
         if blob != host_encode(x.cpu().numpy(), args.z) or blob != encode_unfused(x, args.z):
             raise SystemExit(f"bench_gpu: device (fused or not) and host bytes differ at d = {d}")
         raw = mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")
+        packed = mucsc.encode(x, "mucsc", z=args.z, seed=0, id_coding="packed")
+        print(f"{d:>14,}  default message: {8 * len(blob) / d:.4f} bits/element, id_coding "
+              f"{mucsc.inspect(blob).groups[0].params.get('id_coding', 'packed')}, format {mucsc.inspect(blob).version}; "
+              f"id_coding=packed {8 * len(packed) / d:.4f}", flush=True)
         rows = [
             ("device encode", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0)),
             ("device encode, MUCSC_TRITON=0", lambda: encode_unfused(x, args.z)),
+            ("device encode, id_coding=packed", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, id_coding="packed")),
             ("device encode, threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, threads=0)),
             ("device encode, compress=off", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off")),
             ("  ... and threads=0", lambda: mucsc.encode(x, "mucsc", z=args.z, seed=0, compress="off", threads=0)),
             ("host encode", lambda: host_encode(x.cpu().numpy(), args.z)),
             ("device decode", lambda: mucsc.decode(blob, as_torch=True, device=dev, max_elements=None)),
             ("device decode, compress=off", lambda: mucsc.decode(raw, as_torch=True, device=dev, max_elements=None)),
+            ("device decode, id_coding=packed", lambda: mucsc.decode(packed, as_torch=True, device=dev,
+                                                                     max_elements=None)),
             ("host decode", lambda: mucsc.decode(blob, as_torch=True, max_elements=None).to(dev)),
         ]
         if args.stages:
             rows = rows[:1] + [(f"  {w}", None, t) for w, t in stages(x, args.z, args.repeat, torch, dev)] + rows[1:]
             rows += [(f"  {w}", None, t) for w, t in assembly(x, args.z, raw, args.repeat, torch, dev)]
+        if args.stages:
+            rows += [(f"  {w}", None, t) for w, t in lane_stages(x, args.z, args.repeat, torch, dev)]
         if args.selection is not None:
             rows += [(f"  {w}", None, t) for w, t in selection_stages(x, args.selection, args.repeat, torch, dev)]
         for codec in filter(None, args.codecs.split(",")):
             rows += codec_rows(x, codec, dev)
         for what, fn, *given in rows:
             t = given[0] if given else best_time(fn, args.repeat, torch, dev)
+            if t is None:  # a heading
+                print(f"{d:>14,}  {what}", flush=True)
+                continue
             if isinstance(t, str):  # a stage that did not run, and why
                 print(f"{d:>14,}  {what:<30} {t}", flush=True)
                 continue

@@ -7,7 +7,8 @@
 A valid vector is ``valid/NAME.json`` (description, codec, params, seed, shared, compress, the input
 tensors and the expected decoded tensors in record order, as name, dtype, shape and little-endian hex) plus ``valid/NAME.mucsc`` (the expected
 message).  An invalid vector is ``invalid/NAME.mucsc`` plus an entry in ``invalid/index.json`` naming
-the error class a decoder must raise.  Cases for the other codecs live in ``vector_cases_codecs.py``;
+the error class a decoder must raise.  Cases for the other codecs live in ``vector_cases_codecs.py``, for
+format 1.2's lane-coded IDs in ``vector_cases_lanes.py``;
 authenticated messages (format 1.1) in ``vector_cases_auth.py`` (written to ``auth/``).
 """
 
@@ -88,8 +89,10 @@ try:
     sys.path.insert(0, str(HERE))
     from vector_cases_codecs import CASES as CODEC_CASES  # noqa: E402
     from vector_cases_rounding import CASES as ROUNDING_CASES  # noqa: E402
+    from vector_cases_lanes import CASES as LANES_CASES  # noqa: E402
     CASES.update(CODEC_CASES)
     CASES.update(ROUNDING_CASES)
+    CASES.update(LANES_CASES)
 except ImportError:
     pass
 
@@ -194,8 +197,10 @@ def invalid_files():
     try:
         from vector_cases_codecs import invalid_cases as codec_invalid_cases
         from vector_cases_rounding import invalid_cases as rounding_invalid_cases
+        from vector_cases_lanes import invalid_cases as lanes_invalid_cases
         cases.update(codec_invalid_cases())
         cases.update(rounding_invalid_cases())
+        cases.update(lanes_invalid_cases())
     except ImportError:
         pass
     files, index = {}, {}

@@ -154,7 +154,8 @@ def test_adjacent_views_encode_like_separate_arrays():
 
 def test_aligned_id_packing_when_compressing():
     x = gauss(200_000, 13)
-    auto, tight = mucsc.encode(x, z=8), mucsc.encode(x, z=8, id_packing="tight")
+    # packed IDs (IDS_); the default may code them by lanes instead (format 1.2, tests/test_lanes.py)
+    auto, tight = mucsc.encode(x, z=8, id_coding="packed"), mucsc.encode(x, z=8, id_packing="tight", id_coding="packed")
     off = mucsc.encode(x, z=8, compress="off")
     assert mucsc.inspect(auto).groups[0].params["id_bits"] == 4
     assert mucsc.inspect(off).groups[0].params["id_bits"] == 3
@@ -165,7 +166,7 @@ def test_aligned_id_packing_when_compressing():
         assert np.unique(y).size <= 8
     # near-uniform ids: widening would not pay, stays tight
     u = np.random.default_rng(1).uniform(size=50_000).astype(np.float32)
-    assert mucsc.inspect(mucsc.encode(u, z=8)).groups[0].params["id_bits"] == 3
+    assert mucsc.inspect(mucsc.encode(u, z=8, id_coding="packed")).groups[0].params["id_bits"] == 3
 
 
 def test_id_bits_too_small_is_rejected():

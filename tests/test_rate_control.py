@@ -72,8 +72,9 @@ def test_bits_packed_meets_the_budget_and_equals_the_fixed_z_message(bits):
     z = info.groups[0].params["z"]
     # the largest ladder Z that fits: the next one up would not have
     bigger = [q for q in mucsc.codec.ratecontrol.search.Z_LADDER if q > z][0]
-    assert 8 * len(mucsc.encode(x, "mucsc", z=bigger)) > bits * x.size
-    assert blob == mucsc.encode(x, "mucsc", z=z)  # same bytes as the fixed-Z message it chose
+    assert 8 * len(mucsc.encode(x, "mucsc", z=bigger, id_coding="packed")) > bits * x.size
+    # same bytes as the fixed-Z message it chose (with packed IDs: the fixed-Z default may lane-code them)
+    assert blob == mucsc.encode(x, "mucsc", z=z, id_coding="packed")
 
 
 @pytest.mark.parametrize("bits", [0.5, 1.0, 2.0, 4.0])

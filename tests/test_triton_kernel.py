@@ -131,6 +131,9 @@ def test_messages_through_the_kernel_equal_the_host_path(interpreter, monkeypatc
     x = np.random.default_rng(z).standard_t(3, 1001).astype(dtype)
     p = {"z": z, "solver": "uniform" if z > 16 else "optimal"}  # (the optimal DP at Z = 300 takes longer)
     assert mucsc.encode(torch.from_numpy(x), "mucsc", seed=2, **p) == mucsc.encode(x, "mucsc", seed=2, **p)
+    sizes.clear()  # the default may lane-code the IDs (Z = 300: one symbol per ID, no fused packing)
+    p["id_coding"] = "packed"
+    assert mucsc.encode(torch.from_numpy(x), "mucsc", seed=2, **p) == mucsc.encode(x, "mucsc", seed=2, **p)
     assert sizes[-1] == x.size  # the kernel wrote the message's IDs (after any probes)
     if z == 7:
         assert mucsc.encode(torch.from_numpy(x), "bmucsc", z=z, seed=2) == mucsc.encode(x, "bmucsc", z=z, seed=2)

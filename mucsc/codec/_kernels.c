@@ -1017,6 +1017,454 @@ done:
     return res;
 }
 
+/* ---- lane-parallel rANS (spec/FORMAT.md 4.6, section IDSL; numpy twin: lanes.py) ------------------ */
+
+#define LANES_BLOCK 65536
+#define LANES_MAX 32
+#define LANE_SYMBOLS 2048
+
+/* Lanes of a block of s symbols: one per LANE_SYMBOLS (rounded up), at most LANES_MAX. */
+static inline int lanes_of(Py_ssize_t s)
+{
+    Py_ssize_t w = (s + LANE_SYMBOLS - 1) / LANE_SYMBOLS;
+    return (int)(w < LANES_MAX ? w : LANES_MAX);
+}
+
+/* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + bias + q (M - f) with
+ * q = x div f from a 32x32 -> 64-bit product (division by an invariant integer: exact for x < 2^31,
+ * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias.
+ * bad: 1 for a symbol without frequency (or beyond the table), checked once per block, not per symbol. */
+typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, bad; } enc_sym;
+
+static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
+{
+    /* x1, x2, x3: the renormalisation's thresholds xmax << 8i (i = 0, 1, 2), clamped to 32 bits: the
+     * states compared with them are below 2^31 */
+    uint64_t xmax = (uint64_t)((RANS_L >> S) << 8) * f;
+    e->x1 = (uint32_t)(xmax < 0xFFFFFFFFull ? xmax : 0xFFFFFFFFull);
+    e->x2 = (uint32_t)((xmax << 8) < 0xFFFFFFFFull ? (xmax << 8) : 0xFFFFFFFFull);
+    e->x3 = (uint32_t)((xmax << 16) < 0xFFFFFFFFull ? (xmax << 16) : 0xFFFFFFFFull);
+    e->cmpl = (1u << S) - f;
+    e->bad = f == 0;
+    if (f < 2) {
+        e->rcp = 0xFFFFFFFFu;
+        e->shift = 32;
+        e->bias = cum + (1u << S) - 1;
+    } else {
+        uint32_t sh = 0;
+        while (f > (1u << sh)) sh++;
+        e->rcp = (uint32_t)(((1ull << (sh + 31)) + f - 1) / f);
+        e->shift = 32 + sh - 1;
+        e->bias = cum;
+    }
+}
+
+/* Symbol i of a u8 (wide = 0) or u16 (wide = 1) array. */
+#define SYM_AT(P, WIDE, I) ((WIDE) ? (uint32_t)((const uint16_t *)(P))[I] : (uint32_t)((const uint8_t *)(P))[I])
+
+/* The renormalisation's bytes below q: q[-1] = x, q[-2] = x >> 8, q[-3] = x >> 16 (q[-4] is scratch:
+ * a later symbol or the lane's final state overwrites it, and the lane's region has room for it).
+ * One 4-byte store of the byte-swapped state on little-endian hosts. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define ENC_BYTES(q, xs) do { (q)[-1] = (uint8_t)(xs); (q)[-2] = (uint8_t)((xs) >> 8); \
+                              (q)[-3] = (uint8_t)((xs) >> 16); } while (0)
+#else
+#define ENC_BYTES(q, xs) do { uint32_t v_ = ((xs) << 24) | (((xs) & 0xFF00u) << 8) | (((xs) >> 8) & 0xFF00u) \
+                                            | ((xs) >> 24); memcpy((q) - 4, &v_, 4); } while (0)
+#endif
+
+/* Code one symbol into a lane whose stream grows down from *p: the renormalisation's 0..3 bytes
+ * (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent branch: x >= xmax << 8i for
+ * i = 0, 1, 2 counts the bytes, and all three candidates are stored (the lane's region has room:
+ * cap = 4 + 3 T), the pointer moving by the count.  Returns the symbol's bad flag. */
+static inline uint32_t enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
+{
+    uint32_t xs = *x;
+    uint8_t *q = *p;
+    int n = (xs >= e->x1) + (xs >= e->x2) + (xs >= e->x3);
+    ENC_BYTES(q, xs);
+    *p = q - n;
+    xs = (uint32_t)((uint64_t)xs >> (8 * n));
+    uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> e->shift);
+    *x = xs + e->bias + qt * e->cmpl;
+    return e->bad;
+}
+
+/* Symbol c's coder entry, or -2 from the enclosing function when c is beyond the table (u16 symbols;
+ * the table of u8 symbols has all 256 entries). */
+#define ENC_TAB(c, WIDE, k, tab) ((WIDE) && (Py_ssize_t)(c) >= (k) ? NULL : &(tab)[c])
+
+/* LANE_GROUP lanes of one block coded together, each state in a local (a register): independent
+ * dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows t = rows - 1 .. 0
+ * (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial last row if it has one. */
+#define LANE_GROUP 4
+static inline uint32_t enc_group(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, int W, int j0,
+                                 const enc_sym *tab, Py_ssize_t k, uint32_t *x, uint8_t **ptr)
+{
+    Py_ssize_t full = s / W, i0 = full * W;
+    uint32_t bad = 0;
+    for (int j = j0; j < j0 + LANE_GROUP && i0 + j < s; j++) {  /* the last, partial row first */
+        uint32_t c = SYM_AT(sym, wide, o + i0 + j);
+        const enc_sym *e = ENC_TAB(c, wide, k, tab);
+        if (!e) return 1;
+        bad |= enc_put(&x[j], &ptr[j], e);
+    }
+    uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3];
+    uint8_t *p0 = ptr[j0], *p1 = ptr[j0 + 1], *p2 = ptr[j0 + 2], *p3 = ptr[j0 + 3];
+    for (Py_ssize_t t = full - 1; t >= 0; t--) {
+        Py_ssize_t i = o + t * W + j0;
+        uint32_t c0 = SYM_AT(sym, wide, i), c1 = SYM_AT(sym, wide, i + 1);
+        uint32_t c2 = SYM_AT(sym, wide, i + 2), c3 = SYM_AT(sym, wide, i + 3);
+        if (wide && ((Py_ssize_t)c0 >= k || (Py_ssize_t)c1 >= k || (Py_ssize_t)c2 >= k || (Py_ssize_t)c3 >= k))
+            return 1;
+        bad |= enc_put(&x0, &p0, &tab[c0]) | enc_put(&x1, &p1, &tab[c1])
+             | enc_put(&x2, &p2, &tab[c2]) | enc_put(&x3, &p3, &tab[c3]);
+    }
+    x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
+    ptr[j0] = p0; ptr[j0 + 1] = p1; ptr[j0 + 2] = p2; ptr[j0 + 3] = p3;
+    return bad;
+}
+
+/* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
+ * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
+ * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency. */
+static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab,
+                                     Py_ssize_t k, uint8_t *scratch, Py_ssize_t cap,
+                                     uint8_t *out, Py_ssize_t room, int64_t *lens)
+{
+    int W = lanes_of(s);
+    uint32_t x[LANES_MAX], bad = 0;
+    uint8_t *ptr[LANES_MAX];
+    for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = scratch + (Py_ssize_t)(j + 1) * cap; }
+    int grouped = W - W % LANE_GROUP;
+    for (int j0 = 0; j0 < grouped; j0 += LANE_GROUP)
+        bad |= enc_group(sym, wide, o, s, W, j0, tab, k, x, ptr);
+    for (int j = grouped; j < W; j++) {  /* the lanes left over, one at a time, backwards */
+        for (Py_ssize_t i = o + j + ((s - 1 - j) / W) * W; i >= o + j; i -= W) {
+            uint32_t c = SYM_AT(sym, wide, i);
+            const enc_sym *e = ENC_TAB(c, wide, k, tab);
+            if (!e) return -2;
+            bad |= enc_put(&x[j], &ptr[j], e);
+        }
+    }
+    if (bad) return -2;
+    Py_ssize_t used = 0;
+    for (int j = 0; j < W; j++) {
+        uint8_t *q = ptr[j] - 4;
+        q[0] = (uint8_t)x[j]; q[1] = (uint8_t)(x[j] >> 8); q[2] = (uint8_t)(x[j] >> 16); q[3] = (uint8_t)(x[j] >> 24);
+        Py_ssize_t len = (scratch + (Py_ssize_t)(j + 1) * cap) - q;
+        if (used + len > room) return -1;
+        memcpy(out + used, q, (size_t)len);
+        lens[j] = len;
+        used += len;
+    }
+    return used;
+}
+
+static const char symbol_counts_doc[] =
+    "symbol_counts(sym u8|u16, counts i64): counts[v] += occurrences of v in sym (len(counts) > max(sym):\n"
+    "256 for u8, 65536 for u16).  Four interleaved sub-histograms; the GIL is released.";
+
+static PyObject *py_symbol_counts(PyObject *self, PyObject *args)
+{
+    PyObject *so, *co;
+    if (!PyArg_ParseTuple(args, "OO", &so, &co)) return NULL;
+    Py_buffer sb, cb;
+    if (get_buf(so, &sb, 0, "sym") < 0) return NULL;
+    if (get_buf(co, &cb, 1, "counts") < 0) { PyBuffer_Release(&sb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t A = cb.len / 8, n = sb.len / (sb.itemsize ? sb.itemsize : 1);
+    int64_t *sub = NULL;
+    if ((sb.itemsize != 1 && sb.itemsize != 2) || cb.itemsize != 8 || A != (sb.itemsize == 1 ? 256 : 65536)) {
+        PyErr_SetString(PyExc_ValueError, "symbol_counts: need u8 symbols and 256 counts, or u16 and 65536");
+        goto done;
+    }
+    sub = (int64_t *)PyMem_RawCalloc((size_t)(4 * A), sizeof(int64_t));
+    if (!sub) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *c = (int64_t *)cb.buf;
+    Py_ssize_t i = 0;
+    if (sb.itemsize == 1) {
+        const uint8_t *p = (const uint8_t *)sb.buf;
+        for (; i + 4 <= n; i += 4) { sub[p[i]]++; sub[A + p[i + 1]]++; sub[2 * A + p[i + 2]]++; sub[3 * A + p[i + 3]]++; }
+        for (; i < n; i++) sub[p[i]]++;
+    } else {
+        const uint16_t *p = (const uint16_t *)sb.buf;
+        for (; i + 4 <= n; i += 4) { sub[p[i]]++; sub[A + p[i + 1]]++; sub[2 * A + p[i + 2]]++; sub[3 * A + p[i + 3]]++; }
+        for (; i < n; i++) sub[p[i]]++;
+    }
+    for (Py_ssize_t v = 0; v < A; v++) c[v] += sub[v] + sub[A + v] + sub[2 * A + v] + sub[3 * A + v];
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyMem_RawFree(sub);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&cb);
+    return res;
+}
+
+static const char pack_counts_doc[] =
+    "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
+    "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
+    "occurrences to counts (256): IDSL's byte symbols and their histogram in one pass.  The GIL is released.";
+
+static PyObject *py_pack_counts(PyObject *self, PyObject *args)
+{
+    PyObject *io, *oo, *co;
+    int width;
+    if (!PyArg_ParseTuple(args, "OiOO", &io, &width, &oo, &co)) return NULL;
+    Py_buffer ib, ob, cb;
+    if (get_buf(io, &ib, 0, "ids") < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&ib); return NULL; }
+    if (get_buf(co, &cb, 1, "counts") < 0) { PyBuffer_Release(&ib); PyBuffer_Release(&ob); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t n = ib.len;
+    if (ib.itemsize != 1 || ob.itemsize != 1 || cb.itemsize != 8 || cb.len != 256 * 8
+        || (width != 1 && width != 2 && width != 4 && width != 8) || ob.len != (n * width + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "pack_counts: bad arguments");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const uint8_t *v = (const uint8_t *)ib.buf;
+    uint8_t *out = (uint8_t *)ob.buf;
+    int64_t *c = (int64_t *)cb.buf;
+    int64_t sub[2][256];
+    memset(sub, 0, sizeof(sub));
+    const int per = 8 / width;
+    const uint32_t mask = (1u << width) - 1;
+    Py_ssize_t m = n / per, i = 0;
+    if (width == 4) {
+        for (; i < m; i++) {
+            uint8_t b = (uint8_t)((v[2 * i] & 15u) | ((v[2 * i + 1] & 15u) << 4));
+            out[i] = b;
+            sub[i & 1][b]++;
+        }
+    } else {
+        for (; i < m; i++) {
+            uint32_t b = 0;
+            for (int j = 0; j < per; j++) b |= (v[i * per + j] & mask) << (j * width);
+            out[i] = (uint8_t)b;
+            sub[i & 1][b]++;
+        }
+    }
+    if (m * per < n) {  /* the last byte: the IDs left, zero padding bits */
+        uint32_t b = 0;
+        for (Py_ssize_t j = m * per; j < n; j++) b |= (v[j] & mask) << ((j - m * per) * width);
+        out[m] = (uint8_t)b;
+        sub[0][b]++;
+    }
+    for (int s = 0; s < 256; s++) c[s] += sub[0][s] + sub[1][s];
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&ib); PyBuffer_Release(&ob); PyBuffer_Release(&cb);
+    return res;
+}
+
+static const char lanes_encode_doc[] =
+    "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64) -> bytes written\n"
+    "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
+    "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.";
+
+static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
+{
+    PyObject *so, *fo, *co, *oo, *lo;
+    int S;
+    Py_ssize_t m, b0, b1;
+    if (!PyArg_ParseTuple(args, "OOOinnnOO", &so, &fo, &co, &S, &m, &b0, &b1, &oo, &lo)) return NULL;
+    Py_buffer sb, fb, cb, ob, lb;
+    if (get_buf(so, &sb, 0, "sym") < 0) return NULL;
+    if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&sb); return NULL; }
+    if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&sb); PyBuffer_Release(&fb); return NULL; }
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&sb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); return NULL; }
+    if (get_buf(lo, &lb, 1, "lens") < 0) {
+        PyBuffer_Release(&sb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); return NULL;
+    }
+    PyObject *res = NULL;
+    enc_sym *tab = NULL;
+    uint8_t *scratch = NULL;
+    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK;
+    int wide = sb.itemsize == 2;
+    if (S < 1 || S > 22 || (sb.itemsize != 1 && sb.itemsize != 2) || sb.len / sb.itemsize != m || fb.itemsize != 4
+        || cb.itemsize != 4 || fb.len != cb.len || lb.itemsize != 8 || b0 < 0 || b1 > nb || b0 > b1
+        || fb.len / 4 > 65536) {
+        PyErr_SetString(PyExc_ValueError, "lanes_encode: bad arguments");
+        goto done;
+    }
+    {
+        Py_ssize_t lanes = 0;
+        for (Py_ssize_t b = b0; b < b1; b++) {
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+            lanes += lanes_of(s);
+        }
+        if (lb.len / 8 != lanes) {
+            PyErr_SetString(PyExc_ValueError, "lanes_encode: lens must have one entry per lane of the blocks");
+            goto done;
+        }
+    }
+    {
+        const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
+        Py_ssize_t k = fb.len / 4;
+        Py_ssize_t cap = 4 + 3 * (LANES_BLOCK / LANES_MAX);
+        Py_ssize_t entries = wide ? k : 256;  /* u8 symbols index all 256 entries (those >= k are bad) */
+        tab = (enc_sym *)PyMem_RawMalloc((size_t)(entries > k ? entries : k) * sizeof(enc_sym));
+        scratch = (uint8_t *)PyMem_RawMalloc((size_t)(LANES_MAX * cap));
+        if (!tab || !scratch) { PyErr_NoMemory(); goto done; }
+        Py_ssize_t used = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < k; c++) enc_sym_init(&tab[c], cum[c], f[c], S);
+        for (Py_ssize_t c = k; c < entries; c++) enc_sym_init(&tab[c], 0, 0, S);
+        int64_t *lens = (int64_t *)lb.buf;
+        for (Py_ssize_t b = b0; b < b1 && used >= 0; b++) {
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+            Py_ssize_t got = wide  /* two specialised copies of the block loop */
+                ? lanes_encode_block(sb.buf, 1, b * LANES_BLOCK, s, tab, k, scratch, cap,
+                                     (uint8_t *)ob.buf + used, ob.len - used, lens)
+                : lanes_encode_block(sb.buf, 0, b * LANES_BLOCK, s, tab, k, scratch, cap,
+                                     (uint8_t *)ob.buf + used, ob.len - used, lens);
+            lens += lanes_of(s);
+            used = got < 0 ? got : used + got;
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(used);
+    }
+done:
+    PyMem_RawFree(tab);
+    PyMem_RawFree(scratch);
+    PyBuffer_Release(&sb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); PyBuffer_Release(&lb);
+    return res;
+}
+
+/* Decode one symbol of a lane: the state update, then the renormalisation (while x < 2^23:
+ * x = x << 8 | next byte) without a data-dependent branch where 3 bytes remain: x < 2^(23 - 8i) for
+ * i = 0, 1, 2 counts the bytes (independent of their values), read as one big-endian run.  0, or 1
+ * when the stream ends first. */
+static inline int dec_get(uint32_t *x, const uint8_t **p, const uint8_t *end, const uint16_t *slot_sym,
+                          const uint32_t *f, const uint32_t *cum, int S, uint32_t mask, uint32_t *c)
+{
+    uint32_t xs = *x, slot = xs & mask, sy = slot_sym[slot];
+    xs = f[sy] * (xs >> S) + slot - cum[sy];
+    const uint8_t *q = *p;
+    if (end - q >= 3) {
+        int n = (xs < RANS_L) + (xs < (RANS_L >> 8)) + (xs < (RANS_L >> 16));
+        uint64_t v = ((uint64_t)xs << 24) | ((uint32_t)q[0] << 16) | ((uint32_t)q[1] << 8) | q[2];
+        xs = (uint32_t)(v >> (24 - 8 * n));
+        q += n;
+    } else {
+        while (xs < RANS_L) {
+            if (q >= end) return 1;
+            xs = (xs << 8) | *q++;
+        }
+    }
+    *x = xs;
+    *p = q;
+    *c = sy;
+    return 0;
+}
+
+/* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt. */
+static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum,
+                              int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
+                              const int wide)
+{
+    int W = lanes_of(s);
+    uint32_t x[LANES_MAX], mask = (1u << S) - 1, c;
+    const uint8_t *p[LANES_MAX], *end[LANES_MAX];
+    for (int j = 0; j < W; j++) {
+        p[j] = buf + st[j];
+        end[j] = p[j] + ln[j];
+        x[j] = (uint32_t)p[j][0] | ((uint32_t)p[j][1] << 8) | ((uint32_t)p[j][2] << 16) | ((uint32_t)p[j][3] << 24);
+        if (x[j] >> 31) return 1;  /* a coder's state is below 2^31: every step then stays below it */
+        p[j] += 4;
+    }
+    uint8_t *o8 = (uint8_t *)out + o;
+    uint16_t *o16 = (uint16_t *)out + o;
+    for (Py_ssize_t i = 0; i < s; i += W) {
+        int w = s - i < W ? (int)(s - i) : W;  /* the last row may be partial */
+        for (int j = 0; j < w; j++) {
+            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+            if (wide) o16[i + j] = (uint16_t)c; else o8[i + j] = (uint8_t)c;
+        }
+    }
+    for (int j = 0; j < W; j++)
+        if (x[j] != RANS_L || p[j] != end[j]) return 1;
+    return 0;
+}
+
+static const char lanes_decode_doc[] =
+    "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16) -> 0 or 1\n"
+    "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.6; starts/lens: their lanes' streams in buf,\n"
+    "checked against it) into out (m symbols).  1 if a lane ends early, not in state 2^23 or with bytes left.";
+
+static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
+{
+    PyObject *bo, *fo, *co, *so, *lo, *oo;
+    int S;
+    Py_ssize_t m, b0, b1;
+    if (!PyArg_ParseTuple(args, "OOOinnnOOO", &bo, &fo, &co, &S, &m, &b0, &b1, &so, &lo, &oo)) return NULL;
+    Py_buffer bb, fb, cb, sb, lb, ob;
+    if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
+    if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); return NULL; }
+    if (get_buf(so, &sb, 0, "starts") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); return NULL; }
+    if (get_buf(lo, &lb, 0, "lens") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb); return NULL;
+    }
+    if (get_buf(oo, &ob, 1, "out") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+        PyBuffer_Release(&lb); return NULL;
+    }
+    PyObject *res = NULL;
+    uint16_t *slot_sym = NULL;
+    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK, k = fb.len / 4;
+    int wide = ob.itemsize == 2;
+    if (S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || fb.len != cb.len || k > 65536
+        || (ob.itemsize != 1 && ob.itemsize != 2) || ob.len / ob.itemsize != m || (!wide && k > 256)
+        || sb.itemsize != 8 || lb.itemsize != 8 || sb.len != lb.len || b0 < 0 || b1 > nb || b0 > b1) {
+        PyErr_SetString(PyExc_ValueError, "lanes_decode: bad arguments");
+        goto done;
+    }
+    {
+        const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
+        const int64_t *st = (const int64_t *)sb.buf, *ln = (const int64_t *)lb.buf;
+        Py_ssize_t lanes = 0, M = (Py_ssize_t)1 << S, total = 0;
+        for (Py_ssize_t b = b0; b < b1; b++)
+            lanes += lanes_of(b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK);
+        int ok = lanes == sb.len / 8;
+        for (Py_ssize_t j = 0; ok && j < lanes; j++)
+            ok = st[j] >= 0 && ln[j] >= 4 && ln[j] <= bb.len && st[j] <= bb.len - ln[j];
+        for (Py_ssize_t c = 0; ok && c < k; c++) total += f[c];
+        if (!ok || total != M) {
+            PyErr_SetString(PyExc_ValueError, "lanes_decode: lanes, streams or table do not fit");
+            goto done;
+        }
+        slot_sym = (uint16_t *)PyMem_RawMalloc((size_t)M * sizeof(uint16_t));
+        if (!slot_sym) { PyErr_NoMemory(); goto done; }
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < k; c++)
+            for (uint32_t t = 0; t < f[c]; t++) slot_sym[cum[c] + t] = (uint16_t)c;
+        for (Py_ssize_t b = b0; b < b1 && !err; b++) {
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+            err = wide ? lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
+                                            ob.buf, 1)
+                       : lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
+                                            ob.buf, 0);
+            st += lanes_of(s);
+            ln += lanes_of(s);
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromLong(err);
+    }
+done:
+    PyMem_RawFree(slot_sym);
+    PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb); PyBuffer_Release(&ob);
+    return res;
+}
+
 /* ---- byte-indexed table gather (the decoder's ID lookup; numpy twin: parallel.unpack_take) ---- */
 
 PyDoc_STRVAR(lookup_bytes_doc,
@@ -1141,6 +1589,10 @@ static PyMethodDef methods[] = {
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
+    {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
+    {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},
+    {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
+    {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {NULL, NULL, 0, NULL},
 };

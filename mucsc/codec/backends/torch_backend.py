@@ -334,15 +334,33 @@ class DeviceBytes:
     def write_into(self, out) -> int:
         """Copy the bytes into the writable buffer ``out`` (``nbytes`` long); their CRC-32."""
         dest = np.frombuffer(out, np.uint8)
-        # the device CRC is queued before the copy and read after it: the copy does not wait on the host
-        reg = crc32_register(self.tensor) if self.device_crc and self._host is None else None
+        # the device CRC is queued before the copy and read after it: the copy does not wait on the host;
+        # on CUDA it runs on a side stream, beside the copy's DMA (not measured on a GPU)
+        reg, side = self._crc_on_side_stream() if self.device_crc and self._host is None else (None, None)
         host_crc = 0 if reg is None else None
         if self._host is None and self.tensor.device.type == "cuda":
             crc = copy_out(self.tensor, dest, host_crc)
         else:  # not kept: a later write takes the same path (a CPU tensor's host bytes are a view)
             crc = parallel.copy_crc32(self._host if self._host is not None else to_host(self.tensor), dest,
                                       host_crc)
+        if side is not None:
+            side.synchronize()  # the register was computed on the side stream
         return crc if reg is None else crc32_finish(int(reg), self.nbytes)
+
+    def _crc_on_side_stream(self):
+        """(:func:`crc32_register` of the bytes, the stream it runs on or None): on CUDA queued on a
+        second stream, ordered after the work that made the bytes, so that it overlaps the copy to
+        the host (not measured on a GPU); the caller synchronises that stream before reading it."""
+        t = self.tensor
+        if t.device.type != "cuda":
+            return crc32_register(t), None
+        torch = _torch()
+        side = torch.cuda.Stream(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            reg = crc32_register(t)
+        t.record_stream(side)
+        return reg, side
 
 
 # ---- CRC-32 on the device ---------------------------------------------------------------------------

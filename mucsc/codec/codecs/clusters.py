@@ -1,6 +1,6 @@
 """Soft clustering of one vector (paper section IV-A), shared by ``mucsc`` and ``bmucsc``: levels
 (solved for a Z, or given), eq. 7's unbiased rounding to them, the IDs packed (IDS_) or rANS-coded
-(IDSA), and the inverse.  :class:`ClusterTrials` is the measuring protocol rate control drives
+(IDSA) or lane-coded (IDSL), and the inverse.  :class:`ClusterTrials` is the measuring protocol rate control drives
 (:mod:`mucsc.codec.ratecontrol`): trial encodings of one vector, without any search of its own.
 """
 
@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec import kernels, parallel
-from mucsc.codec.backends import device_rounding, torch_backend
+from mucsc.codec.backends import device_rounding, torch_backend, torch_lanes
 from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
                                      section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
-from mucsc.codec.wire import bitpack, rans
+from mucsc.codec.wire import bitpack, lanes, rans
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
@@ -32,7 +32,14 @@ CENTROID_LIMITS = {"float16": 65504.0, "float32": F32_MAX, "float64": float(np.f
 
 
 ID_PACKINGS = ("auto", "tight", "aligned")
-ID_CODINGS = ("auto", "packed", "rans")
+ID_CODINGS = ("auto", "packed", "rans", "lanes")
+# The fixed-Z "auto" coding keeps lane-parallel rANS (IDSL) unless zstd on the packed IDs is smaller:
+# packed IDs up to this many bytes are compared exactly; larger ones by zstd on SAMPLE_SLICES evenly
+# spaced slices of SAMPLE_BYTES (i.i.d.-like IDs: zstd's Huffman stage cannot beat rANS' order-0
+# coding; runs and repeats can make it win), and exactly only when the sample says zstd may win.
+EXACT_ZSTD_BYTES = 1 << 18
+SAMPLE_SLICES, SAMPLE_BYTES = 4, 1 << 16
+COMPARE_LEVEL = 3  # the zstd level of that comparison (FORMAT.md 4.6), whatever the container's level
 # zstd's entropy stage codes bytes: IDs that straddle byte boundaries (3, 5, 6, 7 bits) compress far
 # worse than the same IDs packed 4 or 8 bits wide (measured, Gaussian d = 1.3e6, Z = 8: 2.81 bits per
 # ID tight vs 2.46 aligned, entropy 2.43; docs/codecs.md).  Wider IDs (9..15 bits) stay tight: as
@@ -98,8 +105,9 @@ LEVELS_BY = ("ecsq", "uniform")  # who chose given levels: entropy-constrained, 
 SOLVER_HELP = "How centroids are chosen for a fixed z (the goals use entropy-constrained levels as well)"
 ID_PACKING_HELP = ("IDs' bit widths: tight (ceil(log2 z)), aligned (byte-aligned where the entropy allows, for a "
                    "zstd-compressed container) or auto (aligned exactly when the container compresses)")
-ID_CODING_HELP = ("IDs' coding: packed (format 1.0), rans (static rANS, format 1.1) or auto (packed for a fixed z, "
-                  "with a goal whichever is best)")
+ID_CODING_HELP = ("IDs' coding: packed (format 1.0), rans (static rANS, format 1.1), lanes (lane-parallel static rANS, "
+                  "format 1.2; a fixed z only) or auto (a fixed z: lanes when the container compresses unless zstd on "
+                  "the packed IDs is smaller, else packed; with a goal whichever of packed and rans is best)")
 BITS_HELP = "Goal: bits per element of the whole message (framing included)"
 SIZE_HELP = "Goal: bytes of the whole message"
 # fields rate control sets when it resolves a goal (cli=False: not command-line options)
@@ -130,35 +138,48 @@ def given_levels(p: Any) -> np.ndarray | None:
     return None if p.levels is None else np.array(p.levels)
 
 
+def check_id_coding(p: Any) -> None:
+    """id_coding "lanes" codes a fixed Z's IDs (FORMAT.md 4.6): a goal's search weighs packed and
+    rANS-coded IDs (IDSA), so it excludes a goal."""
+    if p.id_coding == "lanes" and p.target != "z":
+        raise ParameterError(f"id_coding='lanes' codes a fixed z's IDs: it excludes {p.target}= (a goal chooses "
+                             f"between packed and rans; leave id_coding='auto')")
+
+
 def resolve_id_packing(codec: Codec, compressing: bool) -> Codec:
-    """``for_container`` of codecs with an ``id_packing`` parameter: resolve "auto"."""
-    if codec.params.id_packing != "auto":
-        return codec
-    packing = "aligned" if compressing else "tight"
+    """``for_container`` of codecs with ``id_packing`` / ``id_coding`` parameters: resolve "auto"
+    packing, and a fixed Z's "auto" coding of cluster IDs to "packed" when nothing is compressed (the
+    paper's fixed width; a dithered grid always rANS-codes its indices)."""
     try:
-        return _with_packing(codec, packing)
+        return _resolved(codec, compressing)
     except TypeError:  # unhashable parameters (not memoised)
-        return _with_packing.__wrapped__(codec, packing)
+        return _resolved.__wrapped__(codec, compressing)
 
 
 @functools.lru_cache(maxsize=256)
-def _with_packing(codec: Codec, packing: str) -> Codec:
-    """``codec`` with ``id_packing=packing``, memoised: codecs are immutable values (equal and hashed
-    by their parameters), and rebuilding one costs ~50 us per encode call (measured, d = 1e3)."""
-    return type(codec)(**{**dataclasses.asdict(codec.params), "id_packing": packing})
+def _resolved(codec: Codec, compressing: bool) -> Codec:
+    """:func:`resolve_id_packing`'s codec, memoised: codecs are immutable values (equal and hashed by
+    their parameters), and rebuilding one costs ~50 us per encode call (measured, d = 1e3)."""
+    p = codec.params
+    changes = {}
+    if p.id_packing == "auto":
+        changes["id_packing"] = "aligned" if compressing else "tight"
+    if p.id_coding == "auto" and p.target == "z" and not compressing and rounding_of(p) != "dithered":
+        changes["id_coding"] = "packed"
+    return type(codec)(**{**dataclasses.asdict(p), **changes}) if changes else codec
 
 
 def cluster_resolved(header: Mapping[str, Any]) -> dict[str, Any]:
     """What a clustering settled (``EncodedGroup.resolved``), from its header params: the z recorded
-    and the ID coding used (an "auto" id_coding becomes "packed" or "rans")."""
+    and the ID coding used (an "auto" id_coding becomes "packed", "rans" or "lanes")."""
     return {"z": header["z"], "id_coding": header.get("id_coding", "packed")}
 
 
 def cluster_section_sizes(n: int, k: int, p: GoalTarget, estimate: bool) -> dict[str, int]:
     """Raw bytes of CENT and IDS_ for ``n`` elements and ``k`` centroids sent, tight IDs.  An
     "aligned" packing widens 3- and 5..7-bit IDs when the data's entropy allows: data-dependent."""
-    if p.id_coding == "rans" and not estimate:
-        raise SizeError("id_coding='rans' (an entropy code of the IDs) has a data-dependent size")
+    if p.id_coding in ("rans", "lanes") and not estimate:
+        raise SizeError(f"id_coding={p.id_coding!r} (an entropy code of the IDs) has a data-dependent size")
     width = id_width(k)
     if p.id_packing == "aligned" and width in ALIGNED_WIDTH and not estimate:
         raise SizeError(f"id_packing='aligned' with {width}-bit IDs has a data-dependent size")
@@ -172,7 +193,7 @@ def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
                     estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None) -> tuple[dict, tuple, Any]:
     """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
     callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
-    "packed" or "rans" (default: "rans" only when ``p.id_coding`` says so); ``estimate``: an IDSA
+    "packed", "rans", "lanes" or "auto" (default: ``p.id_coding``); ``estimate``: an IDSA
     section of zeros of the estimated coded size (rate control's search; never sent).
 
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
@@ -222,17 +243,21 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
                     levels_by: str = "ecsq") -> tuple[dict, tuple, Any]:
     """The second half of :func:`encode_clusters`: header params, sections and J for one ID coding
     of a rounding (two codings of one rounding are what two encodes with the same rng give)."""
-    coding = coding or ("rans" if p.id_coding == "rans" else "packed")
+    coding = coding or p.id_coding
     # informative: who chose the levels
     solver = ("lloyd-max" if rounding_of(p) == "nearest" else p.solver) if levels is None else levels_by
     k = int(wire.size)
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
-    if coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
-        if isinstance(ids, device_rounding.Rounding):
-            ids = ids.ids()
-        if torch_backend.is_torch(ids):
-            ids = ids.cpu().numpy()
+    ids_section = None
+    if coding in ("auto", "lanes") and k > 1:  # format 1.2 (FORMAT.md 4.6), unless "auto" finds zstd smaller
+        ids_section = lane_section(ids, k, p.id_packing, coding == "auto")
+    if ids_section is not None:
+        params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "lanes", "solver": solver,
+                  "z": z}
+        sections = (cent, ids_section)
+    elif coding == "rans" and k > 1:  # format 1.1 (FORMAT.md 4.4); one centroid needs no IDs at all
+        ids = _host_ids(ids)
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "rans", "solver": solver,
                   "z": z}
         data = bytes(rans.estimated_size(ids, k)) if estimate else rans.encode(ids, k)
@@ -251,14 +276,68 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
     if rounding_of(p) != "stochastic":  # informative (decoding is the same): for `info` and honesty
         params["rounding"] = rounding_of(p)
 
-    def exact_J() -> float:  # eq. 8-9, with the wire centroids the decoder sees
+    return params, sections, _exact_J(x, wire, J)
+
+
+def _host_ids(ids: Any) -> np.ndarray:
+    """Cluster IDs (an array, a torch tensor or a device rounding) as a host array."""
+    if isinstance(ids, device_rounding.Rounding):
+        ids = ids.ids()
+    if torch_backend.is_torch(ids):
+        ids = ids.cpu().numpy()
+    return ids
+
+
+def _exact_J(x: Any, wire: np.ndarray, J: Any) -> Any:
+    """J of eq. 8-9 with the wire centroids the decoder sees: the rounding pass's, or computed."""
+    def exact_J() -> float:
         if callable(J):
             return float(J())
         if J is not None:
             return float(J)
         return float(centroids.variance_J(x, np.asarray(wire, np.float64)))
+    return exact_J
 
-    return params, sections, exact_J
+
+def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
+    """The IDSL section of ``ids`` (k >= 2 centroids); with ``auto``, None when zstd on the IDS_
+    packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES).
+    Device IDs are coded on their device (:mod:`mucsc.codec.backends.torch_lanes`): the same bytes."""
+    w = lanes.symbol_bits(k)
+    bits = packed_width(ids, k, packing) if auto else w
+    if isinstance(ids, device_rounding.Rounding) or torch_backend.is_torch(ids):
+        coded = torch_lanes.encode_ids(ids, k, w)
+        if auto:
+            packed = coded.symbols if bits == w else (
+                ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
+                else torch_backend.pack_tensor(ids, bits))
+            if not _lanes_win(coded.nbytes, packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])):
+                return None
+        return Section("IDSL", coded)
+    sym, counts = lanes.symbols_counted(ids, k, w)
+    data = lanes.encode_symbols(sym, w, lanes.alphabet(k, w), counts)
+    if auto:
+        packed = sym if bits == w else parallel.pack_array(ids, bits)
+        if not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b]):
+            return None
+    return Section("IDSL", data)
+
+
+def _lanes_win(coded: int, size: int, part: Any) -> bool:
+    """Whether ``coded`` IDSL bytes are no more than the IDS_ section the container would store for
+    ``size`` packed bytes (``part(a, b)``: bytes [a, b) on the host): the packed bytes, or their zstd
+    frame (level 3) when smaller -- exact up to EXACT_ZSTD_BYTES, else judged on a sample first and
+    computed only when the sample says zstd may win."""
+    if coded > size:
+        return False
+    zstd = parallel.zstd_compressor(COMPARE_LEVEL, 1)
+    if size > EXACT_ZSTD_BYTES:
+        step = size // SAMPLE_SLICES
+        sample = sum(len(zstd.compress(part(i * step, i * step + SAMPLE_BYTES))) for i in range(SAMPLE_SLICES))
+        if sample * size >= coded * SAMPLE_SLICES * SAMPLE_BYTES:
+            return True  # zstd's rate on the sample is no better than the lanes' mean rate
+        zstd = parallel.zstd_compressor(COMPARE_LEVEL, parallel.current())
+    return coded <= len(zstd.compress(part(0, size)))
 
 
 def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
@@ -282,10 +361,10 @@ def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
 
 def format_minor(params: Mapping[str, Any]) -> int:
     """The format minor version a group with these header params needs (1 for rANS-coded IDs, 2 for
-    the dithered layout)."""
+    lane-coded IDs and the dithered layout)."""
     if params.get("rounding") == "dithered":
         return dithered.format_minor(params)
-    return 1 if params.get("id_coding") == "rans" else 0
+    return {"rans": 1, "lanes": 2}.get(params.get("id_coding"), 0)
 
 
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
@@ -295,7 +374,12 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
         return dithered.decode(n, params, sections, dtype)
     cent, width, payload = _cluster_sections(n, params, sections, stream=True)
     k = cent.size
-    if width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
+    if width == "lanes":  # format 1.2: symbols decoded on every thread, then unpacked as IDS_ is
+        sym, w = lanes.decode_symbols(payload, n, k)
+        if w == lanes.WIDE:  # one symbol per ID, from a table of k symbols: ids < k
+            return quantize.dequantize(sym, cent, dtype, check=False)
+        width, payload = w, sym
+    elif width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
         ids = rans.decode(payload, n, k)
         return quantize.dequantize(ids, cent, dtype, check=False) if n else np.zeros(0, dtype)
     if n == 0:
@@ -315,6 +399,9 @@ def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[s
         torch = torch_backend._torch()
         return torch.from_numpy(dithered.decode(n, params, sections, dtype)).to(device)
     cent, width, payload = _cluster_sections(n, params, sections)
+    if width == "lanes":  # decoded on the device (mucsc.codec.backends.torch_lanes), then unpacked there
+        ids = torch_lanes.decode_ids(payload, n, cent.size, device)
+        return torch_backend.gather(cent.astype(dtype), ids)
     if width is None:
         torch = torch_backend._torch()
         ids = torch.from_numpy(rans.decode(payload, n, cent.size).astype(np.int64)).to(device)
@@ -329,7 +416,8 @@ def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[s
 def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                       stream: bool = False):
     """The validated (centroids, id width, IDS_ payload) of an untrusted mucsc header; the width is
-    None and the payload IDSA's for rANS-coded IDs (format 1.1).  ``stream``: the IDS_ payload may
+    None and the payload IDSA's for rANS-coded IDs (format 1.1), "lanes" and IDSL's for lane-coded ones
+    (format 1.2).  ``stream``: the IDS_ payload may
     come as a progressive decompressor (``base.section_stream``, for ``parallel.unpack_take``)."""
     cdtype = param_str(params, "centroid_dtype", tuple(CENTROID_DTYPES))
     k = param_int(params, "centroids", 0, MAX_Z)
@@ -348,8 +436,12 @@ def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, 
         if k <= 1:
             raise FormatError("id_coding 'rans' needs at least 2 centroids")
         return cent, None, section(sections, "IDSA")
+    if coding == "lanes":
+        if k <= 1:
+            raise FormatError("id_coding 'lanes' needs at least 2 centroids")
+        return cent, "lanes", section(sections, "IDSL")
     if coding != "packed":
-        raise FormatError(f"header parameter 'id_coding' must be 'packed' or 'rans', got {coding!r}")
+        raise FormatError(f"header parameter 'id_coding' must be 'packed', 'rans' or 'lanes', got {coding!r}")
     width = param_int(params, "id_bits", 0, bitpack.MAX_WIDTH)
     if (width == 0) != (k <= 1) or width < id_width(k):
         raise FormatError(f"id_bits {width} cannot address {k} centroids")

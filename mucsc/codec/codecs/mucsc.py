@@ -24,7 +24,8 @@ from mucsc.codec.codecs.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup
 from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LIMITS, ID_CODING_HELP, ID_CODINGS,
                                          ID_PACKING_HELP, ID_PACKINGS, LEVELS_BY, LEVELS_BY_HELP, LEVELS_HELP, MAX_Z,
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
-                                         GoalTarget, check_levels, cluster_resolved, cluster_section_sizes,
+                                         GoalTarget, check_id_coding, check_levels, cluster_resolved,
+                                         cluster_section_sizes,
                                          decode_clusters, decode_clusters_torch, encode_clusters, format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids
@@ -43,8 +44,10 @@ class MucscParams(GoalTarget):
     entropy-constrained levels, mucsc.codec.numerics.ecsq, as well); centroid_dtype: wire dtype; id_packing:
     "tight" (ceil(log2 z) bits), "aligned" (byte-aligned widths when the entropy allows, for a
     zstd-compressed IDS_) or "auto" (aligned exactly when the container compresses); id_coding:
-    "packed" (IDS_, format 1.0), "rans" (IDSA, static rANS, format 1.1) or "auto" (packed for a fixed
-    z, so those messages stay 1.0; with a goal, whichever option is best).  levels / levels_by: the
+    "packed" (IDS_, format 1.0), "rans" (IDSA, static rANS, format 1.1), "lanes" (IDSL, lane-parallel
+    static rANS, format 1.2; a fixed z only) or "auto" (for a fixed z: lanes when the container
+    compresses, unless zstd on the packed IDs is smaller, packed when it does not; with a goal,
+    whichever of packed and rans is best).  levels / levels_by: the
     levels themselves instead of solving for z (what rate control resolves a goal to: explicit, so
     they take part in ==, hash and get_config) and who chose them (written to the header's solver).
     How bits= / size= split the budget over the groups: ``weighting`` "total" minimises the total J
@@ -87,9 +90,10 @@ class MucscParams(GoalTarget):
                                  f"got {self.error_cap}")
         if self.rounding not in ROUNDINGS:
             raise ParameterError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
-        if self.rounding == "dithered" and self.id_coding == "packed":
-            raise ParameterError("rounding='dithered' always rANS-codes its indices: id_coding='packed' does "
-                                 "not apply")
+        if self.rounding == "dithered" and self.id_coding in ("packed", "lanes"):
+            raise ParameterError(f"rounding='dithered' always rANS-codes its indices per context (QIDX): "
+                                 f"id_coding={self.id_coding!r} does not apply")
+        check_id_coding(self)
         dithered.check_grid(self)
         check_levels(self)
 

@@ -1,4 +1,4 @@
-"""The mucsc container, versions 1.0 and 1.1 (normative description: spec/FORMAT.md).
+"""The mucsc container, versions 1.0 to 1.2 (normative description: spec/FORMAT.md).
 
 Layout: a 24-byte preamble, ``section_count`` sections (32-byte section header, payload, zero padding
 to 8 bytes), then a CRC-32 of everything before it.  The first section is HEAD, a canonical JSON record
@@ -305,7 +305,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
 
     A compressible payload is stored zstd-compressed when that is strictly smaller (``zstd_level``
     None: never).  The HEAD section is written first.  ``minor``: the format minor version the
-    sections need (0 unless a group uses a 1.1 feature, such as rANS-coded IDs); with ``auth`` the
+    sections need (0 unless a group uses a 1.1 or 1.2 feature, such as rANS-coded IDs); with ``auth`` the
     message is 1.1 with an authentication trailer.  Writers emit the oldest version that fits.
     ``threads``: zstd worker threads (the bytes do not depend on it, see ``parallel.zstd_compressor``).
     ``head``: ``header.to_json()`` when the caller already has it (it is not built twice).

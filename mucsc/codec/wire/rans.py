@@ -132,18 +132,18 @@ def _varints(values: np.ndarray) -> bytes:
     return bytes(out)
 
 
-def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int) -> tuple[np.ndarray, int]:
+def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int, tag: str = "IDSA") -> tuple[np.ndarray, int]:
     vals = np.zeros(k, np.int64)
     for i in range(k):
         v, shift = 0, 0
         while True:
             if pos >= buf.size:
-                raise FormatError("IDSA: frequency table runs past the end of the section")
+                raise FormatError(f"{tag}: frequency table runs past the end of the section")
             b = int(buf[pos])
             pos += 1
             v |= (b & 0x7F) << shift
             if v > limit:
-                raise FormatError(f"IDSA: frequency {v} exceeds the table size {limit}")
+                raise FormatError(f"{tag}: frequency {v} exceeds the table size {limit}")
             if not b & 0x80:
                 break
             shift += 7
@@ -179,6 +179,24 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
     return bytes([S, W]) + _varints(f) + lengths.tobytes() + b"".join(streams)
 
 
+def encode_row(x: np.ndarray, fs: np.ndarray, cs: np.ndarray, act: np.ndarray, S: int, out: np.ndarray,
+               ptr: np.ndarray) -> np.ndarray:
+    """One symbol of each active lane (``act``), all lanes at once (numpy): the renormalisation bytes
+    (while x >= xmax: x mod 256 to ``out[lane, ptr]``, x >>= 8), then the new states.  ``fs``, ``cs``:
+    each lane's symbol frequency (non-zero: 1 for an idle lane) and cumulative frequency."""
+    lane = np.arange(x.size)
+    xmax = np.uint64((RANS_L >> S) << 8) * fs
+    for _ in range(3):
+        m = act & (x >= xmax)
+        if not m.any():
+            break
+        out[lane[m], ptr[m]] = (x[m] & np.uint64(0xFF)).astype(np.uint8)
+        ptr[m] += 1
+        x[m] >>= np.uint64(8)
+    nx = ((x // fs) << np.uint64(S)) + (x % fs) + cs
+    return np.where(act, nx, x)
+
+
 def _encode_lanes(ids, f, cum, S, W) -> list[bytes]:
     n = ids.size
     T = -(-n // W) if n else 0
@@ -191,22 +209,10 @@ def _encode_lanes(ids, f, cum, S, W) -> list[bytes]:
     ptr = np.zeros(W, np.int64)
     lane = np.arange(W)
     f64, c64 = f.astype(np.uint64), cum.astype(np.uint64)
-    base = np.uint64((RANS_L >> S) << 8)
     for t in range(T - 1, -1, -1):
         act = lane < n - t * W  # lanes holding an element in row t
         s = rows[t]
-        fs = f64[s]
-        xmax = base * fs
-        for _ in range(3):
-            m = act & (x >= xmax)
-            if not m.any():
-                break
-            out[lane[m], ptr[m]] = (x[m] & np.uint64(0xFF)).astype(np.uint8)
-            ptr[m] += 1
-            x[m] >>= np.uint64(8)
-        fs_safe = np.where(act, fs, np.uint64(1))
-        nx = ((x // fs_safe) << np.uint64(S)) + (x % fs_safe) + c64[s]
-        x = np.where(act, nx, x)
+        x = encode_row(x, np.where(act, f64[s], np.uint64(1)), c64[s], act, S, out, ptr)
     for sh in (24, 16, 8, 0):  # flush: the decoder reads the state little-endian first
         out[lane, ptr] = ((x >> np.uint64(sh)) & np.uint64(0xFF)).astype(np.uint8)
         ptr += 1

@@ -1,0 +1,202 @@
+"""IDSL's lane-parallel rANS (spec/FORMAT.md 4.6) on torch tensors: cluster IDs coded and decoded where
+they live, byte-identical to :mod:`mucsc.codec.wire.lanes`.
+
+Encode: the symbols (the fused Triton kernel's packed IDs where it runs), their histogram on the
+device (only the 256 or k counts cross to the host, which normalises the table exactly as the host
+path does), every lane coded at once, the lanes' streams compacted into the section on the device:
+only the coded section is copied to the host, by the message writer (``torch_backend.DeviceBytes``).
+Decode: the section copied to the device, every lane decoded at once, the IDs unpacked there.
+
+Each lane step is the same integer arithmetic as the C kernel (the renormalisation without a
+data-dependent branch: the byte count is a sum of comparisons); :mod:`mucsc.codec.backends.triton_lanes`
+runs the whole loop in one kernel per call where Triton runs and its self-check passes, and this
+module's torch loop (one vector step per symbol row, across all lanes) otherwise.  torch is imported
+only when this module is used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mucsc.codec.backends import device_rounding, triton_lanes
+from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.triton_lanes import PAD, Geometry, tables
+from mucsc.codec.wire import bitpack, lanes, rans
+from mucsc.errors import FormatError
+
+RANS_L = rans.RANS_L
+
+
+def symbols_of(ids, k: int, w: int):
+    """The IDSL symbols of device IDs (a tensor, or a ``device_rounding.Rounding``): packed bytes at w bits
+    (the fused round + pack kernel's output for a rounding, where it runs), or the IDs (w = 16)."""
+    torch = tb._torch()
+    if w == lanes.WIDE:
+        t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
+        return t.to(torch.int32)
+    if isinstance(ids, device_rounding.Rounding):
+        return ids.packed(w).tensor
+    return tb.pack_tensor(ids, w)
+
+
+class LaneBytes(tb.DeviceBytes):
+    """An IDSL section coded on the device (a ``format.Payload``), with the symbols it codes."""
+
+    def __init__(self, section, symbols):
+        super().__init__(section)
+        self.symbols = symbols
+
+
+def encode_ids(ids, k: int, w: int) -> LaneBytes:
+    """The IDSL section of device IDs < k (``lanes.encode``'s bytes) as a payload left on the device."""
+    torch = tb._torch()
+    sym = symbols_of(ids, k, w)
+    size = lanes.alphabet(k, w)
+    counts = torch.bincount(sym.to(torch.int64) if sym.dtype == torch.uint8 else sym, minlength=size)
+    counts = counts.cpu().numpy().astype(np.int64)
+    if counts.size > size:
+        raise ValueError("a symbol is out of range")
+    S, f = lanes.table(counts, sym.numel())
+    cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+    geo = Geometry(lanes.layout(sym.numel()), sym.device)
+    streams, lens = encode_lanes(sym, f, cum, S, geo)
+    head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
+    prefix = torch.from_numpy(np.frombuffer(head, np.uint8).copy()).to(sym.device)
+    return LaneBytes(torch.cat((prefix, streams)), sym)
+
+
+def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
+    """(the lanes' streams joined, as a uint8 tensor on sym's device; their lengths, host int64):
+    the Triton kernel's where it runs, else :func:`encode_lanes_torch`'s."""
+    got = triton_lanes.encode(sym, f, cum, S, geo)
+    if got is not None:
+        return compact(*got, geo)
+    if sym.device.type == "cpu":  # CPU tensors (MUCSC_BACKEND=torch): the host's compiled coder, in place
+        host = sym.numpy()
+        lens, streams = lanes.code_lanes(host.astype(np.uint16) if host.dtype != np.uint8 else host, f, cum, S)
+        torch = tb._torch()
+        return torch.from_numpy(np.frombuffer(b"".join(streams), np.uint8).copy()), lens
+    return compact(*encode_lanes_torch(sym, f, cum, S, geo), geo)
+
+
+def encode_lanes_torch(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
+    """(out, ptr): every lane coded backwards into its row of ``out`` (lanes x cap uint8), its stream
+    being ``out[j, ptr[j]:]``; one vector step per symbol row, all lanes at once."""
+    torch = tb._torch()
+    dev = sym.device
+    L, cap = geo.base.numel(), geo.cap
+    ft, ct, _ = tables(f, cum, S, dev)
+    x = torch.full((L,), RANS_L, dtype=torch.int64, device=dev)
+    ptr = torch.full((L,), cap, dtype=torch.int64, device=dev)
+    out = torch.zeros(L * cap, dtype=torch.uint8, device=dev)
+    row = torch.arange(L, dtype=torch.int64, device=dev) * cap
+    scale = (RANS_L >> S) << 8
+    for t in range(geo.steps - 1, -1, -1):
+        act = t < geo.count
+        s = sym[torch.where(act, geo.base + t * geo.stride, 0)].to(torch.int64)
+        fs = torch.where(act, ft[s], 1)
+        xm = fs * scale
+        n = ((x >= xm).to(torch.int64) + (x >= xm << 8) + (x >= xm << 16)) * act
+        for i in range(3):  # all three candidate bytes; the pointer moves by n (FORMAT.md 4.4's loop)
+            out[row + ptr - 1 - i] = ((x >> (8 * i)) & 0xFF).to(torch.uint8)
+        ptr = ptr - n
+        x = x >> (8 * n)
+        x = torch.where(act, (x // fs << S) + x % fs + ct[s], x)
+    for i in range(4):  # the final state, little-endian, in front
+        out[row + ptr - 4 + i] = ((x >> (8 * i)) & 0xFF).to(torch.uint8)
+    return out.reshape(L, cap), ptr - 4
+
+
+def compact(out, ptr, geo: Geometry):
+    """The streams ``out[j, ptr[j]:]`` joined in lane order (a uint8 tensor), and their lengths (host)."""
+    torch = tb._torch()
+    L, cap = out.shape
+    lens_t = cap - ptr
+    lens = lens_t.cpu().numpy().astype(np.int64)
+    total = int(lens.sum())
+    ends = torch.cumsum(lens_t, 0)
+    joined = torch.empty(total, dtype=torch.uint8, device=out.device)
+    flat = out.reshape(-1)
+    step = 1 << 24
+    for a in range(0, total, step):  # bounded temporaries: int64 indices per output byte
+        q = torch.arange(a, min(a + step, total), dtype=torch.int64, device=out.device)
+        lane = torch.searchsorted(ends, q, right=True)
+        joined[a: a + q.numel()] = flat[lane * cap + cap - (ends[lane] - q)]
+    return joined, lens
+
+
+def decode_ids(payload, n: int, k: int, device):
+    """The n IDs (int64 tensor on ``device``) of an IDSL payload (host bytes), decoded there; the
+    section is validated as ``lanes.decode_symbols`` validates it (same errors)."""
+    torch = tb._torch()
+    b = np.frombuffer(payload, np.uint8)
+    p = lanes.parse(b, n, k)
+    geo = Geometry(p.layout, device)
+    buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
+    sym, bad = decode_lanes(buf, p, geo)
+    if bad:
+        raise FormatError(lanes.CORRUPT)
+    if p.w == lanes.WIDE:
+        return sym.to(torch.int64)
+    sym = sym.to(torch.uint8)
+    if sym.numel():  # IDS_'s rules for the bytes: zero padding bits, every ID < k
+        bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w, "IDSL symbols")
+    ids = unpack_device(sym, p.w, n)
+    if n and int(ids.max()) >= k:
+        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    return ids
+
+
+def unpack_device(sym, w: int, n: int):
+    """IDs (int64) of the uint8 device tensor ``sym`` packed w = 1, 2, 4 or 8 bits wide (LSB first)."""
+    torch = tb._torch()
+    if w == 8:
+        return sym.to(torch.int64)
+    per = 8 // w
+    shifts = torch.arange(0, 8, w, dtype=torch.uint8, device=sym.device)
+    return ((sym.unsqueeze(1) >> shifts) & ((1 << w) - 1)).reshape(-1)[:n].to(torch.int64)
+
+
+def decode_lanes(buf, p: lanes.Parsed, geo: Geometry):
+    """(symbols as an int32 tensor, whether a lane is corrupt): the Triton kernel's where it runs,
+    else :func:`decode_lanes_torch`'s."""
+    got = triton_lanes.decode(buf, p, geo)
+    if got is not None:
+        return got
+    if buf.device.type == "cpu":  # CPU tensors: the host's compiled decoder, in place
+        torch = tb._torch()
+        out = np.empty(p.layout.m, np.uint8 if p.w != lanes.WIDE else np.uint16)
+        bad = lanes.decode_lanes(buf.numpy()[: buf.numel() - PAD], p, out)
+        return torch.from_numpy(out.astype(np.int32)), bad
+    return decode_lanes_torch(buf, p, geo)
+
+
+def decode_lanes_torch(buf, p: lanes.Parsed, geo: Geometry):
+    """:func:`decode_lanes` with one vector step per symbol row across all lanes (``buf``: the section
+    on the device followed by PAD zero bytes)."""
+    torch = tb._torch()
+    dev = buf.device
+    ft, ct, slot_sym = tables(p.f, p.cum, p.S, dev)
+    starts = torch.from_numpy(p.starts).to(dev)
+    ends = starts + torch.from_numpy(p.lengths).to(dev)
+    b = buf.to(torch.int64)
+    x = b[starts] | b[starts + 1] << 8 | b[starts + 2] << 16 | b[starts + 3] << 24
+    ptr = starts + 4
+    out = torch.empty(geo.layout.m, dtype=torch.int32, device=dev)
+    bad = (x >> 31).any()  # a coder's state is below 2^31: every step then stays below it
+    mask = (1 << p.S) - 1
+    for t in range(geo.steps):
+        act = t < geo.count
+        slot = x & mask
+        s = slot_sym[slot].to(torch.int64)
+        x = torch.where(act, ft[s] * (x >> p.S) + slot - ct[s], x)
+        at = geo.base + t * geo.stride
+        out[at[act]] = s[act].to(torch.int32)
+        n = ((x < RANS_L).to(torch.int64) + (x < RANS_L >> 8) + (x < RANS_L >> 16)) * act
+        bad |= (ptr + n > ends).any()
+        q = torch.clamp(ptr, max=buf.numel() - 3)
+        v = b[q] << 16 | b[q + 1] << 8 | b[q + 2]
+        x = ((x << 24) | v) >> (24 - 8 * n)
+        ptr = ptr + n
+    bad |= ((x != RANS_L) | (ptr != ends)).any()
+    return out, bool(bad)

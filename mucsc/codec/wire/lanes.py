@@ -1,0 +1,353 @@
+"""Lane-parallel static rANS of cluster IDs (spec/FORMAT.md 4.6, section ``IDSL``, format 1.2).
+
+IDSA (format 1.1, :mod:`mucsc.codec.rans`) has at most 64 interleaved lanes: one core decodes it.
+IDSL cuts the symbols into blocks of :data:`BLOCK` and codes each block by up to :data:`LANES`
+interleaved lanes of its own, so a message of m symbols has about m / 2048 independent lanes: a GPU
+runs one lane per thread (a block per warp), a CPU a run of blocks per core.  The layout is a function
+of m only, so every backend writes the same bytes; the coder itself (state width, renormalisation,
+byte order, frequency normalisation) is IDSA's.
+
+Symbols: for k <= 256 IDs, the bytes of the LSB-first ``IDS_`` packing at ``w`` = 1, 2, 4 or 8 bits per
+ID (8 / w IDs per byte symbol: two IDs per symbol for Z = 16, exactly as good as order-0 over IDs and
+half the symbols); for more IDs, ``w`` = 16 and one symbol per ID.
+
+Layout of the section payload::
+
+    u8  S                  scale bits, 1..22: frequencies sum to M = 2^S
+    u8  w                  1, 2, 4, 8: byte symbols (alphabet 256); 16: one symbol per ID (alphabet k)
+    A   LEB128 varints     f_0 .. f_{A-1}, sum M, f_s <= M
+    L   u16 LE             byte length of each lane's stream (blocks in order, lanes in order)
+    ... lane streams, concatenated in the same order
+
+The numpy code here is the reference (vectorised across all lanes of a run of blocks); ``_kernels.c``
+has a compiled twin writing identical bytes; runs of :data:`RUN_BLOCKS` blocks go to
+``parallel.current()`` threads (encode and decode alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from mucsc.codec import kernels, parallel
+from mucsc.codec.wire import rans
+from mucsc.errors import FormatError
+
+__all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
+           "encode", "encode_symbols", "decode_symbols", "table", "header_size"]
+
+BLOCK = 1 << 16  # symbols per block
+LANES = 32  # lanes of a full block (a GPU warp)
+LANE_SYMBOLS = BLOCK // LANES  # a block has one lane per this many symbols (rounded up): lanes of <= 2048
+BYTE_WIDTHS = (1, 2, 4, 8)
+WIDE = 16  # symbol width value for one symbol per ID
+RUN_BLOCKS = 8  # blocks per thread task (2^19 symbols)
+RANS_L = rans.RANS_L
+
+
+def symbol_bits(k: int) -> int:
+    """The reference encoder's ``w`` for k IDs: the narrowest of 1, 2, 4, 8 bits that holds every ID,
+    16 (one symbol per ID) beyond 256."""
+    return next((w for w in BYTE_WIDTHS if k <= 1 << w), WIDE)
+
+
+def symbol_count(n: int, w: int) -> int:
+    """Symbols of n IDs: ceil(n w / 8) byte symbols, or n."""
+    return n if w == WIDE else (n * w + 7) // 8
+
+
+def alphabet(k: int, w: int) -> int:
+    return k if w == WIDE else 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where every lane of m symbols sits: block b holds symbols [b BLOCK, min((b+1) BLOCK, m)) and
+    ``lanes[b]`` lanes; lane j of a block of s symbols starting at o codes symbols o + j, o + j + W, ...
+    (``count`` of them).  Per-lane arrays in lane order (blocks in order, lanes in order)."""
+
+    m: int
+    lanes: np.ndarray  # per block
+    first_lane: np.ndarray  # per block, and one past the last block: the lane index of its first lane
+    base: np.ndarray  # per lane: its first symbol
+    stride: np.ndarray  # per lane: its block's lane count W
+    count: np.ndarray  # per lane: its symbols, ceil((s - j) / W) >= 1
+
+    @property
+    def blocks(self) -> int:
+        return int(self.lanes.size)
+
+    @property
+    def total_lanes(self) -> int:
+        return int(self.base.size)
+
+
+def lanes_of(size: int) -> int:
+    """Lanes of a block of ``size`` symbols: one per LANE_SYMBOLS (rounded up), at most LANES."""
+    return min(LANES, -(-size // LANE_SYMBOLS))
+
+
+def lane_total(m: int) -> int:
+    """Lanes of m symbols in all (what :func:`layout` lays out, without its arrays)."""
+    nb = -(-m // BLOCK)
+    return 0 if nb == 0 else (nb - 1) * LANES + lanes_of(m - (nb - 1) * BLOCK)
+
+
+@functools.lru_cache(maxsize=16)
+def layout(m: int) -> Layout:
+    """The lane layout of m symbols (FORMAT.md 4.6): a function of m only."""
+    nb = -(-m // BLOCK)
+    sizes = np.full(nb, BLOCK, np.int64)
+    if nb:
+        sizes[-1] = m - (nb - 1) * BLOCK
+    lanes = np.minimum(LANES, -(-sizes // LANE_SYMBOLS))
+    first = np.concatenate(([0], np.cumsum(lanes))).astype(np.int64)
+    blk = np.repeat(np.arange(nb, dtype=np.int64), lanes)
+    j = np.arange(first[-1], dtype=np.int64) - first[blk]
+    W = lanes[blk]
+    count = -(-(sizes[blk] - j) // W)
+    out = Layout(m, lanes, first, blk * BLOCK + j, W, count)
+    for a in (out.lanes, out.first_lane, out.base, out.stride, out.count):
+        a.setflags(write=False)
+    return out
+
+
+def header_size(k: int, w: int, f: np.ndarray, m: int) -> int:
+    """Bytes of the section before the lane streams."""
+    return 2 + len(rans._varints(f)) + 2 * layout(m).total_lanes
+
+
+def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
+    """The symbols of ``ids`` (host): the IDS_ packing's bytes at width w (1, 2, 4, 8), or the IDs as
+    uint16 (w = 16)."""
+    w = symbol_bits(k) if w is None else w
+    if w == WIDE:
+        return np.ascontiguousarray(ids, np.uint16)
+    return parallel.pack_array(np.ascontiguousarray(ids), w)
+
+
+def symbols_counted(ids: np.ndarray, k: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`symbols`, :func:`counts_of` of them): byte symbols of uint8 IDs packed and counted in
+    one pass by the compiled kernel where built (over the fixed chunks on ``parallel.current()``
+    threads; every chunk but the last holds whole bytes), else the two steps."""
+    if not (kernels.use_c() and w in BYTE_WIDTHS and ids.dtype == np.uint8 and ids.ndim == 1):
+        sym = symbols(ids, k, w)
+        return sym, counts_of(sym, alphabet(k, w))
+    ids = np.ascontiguousarray(ids)
+    sym = np.empty(symbol_count(ids.size, w), np.uint8)
+
+    def one(s: int, e: int) -> np.ndarray:
+        c = np.zeros(256, np.int64)
+        kernels.c_module().pack_counts(ids[s:e], w, sym[s * w // 8: (e * w + 7) // 8], c)
+        return c
+    parts = parallel.run_spans(one, ids.size)
+    return sym, (parts[0] if len(parts) == 1 else np.sum(parts, axis=0))
+
+
+def table(counts: np.ndarray, m: int) -> tuple[int, np.ndarray]:
+    """(S, frequencies) of the reference encoder for symbol ``counts``: IDSA's normalisation
+    (``rans.normalize``) at IDSA's scale bits."""
+    S = rans.scale_bits_for(int((counts > 0).sum()))
+    return S, rans.normalize(counts, S)
+
+
+def encode(ids: np.ndarray, k: int) -> bytes:
+    """The IDSL payload of ``ids`` (values < k) with the reference encoder's choices."""
+    w = symbol_bits(k)
+    return encode_symbols(symbols(ids, k, w), w, alphabet(k, w))
+
+
+def counts_of(sym: np.ndarray, size: int) -> np.ndarray:
+    """The symbol histogram, over the fixed chunks on ``parallel.current()`` threads (the compiled
+    counter where built: ``np.bincount`` converts every symbol to intp first)."""
+    def count(s: int, e: int) -> np.ndarray:
+        if kernels.use_c() and sym.dtype in (np.uint8, np.uint16):
+            c = np.zeros(256 if sym.dtype == np.uint8 else 65536, np.int64)
+            kernels.c_module().symbol_counts(sym[s:e], c)
+            return c
+        return np.bincount(sym[s:e], minlength=size)
+    parts = parallel.run_spans(count, sym.size)
+    c = parts[0] if len(parts) == 1 else np.sum(parts, axis=0)
+    return c.astype(np.int64)[:size] if c.size >= size else np.pad(c, (0, size - c.size)).astype(np.int64)
+
+
+def encode_symbols(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None) -> bytes:
+    """The IDSL payload of the symbols ``sym`` (uint8 for byte symbols, uint16 for w = 16, values <
+    ``size``): histogram, table, then every run of blocks on its own thread."""
+    m = sym.size
+    if counts is None:
+        counts = counts_of(sym, size)
+    if counts.size > size:
+        raise ValueError("a symbol is out of range")
+    S, f = table(counts, m)
+    cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+    lens, streams = code_lanes(sym, f, cum, S)
+    head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
+    return b"".join([head, *streams])
+
+
+def runs_of(lay: Layout) -> list[tuple[int, int]]:
+    """The thread tasks: runs of RUN_BLOCKS blocks."""
+    return [(b, min(b + RUN_BLOCKS, lay.blocks)) for b in range(0, lay.blocks, RUN_BLOCKS)]
+
+
+def code_lanes(sym: np.ndarray, f: np.ndarray, cum: np.ndarray, S: int) -> tuple[np.ndarray, list[bytes]]:
+    """(every lane's length, the runs' joined streams in order) of the symbols with table (f, cum, S)."""
+    lay = layout(sym.size)
+    parts = parallel.run(lambda r: _encode_run(sym, f, cum, S, lay, *r), runs_of(lay))
+    lens = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    return lens, [p[1] for p in parts]
+
+
+def _encode_run(sym, f, cum, S, lay: Layout, b0: int, b1: int) -> tuple[np.ndarray, bytes]:
+    """(lane lengths, lane streams joined) of blocks [b0, b1)."""
+    l0, l1 = int(lay.first_lane[b0]), int(lay.first_lane[b1])
+    cap = int((4 + 3 * lay.count[l0:l1]).sum())
+    if kernels.use_c():
+        out = np.empty(cap, np.uint8)
+        lens = np.zeros(l1 - l0, np.int64)
+        used = kernels.c_module().lanes_encode(sym, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, b0, b1,
+                                               out, lens)
+        if used < 0:
+            raise ValueError("lanes_encode: a symbol has no frequency" if used == -2 else "lanes_encode failed")
+        return lens, out[:used].tobytes()
+    streams = encode_lane_set(sym, f, cum, S, lay.base[l0:l1], lay.stride[l0:l1], lay.count[l0:l1])
+    return np.array([len(s) for s in streams], np.int64), b"".join(streams)
+
+
+def encode_lane_set(sym, f, cum, S, base, stride, count) -> list[bytes]:
+    """Each lane's stream (IDSA's coder, FORMAT.md 4.4) for lanes coding symbols base + t stride,
+    t < count: all lanes at once, one step per symbol position from the last, numpy only."""
+    nl = base.size
+    T = int(count.max(initial=0))
+    x = np.full(nl, RANS_L, np.uint64)
+    cap = 4 + 3 * T
+    out = np.zeros((nl, cap), np.uint8)
+    ptr = np.zeros(nl, np.int64)
+    lane = np.arange(nl)
+    f64, c64 = np.asarray(f).astype(np.uint64), np.asarray(cum).astype(np.uint64)
+    for t in range(T - 1, -1, -1):
+        act = t < count
+        s = sym[np.where(act, base + t * stride, 0)].astype(np.int64)
+        fs = np.where(act, f64[s], np.uint64(1))
+        if np.any(act & (fs == 0)):
+            raise ValueError("a symbol has no frequency")
+        x = rans.encode_row(x, fs, c64[s], act, S, out, ptr)
+    for sh in (24, 16, 8, 0):  # the state last, so that it comes first once reversed
+        out[lane, ptr] = ((x >> np.uint64(sh)) & np.uint64(0xFF)).astype(np.uint8)
+        ptr += 1
+    return [out[j, : ptr[j]][::-1].tobytes() for j in range(nl)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    """A validated IDSL header: scale bits, symbol width, frequencies, and each lane's stream."""
+
+    S: int
+    w: int
+    f: np.ndarray
+    cum: np.ndarray
+    starts: np.ndarray  # per lane, offset in the payload
+    lengths: np.ndarray
+    layout: Layout
+
+
+def parse(b: np.ndarray, n: int, k: int) -> Parsed:
+    """Validate an IDSL payload's header against n IDs < k (FORMAT.md 4.6's rejections)."""
+    if b.size < 2:
+        raise FormatError("IDSL: section shorter than its 2-byte header")
+    S, w = int(b[0]), int(b[1])
+    if not 1 <= S <= rans.MAX_SCALE_BITS:
+        raise FormatError(f"IDSL: scale bits {S} out of range 1..{rans.MAX_SCALE_BITS}")
+    if w not in (*BYTE_WIDTHS, WIDE) or (w != WIDE and k > 1 << w):
+        raise FormatError(f"IDSL: symbol width {w} cannot carry IDs of {k} centroids")
+    M = 1 << S
+    f, pos = rans._read_varints(b, 2, alphabet(k, w), M, "IDSL")
+    if int(f.sum()) != M:
+        raise FormatError(f"IDSL: frequencies sum to {int(f.sum())}, expected {M}")
+    m = symbol_count(n, w)
+    L = lane_total(m)
+    if 6 * L > b.size:  # every lane has a 2-byte length and a stream of >= 4 bytes: checked before
+        raise FormatError(f"IDSL: {b.size} bytes cannot hold the {L} lanes of {m} symbols")  # any allocation
+    lay = layout(m)
+    if pos + 2 * L > b.size:
+        raise FormatError("IDSL: lane lengths run past the end of the section")
+    lengths = b[pos: pos + 2 * L].copy().view("<u2").astype(np.int64)
+    pos += 2 * L
+    if int(lengths.sum()) != b.size - pos:
+        raise FormatError(f"IDSL: lane streams take {int(lengths.sum())} bytes, the section has {b.size - pos}")
+    if np.any(lengths < 4) or np.any(lengths > 4 + 3 * lay.count):
+        raise FormatError("IDSL: a lane stream has an impossible length")
+    starts = pos + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+    return Parsed(S, w, f, cum, starts, lengths, lay)
+
+
+def decode_symbols(buf, n: int, k: int) -> tuple[np.ndarray, int]:
+    """(symbols, w) of an IDSL payload for n IDs < k: every run of blocks on its own thread, each lane
+    checked (it ends in state 2^23 with every byte read).  Byte symbols still need IDS_'s checks
+    (IDs < k, zero padding bits): the caller unpacks them."""
+    b = np.frombuffer(buf, np.uint8)
+    p = parse(b, n, k)
+    lay = p.layout
+    out = np.empty(lay.m, np.uint8 if p.w != WIDE else np.uint16)
+    if decode_lanes(b, p, out):
+        raise FormatError(CORRUPT)
+    return out, p.w
+
+
+CORRUPT = "IDSL: corrupt rANS stream (a lane ends early, or not in its initial state)"
+
+
+def decode_lanes(b: np.ndarray, p: Parsed, out: np.ndarray) -> bool:
+    """Decode every lane of the parsed section ``b`` into ``out``, runs of blocks on the threads;
+    True when a lane is corrupt."""
+    return any(parallel.run(lambda r: _decode_run(b, p, out, *r), runs_of(p.layout)))
+
+
+def _decode_run(b, p: Parsed, out, b0: int, b1: int) -> bool:
+    """Decode blocks [b0, b1) into ``out``; True when a lane is corrupt."""
+    lay = p.layout
+    l0, l1 = int(lay.first_lane[b0]), int(lay.first_lane[b1])
+    if kernels.use_c():
+        return bool(kernels.c_module().lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, lay.m,
+                                                    b0, b1, p.starts[l0:l1], p.lengths[l0:l1], out))
+    return decode_lane_set(b, p.f, p.cum, p.S, p.starts[l0:l1], p.lengths[l0:l1], lay.base[l0:l1],
+                           lay.stride[l0:l1], lay.count[l0:l1], out)
+
+
+def decode_lane_set(b, f, cum, S, starts, lengths, base, stride, count, out) -> bool:
+    """Decode the lanes (streams at ``starts``, symbols base + t stride, t < count) into ``out``, all
+    lanes at once, numpy only; True when a lane is corrupt."""
+    M = 1 << S
+    sym = np.repeat(np.arange(f.size), f).astype(np.int64)  # slot -> symbol
+    nl = base.size
+    ends = starts + lengths
+    ptr = starts.copy()
+    x = np.zeros(nl, np.uint64)
+    for sh in (0, 8, 16, 24):
+        x |= b[ptr].astype(np.uint64) << np.uint64(sh)
+        ptr += 1
+    if np.any(x >> np.uint64(31)):  # a coder's state is below 2^31: every step then stays below it
+        return True
+    f64, c64 = np.asarray(f).astype(np.uint64), np.asarray(cum).astype(np.uint64)
+    mask, L = np.uint64(M - 1), np.uint64(RANS_L)
+    T = int(count.max(initial=0))
+    for t in range(T):
+        act = t < count
+        slot = (x & mask).astype(np.int64)
+        s = sym[slot]
+        nx = f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s]
+        x = np.where(act, nx, x)
+        out[base[act] + t * stride[act]] = s[act]
+        for _ in range(3):
+            m = act & (x < L)
+            if not m.any():
+                break
+            if np.any(ptr[m] >= ends[m]):
+                return True
+            x[m] = (x[m] << np.uint64(8)) | b[ptr[m]].astype(np.uint64)
+            ptr[m] += 1
+    return bool(np.any(x != L) or np.any(ptr != ends))

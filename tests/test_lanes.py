@@ -1,0 +1,282 @@
+"""Format 1.2's lane-parallel rANS of cluster IDs (IDSL, spec/FORMAT.md 4.6): the layout, the coder's
+backends (compiled, numpy, the torch loop, the Triton kernels in Triton's interpreter) writing the
+same bytes, threads, the default's choice against zstd, and corrupt sections rejected."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import kernels
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.wire import lanes
+from mucsc.errors import FormatError
+
+BACKENDS = ["numpy", "c"] if kernels.c_module() is not None else ["numpy"]
+
+
+def ids_for(n, k, seed=0, conc=0.3):
+    g = np.random.default_rng(seed)
+    return g.choice(k, n, p=g.dirichlet(np.full(k, conc))).astype(np.uint16 if k > 256 else np.uint8)
+
+
+def gauss(n, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).normal(size=n).astype(dtype)
+
+
+# n, k: one lane, a partial row, byte symbols of 1, 2, 4, 8 bits, one symbol per ID (w = 16, scale bits
+# 16 and 22), several blocks with a partial last one
+CASES = [(1, 2), (7, 2), (100, 3), (1000, 16), (4099, 16), (70000, 256), (5000, 300), (30000, 5000),
+         (2 * lanes.BLOCK * 2 + 3, 16), (lanes.BLOCK * 8 + 9, 2)]
+
+
+@pytest.mark.parametrize("n, k", CASES)
+def test_round_trip_and_backends_agree(n, k, monkeypatch):
+    ids = ids_for(n, k, seed=n)
+    blobs = {}
+    for backend in BACKENDS:
+        monkeypatch.setattr(kernels, "BACKEND", backend)
+        blobs[backend] = lanes.encode(ids, k)
+        sym, w = lanes.decode_symbols(blobs[backend], n, k)
+        assert w == lanes.symbol_bits(k)
+        np.testing.assert_array_equal(sym, lanes.symbols(ids, k))
+    assert len(set(blobs.values())) == 1  # bit-identical twins
+
+
+def test_layout_is_a_function_of_the_symbol_count():
+    for m in (1, 2047, 2048, 2049, lanes.BLOCK, lanes.BLOCK + 1, 5 * lanes.BLOCK + 4097):
+        lay = lanes.layout(m)
+        assert lay.total_lanes == lanes.lane_total(m)
+        covered = np.concatenate([lay.base[j] + np.arange(lay.count[j]) * lay.stride[j] for j in range(lay.total_lanes)])
+        np.testing.assert_array_equal(np.sort(covered), np.arange(m))  # every symbol in exactly one lane
+        assert lay.count.max() <= lanes.LANE_SYMBOLS and (lay.lanes[:-1] == lanes.LANES).all()
+    assert lanes.layout(3 * lanes.BLOCK).total_lanes == 3 * lanes.LANES
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threads_change_no_byte(backend, monkeypatch):
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    monkeypatch.setattr(lanes, "RUN_BLOCKS", 1)  # one block per task: several tasks per thread
+    x = gauss(6 * lanes.BLOCK + 77, 3)
+    blob = mucsc.encode(x, "mucsc", seed=1)
+    assert mucsc.inspect(blob).sections[-1].tag == "IDSL"
+    ref = mucsc.decode(blob)
+    for t in (2, 3):
+        assert mucsc.encode(x, "mucsc", seed=1, threads=t) == blob
+        np.testing.assert_array_equal(mucsc.decode(blob, threads=t), ref)
+
+
+def test_the_default_codes_ids_by_lanes_when_smaller():
+    x = gauss(400_000, 5)
+    blob = mucsc.encode(x, "mucsc")  # Z = 16
+    info = mucsc.inspect(blob)
+    assert info.version == "1.2" and info.groups[0].params["id_coding"] == "lanes"
+    assert all(s.encoding == "raw" or s.tag == "HEAD" for s in info.sections)  # no zstd section but HEAD
+    packed = mucsc.encode(x, "mucsc", id_coding="packed")
+    assert len(blob) < len(packed)
+    np.testing.assert_array_equal(mucsc.decode(blob), mucsc.decode(packed))  # the same rounding
+    off = mucsc.encode(x, "mucsc", compress="off")  # the paper's fixed width, format 1.0
+    assert mucsc.inspect(off).version == "1.0" and "id_bits" in mucsc.inspect(off).groups[0].params
+    small = mucsc.encode(x[:1000], "mucsc")  # the table does not pay: 1.0 as before
+    assert mucsc.inspect(small).version == "1.0"
+    forced = mucsc.encode(x[:1000], "mucsc", id_coding="lanes", compress="off")
+    assert mucsc.inspect(forced).version == "1.2"
+    np.testing.assert_array_equal(mucsc.decode(forced), mucsc.decode(small))
+
+
+def test_zstd_stays_where_it_compresses_better():
+    # long runs of one value (a pruned tensor): order-0 rANS pays per ID, zstd's matches per run; the
+    # packed IDs exceed EXACT_ZSTD_BYTES, so the sample decides that the full frame is computed
+    from mucsc.codec.codecs import clusters
+
+    x = gauss(1_200_000, 6)
+    x[(np.arange(x.size) // 5000) % 4 != 0] = 0.0
+    assert x.size // 2 > clusters.EXACT_ZSTD_BYTES
+    info = mucsc.inspect(mucsc.encode(x, "mucsc"))
+    assert [s.encoding for s in info.sections if s.tag == "IDS_"] == ["zstd"]
+    assert info.version == "1.0"
+
+
+def test_bmucsc_kept_ids_by_lanes():
+    x = gauss(300_000, 7)
+    blob = mucsc.encode(x, "bmucsc", keep=0.5, z=16)
+    info = mucsc.inspect(blob)
+    assert info.groups[0].params["id_coding"] == "lanes" and info.version == "1.2"
+    ref = mucsc.encode(x, "bmucsc", keep=0.5, z=16, id_coding="packed")
+    np.testing.assert_array_equal(mucsc.decode(blob), mucsc.decode(ref))
+
+
+def _section(blob, tag="IDSL"):
+    msg = fmt.read_message(blob)
+    return bytes(next(msg.payload(s) for s in msg.sections if s.tag == tag))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_corrupt_sections_are_rejected(backend, monkeypatch):
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    n, k = 9000, 12  # 4-bit symbols, IDs 12..15 invalid
+    ids = ids_for(n, k, 1)
+    good = lanes.encode(ids, k)
+    L = lanes.layout(lanes.symbol_count(n, 4)).total_lanes
+    head = 2 + len(lanes.rans._varints(lanes.table(np.bincount(lanes.symbols(ids, k), minlength=256),
+                                                    n // 2)[1]))
+    first_state = head + 2 * L  # the first lane's stream: its initial state, little-endian
+
+    def mutated(fn):
+        b = bytearray(good)
+        fn(b)
+        return bytes(b)
+
+    bad = {
+        "stream byte": mutated(lambda b: b.__setitem__(-1, b[-1] ^ 0x41)),
+        "scale bits": mutated(lambda b: b.__setitem__(0, 23)),
+        "symbol width": mutated(lambda b: b.__setitem__(1, 2)),  # 2-bit symbols cannot carry 12 IDs
+        "unknown width": mutated(lambda b: b.__setitem__(1, 3)),
+        "table sum": mutated(lambda b: b.__setitem__(2, b[2] ^ 1)),
+        "extra byte": good + b"\0",
+        "lane length": mutated(lambda b: b.__setitem__(head, b[head] ^ 1)),
+        "state above 2^31": mutated(lambda b: b.__setitem__(first_state + 3, b[first_state + 3] | 0x80)),
+        "truncated": good[: len(good) // 2],
+    }
+    for what, blob in bad.items():
+        with pytest.raises(FormatError):
+            lanes.decode_symbols(blob, n, k)
+            raise AssertionError(what)
+    # a valid coding of invalid symbols: an ID >= k, non-zero padding bits (an odd count: the last
+    # symbol's high nibble is padding)
+    blob = mucsc.encode(gauss(n + 1, 2), "mucsc", z=k, id_coding="lanes", compress="off")
+    assert fmt.read_message(blob).header.groups[0].params["centroids"] == k
+    sym = lanes.symbols(ids_for(n + 1, k, 3), k)
+    for at, value in ((5, 0xDD), (-1, 0xF3)):
+        s = sym.copy()
+        s[at] = value
+        with pytest.raises(FormatError):
+            mucsc.decode(_rebuild(blob, lanes.encode_symbols(s, 4, 256)))
+
+
+def _rebuild(blob, idsl):
+    msg = fmt.read_message(blob)
+    secs = [(s.group, s.tag, idsl if s.tag == "IDSL" else bytes(msg.payload(s)), False)
+            for s in msg.sections if s.tag != "HEAD"]
+    return fmt.write_message(msg.header, secs, zstd_level=None, minor=msg.minor)
+
+
+def test_hostile_element_counts_are_refused_before_allocating():
+    blob = lanes.encode(ids_for(100, 300), 300)
+    with pytest.raises(FormatError, match="cannot hold"):
+        lanes.decode_symbols(blob, 1 << 40, 300)
+
+
+# ---- the torch backend: the vector loop and the Triton kernels -----------------------------------
+
+torch = pytest.importorskip("torch")
+from mucsc.codec.backends import torch_lanes, triton_lanes  # noqa: E402
+
+
+@pytest.mark.parametrize("n, k", [(1, 2), (1000, 16), (5000, 300), (lanes.BLOCK * 2 + 4100, 16)])
+def test_the_torch_loop_writes_the_reference_bytes(n, k):
+    ids = ids_for(n, k, seed=k)
+    want = lanes.encode(ids, k)
+    w = lanes.symbol_bits(k)
+    sym = torch_lanes.symbols_of(torch.from_numpy(ids.astype(np.int64)), k, w)
+    S, f = lanes.table(np.bincount(sym.numpy(), minlength=lanes.alphabet(k, w)), sym.numel())
+    cum = np.concatenate(([0], np.cumsum(f)[:-1]))
+    geo = torch_lanes.Geometry(lanes.layout(sym.numel()), sym.device)
+    streams, lens = torch_lanes.compact(*torch_lanes.encode_lanes_torch(sym, f, cum, S, geo), geo)
+    head = bytes([S, w]) + lanes.rans._varints(f) + lens.astype("<u2").tobytes()
+    assert head + streams.numpy().tobytes() == want
+    b = np.frombuffer(want, np.uint8)
+    p = lanes.parse(b, n, k)
+    got, bad = torch_lanes.decode_lanes_torch(torch.from_numpy(np.concatenate((b, np.zeros(3, np.uint8)))), p, geo)
+    assert not bad
+    np.testing.assert_array_equal(got.numpy(), lanes.symbols(ids, k, w))
+    b2 = b.copy()
+    b2[-1] ^= 0x21
+    assert torch_lanes.decode_lanes_torch(torch.from_numpy(np.concatenate((b2, np.zeros(3, np.uint8)))), p, geo)[1]
+
+
+def test_torch_tensors_encode_and_decode_as_the_host():
+    x = gauss(300_000, 9)
+    blob = mucsc.encode(x, "mucsc", seed=4)
+    assert mucsc.inspect(blob).groups[0].params["id_coding"] == "lanes"
+    assert mucsc.encode(torch.from_numpy(x), "mucsc", seed=4) == blob
+    y = mucsc.decode(blob, as_torch=True, device="cpu")
+    np.testing.assert_array_equal(y.numpy(), mucsc.decode(blob))
+    wide = mucsc.encode(x[:20000], "mucsc", z=300, seed=4, id_coding="lanes")
+    assert mucsc.encode(torch.from_numpy(x[:20000]), "mucsc", z=300, seed=4, id_coding="lanes") == wide
+    np.testing.assert_array_equal(mucsc.decode(wide, as_torch=True, device="cpu").numpy(), mucsc.decode(wide))
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """The Triton kernels on CPU tensors through Triton's interpreter."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("MUCSC_TRITON", "1")
+    assert triton_lanes.disabled_reason() is None
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_the_triton_kernels_pass_their_self_check(interpreter, wide):
+    dt = torch.int32 if wide else torch.uint8
+    assert triton_lanes._self_check(torch.device("cpu"), dt)
+    assert triton_lanes.disabled_reason() is None
+
+
+def test_the_triton_kernels_write_the_reference_bytes(interpreter):
+    # one lane and a few lanes of a real layout, through the codec (the kernels code, the compiled
+    # reference checks): byte symbols of 2 and 4 bits and one symbol per ID
+    for n, k in ((300, 3), (4200, 16), (2100, 300)):
+        x = gauss(n, k)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the kernels must not be disabled on the way
+            got = mucsc.encode(torch.from_numpy(x), "mucsc", z=k, seed=2, id_coding="lanes")
+            y = mucsc.decode(got, as_torch=True, device="cpu")
+        want = mucsc.encode(x, "mucsc", z=k, seed=2, id_coding="lanes")
+        assert got == want, (n, k)
+        np.testing.assert_array_equal(y.numpy(), mucsc.decode(want))
+    assert triton_lanes._checked  # they ran (the self-check passed first)
+
+
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+@pytest.mark.parametrize("w", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [1, 7, 8, 1001, (1 << 20) + 13])
+def test_symbols_counted_equals_the_two_steps(w, n):
+    # the compiled pack-and-count pass gives IDS_'s packing and the symbols' histogram
+    from mucsc.codec import parallel
+
+    ids = np.random.default_rng(n).integers(0, 1 << w, n).astype(np.uint8)
+    with parallel.using(2):
+        sym, counts = lanes.symbols_counted(ids, 1 << w, w)
+    assert np.array_equal(sym, lanes.symbols(ids, 1 << w, w))
+    assert np.array_equal(counts, np.bincount(sym, minlength=256))
+
+
+def test_nearest_rounding_lane_codes_a_fixed_z_and_goals_never_do():
+    # the default lane-codes the IDs of both roundings that send centroids; a goal weighs packed IDs
+    # against IDSA only, and id_coding="lanes" with a goal is refused
+    x = gauss(200_000, 11)
+    # nearest rounding on the cluster-ID path: "auto" sends whichever of IDSL and IDS_ is smaller
+    # (Lloyd-Max IDs are nearly uniform: here zstd's IDS_ wins by the IDSL table's cost)
+    coded = {c: mucsc.encode(x, "mucsc", rounding="nearest", id_coding=c) for c in ("auto", "lanes", "packed")}
+    assert mucsc.inspect(coded["lanes"]).groups[0].params["rounding"] == "nearest"
+    assert np.array_equal(mucsc.decode(coded["lanes"]), mucsc.decode(coded["packed"]))  # deterministic IDs
+    assert coded["auto"] == min(coded["lanes"], coded["packed"], key=len)
+    goal = mucsc.inspect(mucsc.encode(x, "mucsc", bits=3.0))
+    assert goal.groups[0].params.get("id_coding", "packed") in ("packed", "rans")
+    with pytest.raises(mucsc.ParameterError, match="lanes"):
+        mucsc.get_codec("mucsc", bits=3.0, id_coding="lanes")
+
+
+def test_dithered_keeps_its_own_index_coding():
+    # a dithered grid codes its indices per context (QIDX): "auto" is not resolved to packed IDs when
+    # nothing is compressed, and id_coding "lanes" does not apply
+    x = gauss(20_000, 12)
+    blob = mucsc.encode(x, "mucsc", rounding="dithered", compress="off")
+    assert mucsc.inspect(blob).groups[0].params["rounding"] == "dithered"
+    assert mucsc.decode(blob).shape == x.shape
+    with pytest.raises(mucsc.ParameterError, match="dithered"):
+        mucsc.get_codec("mucsc", rounding="dithered", id_coding="lanes")
