@@ -198,14 +198,19 @@ def test_c_validates_buffers():
 
 
 @needs_c
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("n", [5, 1000, 100_000])
-def test_prefix_kernel_is_numpys_cumsum(n):
-    """The one-pass prefix sums equal numpy's (sequential) cumsum bit for bit: the solver's DP
-    costs and polishing read them, so the levels stay identical across backends."""
-    xs = np.sort(np.random.default_rng(n).standard_t(3, n)).astype(np.float64)
+def test_prefix_kernel_is_numpys_cumsum(n, weighted):
+    """The one-pass prefix sums equal numpy's (sequential) cumsum bit for bit, with unit weights and
+    with the subsample's weights: the solver's DP costs and polishing read them, so the levels stay
+    identical across backends."""
+    rng = np.random.default_rng(n)
+    xs = np.sort(rng.standard_t(3, n)).astype(np.float64)
+    w = np.where(rng.random(n) < 0.2, 1.0, 7.63) if weighted else None  # exact tails, a bulk weight
     shift = 0.5 * (xs[0] + xs[-1])
-    a = centroids._Sorted.centred(xs, shift, None)
-    b = centroids._Sorted(xs - shift, None)
+    a = centroids._Sorted.centred(xs, shift, w)
+    b = centroids._Sorted(xs - shift, w)
+    assert a.unit == b.unit == (w is None)
     for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
         np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
 

@@ -619,39 +619,49 @@ done:
 }
 
 PyDoc_STRVAR(prefix_doc,
-"prefix(xs, shift, xc, buf)\n\n"
-"The unit-weight prefix sums of centroids._Sorted in one pass: xc = xs - shift (float64, n) and\n"
-"buf (float64, 3 x (n + 1)) rows W[i] = i, P1 = cumsum(xc), P2 = cumsum(xc * xc) with a leading 0:\n"
-"numpy's sequential accumulate, the same values.");
+"prefix(xs, shift, xc, buf, w=None)\n\n"
+"The prefix sums of centroids._Sorted in one pass: xc = xs - shift (float64, n) and buf (float64,\n"
+"3 x (n + 1)) rows W = cumsum(w) (i without w), P1 = cumsum(w * xc), P2 = cumsum(w * xc * xc), each\n"
+"with a leading 0: numpy's sequential accumulate of the same products, the same values.");
 
 static PyObject *py_prefix(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *co, *bo;
+    PyObject *xo, *co, *bo, *wo = Py_None;
     double shift;
-    if (!PyArg_ParseTuple(args, "OdOO", &xo, &shift, &co, &bo)) return NULL;
-    Py_buffer xb, cb, bb;
+    if (!PyArg_ParseTuple(args, "OdOO|O", &xo, &shift, &co, &bo, &wo)) return NULL;
+    Py_buffer xb, cb, bb, wb;
     PyObject *res = NULL;
+    int weighted = wo != Py_None;
     if (get_buf(xo, &xb, 0, "prefix xs") < 0) return NULL;
     if (get_buf(co, &cb, 1, "prefix xc") < 0) goto f1;
     if (get_buf(bo, &bb, 1, "prefix buf") < 0) goto f2;
+    if (weighted && get_buf(wo, &wb, 0, "prefix w") < 0) goto f3;
     Py_ssize_t n = xb.len / 8;
     if (float_kind(&xb) != 8 || float_kind(&cb) != 8 || float_kind(&bb) != 8 || cb.len != xb.len
-        || bb.len / 8 != 3 * (n + 1)) {
-        PyErr_SetString(PyExc_ValueError, "prefix: xs, xc (n) and buf (3 x (n + 1)) must be float64");
+        || bb.len / 8 != 3 * (n + 1) || (weighted && (float_kind(&wb) != 8 || wb.len != xb.len))) {
+        PyErr_SetString(PyExc_ValueError, "prefix: xs, xc, w (n) and buf (3 x (n + 1)) must be float64");
         goto done;
     }
     {
-        const double *x = (const double *)xb.buf;
+        const double *x = (const double *)xb.buf, *w = weighted ? (const double *)wb.buf : NULL;
         double *xc = (double *)cb.buf, *W = (double *)bb.buf, *P1 = W + n + 1, *P2 = P1 + n + 1;
         Py_BEGIN_ALLOW_THREADS
-        double s1 = 0.0, s2 = 0.0;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0;
         W[0] = P1[0] = P2[0] = 0.0;
         for (Py_ssize_t i = 0; i < n; i++) {
             double v = x[i] - shift;
             xc[i] = v;
-            s1 += v;
-            s2 += v * v;
-            W[i + 1] = (double)(i + 1);
+            if (w) {  /* numpy: cumsum(w), wx = w * xc, cumsum(wx), cumsum(wx * xc) */
+                double wx = w[i] * v;
+                s0 += w[i];
+                s1 += wx;
+                s2 += wx * v;
+                W[i + 1] = s0;
+            } else {
+                s1 += v;
+                s2 += v * v;
+                W[i + 1] = (double)(i + 1);
+            }
             P1[i + 1] = s1;
             P2[i + 1] = s2;
         }
@@ -660,6 +670,8 @@ static PyObject *py_prefix(PyObject *self, PyObject *args)
     Py_INCREF(Py_None);
     res = Py_None;
 done:
+    if (weighted) PyBuffer_Release(&wb);
+f3:
     PyBuffer_Release(&bb);
 f2:
     PyBuffer_Release(&cb);

@@ -439,15 +439,16 @@ class _Sorted:
 
     @classmethod
     def centred(cls, xs: np.ndarray, shift: float, w: np.ndarray | None) -> "_Sorted":
-        """``_Sorted(xs - shift, w)``; unit weights with the C kernels: centring and the three prefix
-        sums in one pass (the same values: numpy's cumsum adds in sequence)."""
-        if w is not None or not kernels.use_c():
+        """``_Sorted(xs - shift, w)``; with the C kernels, centring and the three prefix sums in one
+        pass (the same values: numpy's cumsum adds in sequence, and the products are the same)."""
+        if not kernels.use_c():
             return cls(xs - shift, w)
         S = cls.__new__(cls)
-        S.unit = True
+        S.unit = w is None
         S.xc = np.empty(xs.size)
         buf = np.empty((3, xs.size + 1))
-        kernels.c_module().prefix(np.ascontiguousarray(xs, np.float64), float(shift), S.xc, buf)
+        kernels.c_module().prefix(np.ascontiguousarray(xs, np.float64), float(shift), S.xc, buf,
+                                  None if w is None else np.ascontiguousarray(w, np.float64))
         S.W, S.P1, S.P2 = buf
         return S
 
