@@ -685,7 +685,7 @@ class TorchSource:
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
         torch = _torch()
-        return self.x[torch.from_numpy(idx).to(self.x.device)].cpu().numpy()
+        return self.x[torch.tensor(idx, device=self.x.device)].cpu().numpy()  # idx may be read-only: a copy
 
     def strided(self, step: int) -> np.ndarray:
         return self.x[::step].cpu().numpy()

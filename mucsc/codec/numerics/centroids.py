@@ -18,6 +18,7 @@ See docs/centroids.md for the method and measurements.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -370,9 +371,7 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float,
     d = x.size
     if d <= FULL_SORT_MAX:
         return _cached(cache, ("sort",), lambda: np.sort(x)).astype(np.float64), None
-    block = d // SUBSAMPLE
-    g = np.random.Generator(np.random.SFC64(0x6D756373))
-    idx = np.arange(SUBSAMPLE, dtype=np.int64) * block + g.integers(0, block, SUBSAMPLE)
+    idx = _subsample_index(d)
     s = np.sort(x[idx] if isinstance(x, np.ndarray) else x.gather(idx))
     t_lo, t_hi = s[TAIL_RANK], s[-1 - TAIL_RANK]  # elements of x: exact in its dtype
     if isinstance(x, np.ndarray):
@@ -384,6 +383,18 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float,
     xs = np.concatenate((low, bulk, high)).astype(np.float64)
     w = np.concatenate((np.ones(low.size), np.full(bulk.size, wb), np.ones(high.size)))
     return xs, w
+
+
+@functools.lru_cache(maxsize=16)
+def _subsample_index(d: int) -> np.ndarray:
+    """The subsample's positions for d elements: one at a fixed pseudo-random offset in each of
+    SUBSAMPLE equal blocks (a fixed seed).  Memoised (read-only, 1 MB): drawing them took ~1.7 ms
+    of a 3e5-element encode's ~12 ms."""
+    block = d // SUBSAMPLE
+    g = np.random.Generator(np.random.SFC64(0x6D756373))
+    idx = np.arange(SUBSAMPLE, dtype=np.int64) * block + g.integers(0, block, SUBSAMPLE)
+    idx.setflags(write=False)
+    return idx
 
 
 def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
