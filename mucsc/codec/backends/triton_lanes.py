@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend, triton_round
+from mucsc.codec.backends.kernel_switch import KernelSwitch
 from mucsc.codec.wire import lanes
 
 BL = 64  # lanes per program
 PAD = 3  # zero bytes after a section on the device: a lane step reads 3 bytes at its position
-_state = {"disabled": None}
-_checked: dict = {}
-_lock = threading.Lock()
-_check_lock = threading.Lock()
+SWITCH = KernelSwitch("the Triton lane-coding kernels are",
+                      f"the torch path codes IDSL (the same bytes, more launches). Set {triton_round.ENV}=0 to "
+                      "skip the kernels.")
+_lock = threading.Lock()  # the jitted kernels' cache
 _kernels: dict = {}
 
 
@@ -37,7 +37,7 @@ def wanted(t) -> bool:
     """Whether the kernels should be tried for tensors on t's device (MUCSC_TRITON, triton present,
     not disabled in this process)."""
     m = triton_round.mode()
-    if m == "off" or _state["disabled"] is not None:
+    if m == "off" or SWITCH.disabled is not None:
         return False
     if m == "auto" and t.device.type != "cuda":
         return False
@@ -46,7 +46,7 @@ def wanted(t) -> bool:
 
 def disabled_reason() -> str | None:
     """Why the kernels were turned off in this process (None while they are not)."""
-    return _state["disabled"]
+    return SWITCH.disabled
 
 
 def _kernel(name: str):
@@ -131,12 +131,7 @@ def _ready(t) -> bool:
     """Whether the kernels run for tensors like ``t``: wanted, and their variant passed the probes."""
     if not wanted(t):
         return False
-    v = _variant(t)
-    if not _checked.get(v):
-        with _check_lock:
-            if _state["disabled"] is not None or (not _checked.get(v) and not _self_check(t.device, t.dtype)):
-                return False
-    return True
+    return SWITCH.ready(_variant(t), lambda: _self_check(t.device, t.dtype))
 
 
 def encode(sym, f, cum, S: int, geo):
@@ -146,7 +141,7 @@ def encode(sym, f, cum, S: int, geo):
     try:
         return launch_encode(sym, f, cum, S, geo)
     except Exception as exc:  # noqa: BLE001  (the reference path must still encode)
-        _disable(f"the encode kernel failed: {type(exc).__name__}: {exc}")
+        SWITCH.disable(f"the encode kernel failed: {type(exc).__name__}: {exc}")
         return None
 
 
@@ -157,18 +152,8 @@ def decode(buf, p: lanes.Parsed, geo):
     try:
         return launch_decode(buf, p, geo)
     except Exception as exc:  # noqa: BLE001
-        _disable(f"the decode kernel failed: {type(exc).__name__}: {exc}")
+        SWITCH.disable(f"the decode kernel failed: {type(exc).__name__}: {exc}")
         return None
-
-
-def _disable(why: str) -> None:
-    with _lock:
-        if _state["disabled"] is not None:
-            return
-        _state["disabled"] = why
-    warnings.warn(f"mucsc: the Triton lane-coding kernels are disabled ({why}); the torch path codes IDSL "
-                  f"(the same bytes, more launches). Set {triton_round.ENV}=0 to skip the kernels.",
-                  RuntimeWarning, stacklevel=3)
 
 
 def small_layout(sizes: tuple[int, ...], widths: tuple[int, ...]) -> lanes.Layout:
@@ -224,7 +209,7 @@ def _self_check(dev, dtype) -> bool:
             out, ptr = out.cpu().numpy(), ptr.cpu().numpy()
             got = [out[j, ptr[j]:].tobytes() for j in range(out.shape[0])]
             if got != streams:
-                _disable(f"the encode kernel's bytes differ from the reference on a probe ({sym_np.size} symbols "
+                SWITCH.disable(f"the encode kernel's bytes differ from the reference on a probe ({sym_np.size} symbols "
                          f"of {size})")
                 return False
             b = np.frombuffer(b"".join(streams), np.uint8)
@@ -240,18 +225,16 @@ def _self_check(dev, dtype) -> bool:
                 want = np.zeros(sym_np.size, np.int64)
                 w_bad = lanes.decode_lane_set(bb, f, cum, S, starts, lens, lay.base, lay.stride, lay.count, want)
                 if g_bad != w_bad or w_bad != corrupt or (not corrupt and not np.array_equal(g_sym.cpu().numpy(), want)):
-                    _disable(f"the decode kernel differs from the reference on a probe ({sym_np.size} symbols of "
+                    SWITCH.disable(f"the decode kernel differs from the reference on a probe ({sym_np.size} symbols of "
                              f"{size}, {'corrupt' if corrupt else 'valid'})")
                     return False
     except Exception as exc:  # noqa: BLE001  (compile errors, missing backends: the torch path runs)
-        _disable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        SWITCH.disable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return False
-    _checked[(str(dev), str(dtype))] = True
+    SWITCH.passed((str(dev), str(dtype)))
     return True
 
 
 def reset() -> None:
     """Forget the self-check results and re-enable the kernels (tests)."""
-    with _lock:
-        _state["disabled"] = None
-        _checked.clear()
+    SWITCH.reset()

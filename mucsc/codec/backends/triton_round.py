@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.kernel_switch import KernelSwitch
 
 ENV = "MUCSC_TRITON"
 TILE = 4096  # G * SPAN * 8: the size of one program's packing tile [G groups, SPAN bytes, 8 ids]
-_state = {"disabled": None}  # None, or why the kernel was turned off for this process
-_checked: dict = {}  # variant -> True once its probes matched
-_lock = threading.Lock()
-_check_lock = threading.Lock()  # one first use (compile + probes) at a time: groups encode on several threads
+SWITCH = KernelSwitch("the fused Triton rounding kernel is",
+                      f"the torch path encodes (the same bytes, unfused). Set {ENV}=0 to skip the kernel.")
+_lock = threading.Lock()  # the jitted kernels' cache
 # Triton's interpreter (CPU tensors) rebinds triton.language's functions while a kernel runs, for the
 # whole process: two threads interpreting at once break each other (seen with triton 3.9: "Did you
 # forget to add @triton.jit ?").  Interpreted launches take turns; compiled GPU launches do not need to.
@@ -67,7 +66,7 @@ def wanted(x) -> bool:
     """Whether :func:`round_pack` should be tried for tensor ``x`` (mode, device, triton present,
     not disabled in this process)."""
     m = mode()
-    if m == "off" or _state["disabled"] is not None:
+    if m == "off" or SWITCH.disabled is not None:
         return False
     if m == "auto" and x.device.type != "cuda":
         return False
@@ -76,7 +75,7 @@ def wanted(x) -> bool:
 
 def disabled_reason() -> str | None:
     """Why the kernel was turned off in this process (None while it is not)."""
-    return _state["disabled"]
+    return SWITCH.disabled
 
 
 def _build():
@@ -144,25 +143,13 @@ def round_pack(x, c: np.ndarray, key: int, width: int, start: int = 0):
         return None
 
     variant = (str(x.device), str(x.dtype), tb.work_float32(x, c), _span(width))
-    if not _checked.get(variant):
-        with _check_lock:
-            if _state["disabled"] is not None or (not _checked.get(variant) and not _self_check(x.device, variant)):
-                return None
+    if not SWITCH.ready(variant, lambda: _self_check(x.device, variant)):
+        return None
     try:
         return launch(x, c, key, width, start)
     except Exception as exc:  # noqa: BLE001  (the reference path must still encode)
-        _disable(f"the kernel failed: {type(exc).__name__}: {exc}")
+        SWITCH.disable(f"the kernel failed: {type(exc).__name__}: {exc}")
         return None
-
-
-def _disable(why: str) -> None:
-    """Turn the kernel off for this process, with one warning."""
-    with _lock:
-        if _state["disabled"] is not None:
-            return
-        _state["disabled"] = why
-    warnings.warn(f"mucsc: the fused Triton rounding kernel is disabled ({why}); the torch path encodes "
-                  f"(the same bytes, unfused). Set {ENV}=0 to skip the kernel.", RuntimeWarning, stacklevel=3)
 
 
 def reference(x, c: np.ndarray, key: int, width: int, start: int = 0):
@@ -221,19 +208,17 @@ def _self_check(dev, variant) -> bool:
             got, want = launch(t, c, key, w, start).cpu(), reference(t, c, key, w, start).cpu()
             if not torch.equal(got, want):
                 bad = int((got != want).nonzero()[0]) if got.shape == want.shape else -1
-                _disable(f"its bytes differ from the torch path on a probe ({xdtype}, width {w}, "
+                SWITCH.disable(f"its bytes differ from the torch path on a probe ({xdtype}, width {w}, "
                          f"{x.size} elements, first difference at byte {bad})")
                 return False
     except Exception as exc:  # noqa: BLE001  (compile errors, missing backends: the torch path runs)
-        _disable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        SWITCH.disable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return False
-    _checked[variant] = True
+    SWITCH.passed(variant)
     return True
 
 
 def reset() -> None:
     """Forget the self-check results and re-enable the kernel (tests)."""
-    with _lock:
-        _state["disabled"] = None
-        _checked.clear()
+    SWITCH.reset()
 
