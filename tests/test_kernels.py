@@ -350,3 +350,25 @@ def test_outside_kernel(monkeypatch):
             np.testing.assert_array_equal(h_c, np.sort(x[x > hi]))
     with pytest.raises(ValueError):
         kernels.c_module().outside(x, 0.0, 1.0, np.zeros(3, np.float32), np.zeros(3))
+
+
+@needs_c
+def test_varints_kernel_matches_numpy(monkeypatch):
+    """The compiled LEB128 writer gives the loop's bytes, at every byte count up to 64-bit values."""
+    from mucsc.codec.wire import rans
+
+    rng = np.random.default_rng(7)
+    cases = [np.zeros(0, np.int64), np.array([0, 127, 128, 16383, 16384, 1 << 22]),
+             np.array([(1 << 64) - 1, 1 << 63], np.uint64)]
+    cases += [rng.integers(0, 1 << int(b), 300, dtype=np.uint64) for b in range(1, 64, 5)]
+    for v in cases:
+        a, b = both(monkeypatch, lambda: rans._varints(v))
+        assert a == b
+
+
+def test_cbrt_table_is_numpy_cbrt():
+    """Whole bin weights take np.cbrt's own values from the table; others np.cbrt itself."""
+    rng = np.random.default_rng(3)
+    for counts in (rng.integers(0, centroids.CBRT_TABLE, 5000).astype(np.float64),
+                   rng.integers(0, 10 * centroids.CBRT_TABLE, 500).astype(np.float64), rng.random(700) * 50):
+        assert np.array_equal(centroids._cbrt(counts.copy()).view(np.int64), np.cbrt(counts).view(np.int64))

@@ -1589,6 +1589,46 @@ static PyObject *py_new_bytes(PyObject *self, PyObject *arg)
     return Py_BuildValue("(NN)", b, (PyObject *)w);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* LEB128 varints (rans._varints: the frequency tables of IDSA and IDSL)                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(varints_doc,
+"varints(values, out) -> count\n\n"
+"The LEB128 varints of values (uint64) into out (uint8, >= 10 bytes per value): 7 bits a byte, least\n"
+"significant first, the high bit set on every byte but a value's last.  Returns the bytes written.");
+
+static PyObject *py_varints(PyObject *self, PyObject *args)
+{
+    PyObject *vo, *oo;
+    if (!PyArg_ParseTuple(args, "OO", &vo, &oo)) return NULL;
+    Py_buffer vb, ob;
+    if (get_buf(vo, &vb, 0, "varints values") < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "varints out") < 0) { PyBuffer_Release(&vb); return NULL; }
+    PyObject *res = NULL;
+    char vc = fmt_char(&vb), oc = fmt_char(&ob);
+    Py_ssize_t n = vb.len / 8;
+    if (!((vc == 'Q' || vc == 'L') && vb.itemsize == 8) || !(oc == 'B' && ob.itemsize == 1) || ob.len / 10 < n) {
+        PyErr_SetString(PyExc_ValueError, "varints: values uint64 (n), out uint8 (>= 10 n)");
+        goto done;
+    }
+    {
+        const uint64_t *v = (const uint64_t *)vb.buf;
+        uint8_t *out = (uint8_t *)ob.buf;
+        Py_ssize_t cnt = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t x = v[i];
+            while (x >= 0x80) { out[cnt++] = (uint8_t)((x & 0x7F) | 0x80); x >>= 7; }
+            out[cnt++] = (uint8_t)x;
+        }
+        res = PyLong_FromSsize_t(cnt);
+    }
+done:
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&vb);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
@@ -1606,6 +1646,7 @@ static PyMethodDef methods[] = {
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
+    {"varints", py_varints, METH_VARARGS, varints_doc},
     {NULL, NULL, 0, NULL},
 };
 
