@@ -19,6 +19,7 @@ See docs/centroids.md for the method and measurements.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -208,11 +209,14 @@ def _finish(c: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def _finished(c: np.ndarray, lo: float, hi: float) -> bool:
     """Whether ``c`` is already strictly increasing from exactly ``lo`` to exactly ``hi`` (the same
-    bits at both ends, so np.unique's pick among equal -0.0 / 0.0 cannot matter)."""
-    if c.size < 2 or not (c[0] == lo and c[-1] == hi):
+    bits at both ends, so np.unique's pick among equal -0.0 / 0.0 cannot matter).  On Python floats:
+    a few levels, where numpy's per-call cost is the whole cost."""
+    v = c.tolist()
+    if len(v) < 2 or not (v[0] == lo and v[-1] == hi):
         return False
-    ends = np.array([lo, hi])
-    return bool(np.signbit(c[[0, -1]]).tolist() == np.signbit(ends).tolist() and np.all(c[1:] > c[:-1]))
+    sign = math.copysign
+    same = sign(1.0, v[0]) == sign(1.0, lo) and sign(1.0, v[-1]) == sign(1.0, hi)
+    return same and all(a < b for a, b in zip(v, v[1:]))
 
 
 # --------------------------------------------------------------------------------------------------
