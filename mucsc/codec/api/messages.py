@@ -6,6 +6,7 @@ Everything above the codecs (the CLI, the simulator, other systems) goes through
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import threading
@@ -174,6 +175,23 @@ def as_codec(codec: str | Codec, **params: Any) -> Codec:
     return get_codec(codec, **params)
 
 
+def _container_codec(codec: str | Codec, params: Mapping[str, Any], compressing: bool) -> Codec:
+    """``as_codec(codec, **params).for_container(compressing)``; for a name with hashable parameters
+    memoised (codecs are immutable values; building and resolving one is ~50 us of a small encode).
+    The key holds each value's type: ``z=True`` is refused as before, never served ``z=1``'s codec."""
+    if isinstance(codec, str):
+        try:
+            return _named_codec(codec, tuple(sorted((k, type(v), v) for k, v in params.items())), compressing)
+        except TypeError:  # unhashable parameters (or unorderable names: as_codec names the problem)
+            pass
+    return as_codec(codec, **params).for_container(compressing=compressing)
+
+
+@functools.lru_cache(maxsize=256)
+def _named_codec(name: str, params: tuple, compressing: bool) -> Codec:
+    return get_codec(name, **{k: v for k, _, v in params}).for_container(compressing=compressing)
+
+
 Progress = Callable[[int, int], Any]
 
 
@@ -242,7 +260,7 @@ def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, t
     _check_progress(progress)
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
-        codec = as_codec(codec, **params).for_container(compressing=level is not None)
+        codec = _container_codec(codec, params, compressing=level is not None)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
@@ -495,12 +513,13 @@ def _zstd_level(compress: str | int) -> int | None:
 
 def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tuple[Codec, list[int]]]:
     """Float tensors go to ``codec`` (one group, or one each); others to the lossless raw codec."""
-    raw = get_codec("raw")
     floats = [i for i, t in enumerate(tensors) if t.is_float and not codec.lossless]
     plan: list[tuple[Codec, list[int]]] = []
     if floats:
         plan += [(codec, floats)] if shared else [(codec, [i]) for i in floats]
-    plan += [(raw, [i]) for i, t in enumerate(tensors) if i not in set(floats)]
+    if len(floats) < len(tensors):
+        raw, lossy = get_codec("raw"), set(floats)
+        plan += [(raw, [i]) for i in range(len(tensors)) if i not in lossy]
     plan.sort(key=lambda p: p[1][0])  # groups in record order: deterministic and easy to read
     return plan
 

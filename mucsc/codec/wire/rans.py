@@ -54,25 +54,31 @@ def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
     M = 1 << scale_bits
     n = int(counts.sum())
     used = counts > 0
-    if int(used.sum()) > M:
-        raise ValueError(f"{int(used.sum())} symbols do not fit a table of {M}")
-    f = np.zeros(counts.size, np.int64)
-    f[used] = np.maximum(1, (counts[used] * M + n // 2) // n)
+    if int(np.count_nonzero(used)) > M:
+        raise ValueError(f"{int(np.count_nonzero(used))} symbols do not fit a table of {M}")
+    if n:  # an unused symbol's (0 M + n // 2) // n is 0; a used one's at least 1
+        f = np.maximum((counts * M + n // 2) // n, used)
+    else:
+        f = np.zeros(counts.size, np.int64)
     diff = M - int(f.sum())
-    order = np.lexsort((np.arange(f.size), -f))  # largest first, then lower index
+    if diff == 0:
+        return f
+    # on Python ints (a table of ~256 entries: numpy's per-element cost would dominate)
+    order = np.argsort(-f, kind="stable").tolist()  # largest first, then lower index
+    fl = f.tolist()
     i = 0
     while diff != 0:
-        s = order[i % order.size]
+        s = order[i % len(order)]
         if diff > 0:
-            step = diff if i < order.size else 1
-            f[s] += step
+            step = diff if i < len(order) else 1
+            fl[s] += step
             diff -= step
-        elif f[s] > 1:
-            take = min(-diff, int(f[s]) - 1)
-            f[s] -= take
+        elif fl[s] > 1:
+            take = min(-diff, fl[s] - 1)
+            fl[s] -= take
             diff += take
         i += 1
-    return f
+    return np.array(fl, np.int64)
 
 
 def coded_size_bits(counts: np.ndarray) -> float:
