@@ -315,3 +315,23 @@ def test_optimal_near_exact_subsampled(small_subsample, name):
     je = variance_J(x, solve(x, 64, "exact"))
     assert je <= jo * (1 + 1e-12)
     assert jo <= 1.02 * je, (name, jo / je)
+
+
+def test_finish_shortcut_is_np_unique():
+    """_finish returns what sort / clip / np.unique with pinned ends gives, bit for bit, also when
+    the levels already run from min to max (the shortcut) and around signed zeros."""
+    from mucsc.codec.numerics import centroids
+
+    def reference(c, lo, hi):
+        c = np.clip(np.asarray(c, dtype=np.float64), lo, hi)
+        return np.unique(np.concatenate(([lo], c, [hi])))
+
+    rng = np.random.default_rng(5)
+    cases = [([-1.0, 0.0, 1.0], -1.0, 1.0), ([-0.0, 1.0], 0.0, 1.0), ([0.0, 1.0], -0.0, 1.0),
+             ([-1.0, -0.0], -1.0, 0.0), ([-2.0, 0.5, 3.0], -1.0, 1.0), ([1.0], 1.0, 1.0), ([0.5, 0.5], 0.0, 1.0)]
+    for _ in range(200):
+        v = np.sort(rng.standard_normal(rng.integers(1, 20)))
+        cases.append((v, float(v[0]) - rng.integers(0, 2) * 0.5, float(v[-1]) + rng.integers(0, 2) * 0.5))
+    for c, lo, hi in cases:
+        assert np.array_equal(centroids._finish(np.array(c), lo, hi).view(np.int64),
+                              reference(c, lo, hi).view(np.int64)), (c, lo, hi)

@@ -151,6 +151,23 @@ def test_existing_float32_rule_unchanged():
     assert quantize._work_dtype(x, np.array([-1, 0, 1], np.float32)) == np.float32
 
 
+def test_work_dtype_span_shortcut_is_the_step_rule():
+    """Sorted float32 levels: float32 work exactly when every float32 step c[k+1] - c[k] is finite,
+    also for spans within a few ulps of FLT_MAX (where the shortcut on the span hands over)."""
+    x = np.zeros(4, np.float32)
+    rng = np.random.default_rng(11)
+    top = np.float32(F32_MAX)
+    ends = [np.float32(F32_MAX / 2), np.nextafter(np.float32(F32_MAX / 2), top), np.float32(1.7e38), top]
+    for a in ends:
+        for b in ends:
+            for mids in (0, 1, 5):
+                c = np.sort(np.concatenate([[-a, b], rng.uniform(-float(a), float(b), mids)]).astype(np.float32))
+                c = np.unique(c)
+                with np.errstate(over="ignore"):
+                    want = np.float32 if np.all(np.isfinite(np.diff(c))) else np.float64
+                assert quantize._work_dtype(x, c) == want, (a, b, c)
+
+
 # ---- 9. everything else the API is handed -------------------------------------------------------------
 
 @pytest.mark.parametrize("data", [[[1.0, 2.0], [3.0]], [1.0, "a"], {"w": [[1], [2, 3]]}, object(),

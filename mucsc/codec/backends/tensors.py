@@ -36,7 +36,8 @@ class Tensor:
     @property
     def size(self) -> int:
         """Number of elements (``array`` may be a device tensor, see :func:`_from_torch`)."""
-        return int(np.prod(self.array.shape, dtype=np.int64))
+        a = self.array
+        return a.size if isinstance(a, np.ndarray) else int(np.prod(a.shape, dtype=np.int64))
 
     @property
     def on_device(self) -> bool:
