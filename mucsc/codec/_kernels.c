@@ -469,6 +469,41 @@ static inline Py_ssize_t search_left(const double *a, Py_ssize_t n, double key)
     return lo;
 }
 
+/* A run of searches for non-decreasing keys in one sorted array: each search starts from the last
+ * answer (the answer for a key at or above the last key is at or after it) and gallops, so m sorted
+ * keys cost O(m log(n / m)) instead of O(m log n).  A key below the last one searches afresh.  The
+ * answers are search_right's / search_left's: the first index past the key is unique in a sorted array. */
+typedef struct { const double *a; Py_ssize_t n, at; double key; int started, on; } gallop;
+
+/* A run of about `keys` searches in a[0 .. n): galloping pays when the answers are dense (a gap of a
+ * few dozen elements); sparser ones search afresh each time. */
+static inline gallop gallop_init(const double *a, Py_ssize_t n, Py_ssize_t keys)
+{
+    gallop g = {a, n, 0, 0.0, 0, keys >= n / 32};
+    return g;
+}
+
+static inline Py_ssize_t gallop_search(gallop *g, double key, int right)
+{
+    const double *a = g->a;
+    const Py_ssize_t n = g->n;
+    if (!g->on || !g->started || !(key >= g->key)) {
+        g->at = right ? search_right(a, n, key) : search_left(a, n, key);
+    } else {  /* the answer is in [at, n): before it every a[i] is <= (right) or < (left) the old key */
+        Py_ssize_t lo = g->at, step = 1, hi = lo;
+        while (hi < n && (right ? a[hi] <= key : a[hi] < key)) { lo = hi + 1; hi += step; step <<= 1; }
+        if (hi > n) hi = n;
+        while (lo < hi) {
+            Py_ssize_t mid = lo + ((hi - lo) >> 1);
+            if (right ? a[mid] <= key : a[mid] < key) lo = mid + 1; else hi = mid;
+        }
+        g->at = lo;
+    }
+    g->key = key;
+    g->started = 1;
+    return g->at;
+}
+
 /* centroids._polish on c (z levels) in place; fresh: z / 2 + 1 doubles.  Returns the sweeps run. */
 static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const double *p1, double *c,
                              Py_ssize_t z, int unit, Py_ssize_t sweeps, double *fresh)
@@ -718,6 +753,28 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Sort a[0 .. runs * len) in place when it is `runs` non-decreasing runs of `len`, by merging each
+ * run into the sorted front (scratch: (runs - 1) * len doubles); returns 0, leaving a as it was, when
+ * a run is not sorted (NaN included). */
+static int merge_runs(double *a, Py_ssize_t len, int runs, double *scratch)
+{
+    for (int r = 0; r < runs; r++)
+        for (Py_ssize_t i = r * len + 1; i < (r + 1) * len; i++)
+            if (!(a[i - 1] <= a[i])) return 0;
+    Py_ssize_t done = len;  /* a[0 .. done) sorted; merge the next run into it through scratch */
+    for (int r = 1; r < runs; r++) {
+        memcpy(scratch, a, (size_t)done * sizeof(double));
+        const double *b = a + done;
+        Py_ssize_t i = 0, j = 0, o = 0;
+        double *m = a;  /* writing m[o] never overtakes b[j]: o = i + j <= done + j */
+        while (i < done && j < len) m[o++] = b[j] < scratch[i] ? b[j++] : scratch[i++];
+        while (i < done) m[o++] = scratch[i++];
+        while (j < len) m[o++] = b[j++];
+        done += len;
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(cand_counts_doc,
 "cand_counts(xs, W, counts)\n\n"
 "centroids._candidates' bin weights: with edges = linspace(xs[0], xs[-1], nb + 1) (nb = len(counts)),\n"
@@ -738,9 +795,10 @@ static PyObject *py_cand_counts(PyObject *self, PyObject *args)
     const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
     double *counts = (double *)bf[2].buf;
     Py_BEGIN_ALLOW_THREADS
-    double lo = xs[0], hi = xs[n - 1], prev = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, 0))];
+    gallop g = gallop_init(xs, n, nb + 1);
+    double lo = xs[0], hi = xs[n - 1], prev = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, 0), 1)];
     for (Py_ssize_t i = 0; i < nb; i++) {
-        double next = W[search_right(xs, n, linspace_at(lo, hi, nb + 1, i + 1))];
+        double next = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, i + 1), 1)];
         counts[i] = next - prev;
         prev = next;
     }
@@ -773,7 +831,7 @@ static PyObject *py_candidates(PyObject *self, PyObject *args)
                         "candidates: float64 xs (n >= 1), W (n + 1), dens (>= 1), out (>= 5 k), k >= 2");
         goto done;
     }
-    work = (double *)PyMem_RawMalloc(2 * ((size_t)nb + 1) * sizeof(double));
+    work = (double *)PyMem_RawMalloc((2 * ((size_t)nb + 1) + 4 * (size_t)k) * sizeof(double));
     if (!work) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
@@ -784,19 +842,25 @@ static PyObject *py_candidates(PyObject *self, PyObject *args)
         cdf[0] = 0.0;
         for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
         for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
+        /* five runs in out: the weighted quantiles, then for the grid and for the companding points
+         * xs[p] and xs[p - 1] each (runs of k); sorted runs are merged, else all is qsorted (the same
+         * multiset in order, so the same distinct values below) */
+        gallop gw = gallop_init(W, n + 1, k), gx = gallop_init(xs, n, 2 * k);
         for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
-            Py_ssize_t q = search_right(W, n + 1, linspace_at(0.0, W[n] - 1, k, i)) - 1;
+            Py_ssize_t q = gallop_search(&gw, linspace_at(0.0, W[n] - 1, k, i), 1) - 1;
             out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
         }
         for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
             double v = i < k ? linspace_at(lo, hi, k, i)
                              : interp_at(linspace_at(0.0, cdf[nb], k, i - k), cdf, edges, nb + 1);
-            Py_ssize_t p = search_left(xs, n, v);
+            Py_ssize_t p = gallop_search(&gx, v, 0);
             if (p > n - 1) p = n - 1;
-            out[cnt++] = xs[p];
-            out[cnt++] = xs[p > 0 ? p - 1 : 0];
+            Py_ssize_t run = i < k ? 1 : 3, at = i < k ? i : i - k;
+            out[run * k + at] = xs[p];
+            out[(run + 1) * k + at] = xs[p > 0 ? p - 1 : 0];
         }
-        qsort(out, (size_t)cnt, sizeof(double), cmp_double);
+        cnt = 5 * k;
+        if (!merge_runs(out, k, 5, edges + nb + 1)) qsort(out, (size_t)cnt, sizeof(double), cmp_double);
         Py_ssize_t u = 0;
         for (Py_ssize_t i = 0; i < cnt; i++) {
             if (i == 0 || out[i] != out[u - 1]) out[u++] = out[i];
