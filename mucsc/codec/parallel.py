@@ -554,6 +554,8 @@ def zstd_compressor(level: int, threads: int):
     if cctx is None:
         import zstandard
 
+        if len(cache) >= _ZSTD_KEEP:  # the oldest goes (dicts keep insertion order)
+            del cache[next(iter(cache))]
         cctx = cache[key] = zstandard.ZstdCompressor(level=key[0], write_content_size=True, write_checksum=False,
                                                      threads=key[1])
     return cctx
@@ -561,5 +563,7 @@ def zstd_compressor(level: int, threads: int):
 
 # Each thread's compressors by (level, threads), reused: a compressor is not safe to share between
 # threads, every caller makes one-shot ``compress`` calls (a frame depends on the input and level
-# only), and making one costs ~5 us, twice per encode call.
+# only), and making one costs ~5 us and a worker thread, twice per encode call.  At most _ZSTD_KEEP
+# per thread, so that contexts of levels no longer used do not keep their buffers.
 _ZSTD = threading.local()
+_ZSTD_KEEP = 4
