@@ -9,7 +9,8 @@ wire per iteration (allreduce: the bucket bytes; fp16: half; PowerSGD rank r: P 
 compressed matrix plus the tensors it allreduces whole; mucsc: its all-gather slots, i.e. length,
 message and slack), and the final loss.  Hooks: allreduce (DDP's default), torch's
 ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 1 and 4, from iteration 2), mucsc z=16 (the
-default settings, ``solver="uniform"``, ``overlap=False``), mucsc z=32 uniform, mucsc z=4, top-k.  Loopback is far
+hook's default settings, the codec's own ``compress="auto", id_coding="auto"``, ``solver="uniform"``,
+``overlap=False``), mucsc z=32 uniform, mucsc z=4, top-k.  Loopback is far
 faster than any real link, so the times show the codec's cost, and the bytes show what a
 bandwidth-bound link would carry.
 """
@@ -113,7 +114,8 @@ def main() -> None:
     a = ap.parse_args()
     width = max(1, a.params // 129)
     cases = [("allreduce", {}), ("fp16", {}), ("powersgd", {"rank": 1}), ("powersgd", {"rank": 4}),
-             ("mucsc", {"z": 16}), ("mucsc", {"z": 16, "solver": "uniform"}), ("mucsc", {"z": 32, "solver": "uniform"}),
+             ("mucsc", {"z": 16}), ("mucsc", {"z": 16, "compress": "auto", "id_coding": "auto"}),
+             ("mucsc", {"z": 16, "solver": "uniform"}), ("mucsc", {"z": 32, "solver": "uniform"}),
              ("mucsc", {"z": 16, "overlap": False}), ("mucsc", {"z": 4}), ("topk", {"keep": 0.01})]
     if a.only:
         cases = [c for c in cases if c[0] == "allreduce" or label(*c) in a.only]

@@ -74,6 +74,21 @@ def test_state_validates():
         MucscHookState(None, compress="fast")
 
 
+def test_the_hooks_own_encoding_defaults():
+    """Zstd level 1 and packed IDs unless given; codecs without an id_coding, or that refuse packed
+    IDs with their other parameters, keep theirs."""
+    state = MucscHookState(None, codec="mucsc", z=16)
+    assert state.compress == 1 and state.params == {"z": 16, "id_coding": "packed"}
+    given = MucscHookState(None, codec="mucsc", z=16, id_coding="auto", compress="auto")
+    assert given.compress == "auto" and given.params == {"z": 16, "id_coding": "auto"}
+    assert MucscHookState(None, codec="topk", keep=0.1).params == {"keep": 0.1}
+    assert MucscHookState(None, codec="mucsc", rounding="dithered").params == {"rounding": "dithered"}
+    x = np.random.default_rng(0).normal(size=5000).astype(np.float32)
+    blob = MucscHookState(None, codec="mucsc", z=16).encode_bucket(x, 0, 0, 0)
+    info = mucsc.inspect(blob)
+    assert "IDS_" in {s.tag for s in info.sections} and "IDSL" not in {s.tag for s in info.sections}
+
+
 def test_world_size_one_matches_the_codec(group):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -172,8 +187,11 @@ def test_one_all_gather_per_bucket_once_the_slot_fits(group, monkeypatch):
     cap, slack = slots[0]
     assert cap == len(blob) + slack and slack > 0
     calls.clear()
-    messages, sent = hook_module._gather_messages(blob, slots, 0, 1 << 20, 1, group, "cpu")
+    ran = []
+    messages, sent = hook_module._gather_messages(blob, slots, 0, 1 << 20, 1, group, "cpu",
+                                                  meanwhile=lambda: ran.append(len(calls)))
     assert [bytes(m) for m in messages] == [blob] and sent == 8 + cap and calls == [8 + cap]
+    assert ran == [1]  # once, with the all-gather posted
     calls.clear()
     longer = blob + bytes(cap)  # overflows the slot: the rest follows in a second all-gather
     messages, sent = hook_module._gather_messages(longer, slots, 0, 1 << 20, 1, group, "cpu")
@@ -184,7 +202,7 @@ def test_one_all_gather_per_bucket_once_the_slot_fits(group, monkeypatch):
 def test_a_declared_length_over_the_limit_is_refused(group, monkeypatch):
     import mucsc.ddp as hook_module
 
-    def forged(mine, world, group, device):
+    def forged(mine, world, group, device, meanwhile=None):
         out = mine.numpy().copy()[None, :]
         out[0, :8] = np.array([1 << 40], dtype="<i8").view(np.uint8)
         return out
