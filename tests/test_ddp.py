@@ -159,7 +159,7 @@ def test_world_size_one_exact_message_and_error_feedback(group):
 def _train_grads(group, overlap, steps=4):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(_model())
+    ddp = DDP(_model(), bucket_cap_mb=0.0005)  # two buckets after the rebuild: one on the worker
     state = MucscHookState(group, codec="mucsc", seed=5, start_iter=2, z=8, overlap=overlap)
     ddp.register_comm_hook(state, mucsc_hook)
     out = []
@@ -221,34 +221,42 @@ def test_overlapped_hook_gives_the_inline_hooks_gradients(group):
 
 
 def test_hook_returns_before_the_bucket_is_compressed(group):
-    """The future DDP gets is still pending while the worker encodes: backward is not held up."""
+    """The future DDP gets for a bucket is still pending while the worker encodes: backward is not held
+    up.  The iteration's last bucket (nothing of backward left) runs in the hook, after the worker's."""
     import threading
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     release = threading.Event()
+    release.set()
 
     class Held(MucscHookState):
         def encode_bucket(self, flat, bucket_index, rank, iteration=None):
             assert release.wait(60), "the hook never returned"
             return super().encode_bucket(flat, bucket_index, rank, iteration)
 
-    pending = []
+    pending, last = [], []
 
     def watching_hook(state, bucket):
+        if bucket.is_last():
+            fut = mucsc_hook(state, bucket)
+            last.append(fut.done())
+            return fut
+        release.clear()
         fut = mucsc_hook(state, bucket)
-        if state.iter >= state.start_iter or not bucket.is_last():
-            pending.append(fut.done())
+        pending.append(fut.done())
         release.set()
         return fut
 
-    ddp = DDP(_model())
+    ddp = DDP(_model(), bucket_cap_mb=0.0005)  # two buckets once DDP has rebuilt them
     state = Held(group, codec="mucsc", seed=5, start_iter=0, z=8)
     ddp.register_comm_hook(state, watching_hook)
-    _grads_after_step(ddp, 0)
+    for i in range(3):
+        _grads_after_step(ddp, i)
     state.close()
-    assert pending and pending[0] is False
-    assert state.stats.compressed_buckets >= 1
+    assert pending and not any(pending)
+    assert last == [True] * 3
+    assert state.stats.compressed_buckets == len(pending) + len(last)
 
 
 def test_worker_errors_reach_backward(group):
