@@ -4,7 +4,9 @@
 
 Prints, per hook: wall seconds per training iteration (the median of ``--iters`` iterations after 2
 warm-up ones, robust to other jobs' bursts; the best of ``--repeat`` runs, the hooks taking turns so
-that a change of load hits them alike) and its ratio to plain allreduce, bytes each rank put on the
+that a change of load hits them alike) and its ratio to plain allreduce, rank 0's CPU seconds per
+iteration (all its threads, gloo's included; the mean over the same iterations, of the run with the
+best wall time: less sensitive to other jobs than wall time) and its ratio, bytes each rank put on the
 wire per iteration (allreduce: the bucket bytes; fp16: half; PowerSGD rank r: P and Q of each
 compressed matrix plus the tensors it allreduces whole; mucsc: its all-gather slots, i.e. length,
 message and slack), and the final loss.  Hooks: allreduce (DDP's default), torch's
@@ -63,6 +65,8 @@ WORKER = textwrap.dedent("""
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     times = []
     for it in range(iters + 2):
+        if it == 2:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = ((ddp(X) - X) ** 2).mean()
@@ -70,10 +74,11 @@ WORKER = textwrap.dedent("""
         opt.step()
         if it >= 2:
             times.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - cpu0) / iters
     if state is not None:
         state.close()
         wire = state.stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
-    json.dump({"s": sorted(times)[len(times) // 2], "wire": wire, "loss": float(loss.detach()), "d": nbytes // 4}, open(out, "w"))
+    json.dump({"s": sorted(times)[len(times) // 2], "cpu": cpu, "wire": wire, "loss": float(loss.detach()), "d": nbytes // 4}, open(out, "w"))
     dist.barrier()
     dist.destroy_process_group()
 """)
@@ -126,12 +131,13 @@ def main() -> None:
                 r = run(hook, params, width, a.iters, Path(tmp))
                 if best[i] is None or r["s"] < best[i]["s"]:
                     best[i] = r
-    print("| hook | params | s / iteration | x allreduce | bytes / rank / iteration | ratio | final loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    base, base_s = best[0]["wire"], best[0]["s"]
+    print("| hook | params | s / iteration | x allreduce | CPU s / iteration | x allreduce | "
+          "bytes / rank / iteration | ratio | final loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    base, base_s, base_cpu = best[0]["wire"], best[0]["s"], best[0]["cpu"]
     for (hook, params), r in zip(cases, best):
-        print(f"| {label(hook, params)} | {r['d']} | {r['s']:.4f} | {r['s'] / base_s:.2f} | {r['wire']:.0f} | "
-              f"{base / r['wire']:.1f} | {r['loss']:.5f} |", flush=True)
+        print(f"| {label(hook, params)} | {r['d']} | {r['s']:.4f} | {r['s'] / base_s:.2f} | {r['cpu']:.4f} | "
+              f"{r['cpu'] / base_cpu:.2f} | {r['wire']:.0f} | {base / r['wire']:.1f} | {r['loss']:.5f} |", flush=True)
 
 
 if __name__ == "__main__":
