@@ -1,12 +1,13 @@
 """DDP on CPU: plain allreduce vs the mucsc communication hook, 2 gloo ranks on 127.0.0.1.
 
-    python benchmarks/bench_ddp.py [--params 1000000] [--iters 20] [--repeat 3] [--only LABEL ...]
+    python benchmarks/bench_ddp.py [--params 1000000] [--iters 20] [--repeat 3] [--only LABEL ...] [--interleave]
 
 Prints, per hook: wall seconds per training iteration (the median of ``--iters`` iterations after 2
 warm-up ones, robust to other jobs' bursts; the best of ``--repeat`` runs, the hooks taking turns so
-that a change of load hits them alike) and its ratio to plain allreduce, rank 0's CPU seconds per
-iteration (all its threads, gloo's included; the mean over the same iterations, of the run with the
-best wall time: less sensitive to other jobs than wall time) and its ratio, bytes each rank put on the
+that a change of load hits them alike; with ``--interleave`` all hooks run in one pair of ranks, each
+its own model, taking turns every iteration) and its ratio to plain allreduce, rank 0's CPU seconds
+per iteration (all its threads, gloo's included; the mean over the same iterations, of the run with
+the best wall time: less sensitive to other jobs than wall time) and its ratio, bytes each rank put on the
 wire per iteration (allreduce: the bucket bytes; fp16: half; PowerSGD rank r: P and Q of each
 compressed matrix plus the tensors it allreduces whole; mucsc: its all-gather slots, i.e. length,
 message and slack), and the final loss.  Hooks: allreduce (DDP's default), torch's
@@ -36,49 +37,58 @@ WORKER = textwrap.dedent("""
     from mucsc.ddp import MucscHookState, mucsc_hook
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    rank, port, out, hook, width, iters = sys.argv[1:7]
+    rank, port, out, width, iters = sys.argv[1:6]
     rank, width, iters = int(rank), int(width), int(iters)
-    params = json.loads(sys.argv[7])
+    cases = json.loads(sys.argv[6])  # [[hook, params], ...]: each its own model, taking turns per iteration
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, 64))
-    ddp = DDP(model)
-    state = None
-    nbytes = sum(p.numel() * 4 for p in model.parameters())
-    wire = nbytes
-    if hook == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        wire = nbytes // 2
-    elif hook == "powersgd":
-        r = params["rank"]
-        ddp.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=r,
-                                                           start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook)
-        # compressed: matrices with r (n + m) < n m send P and Q; every other tensor is allreduced whole
-        wire = sum(4 * r * sum(p.shape) if p.dim() == 2 and r * sum(p.shape) < p.numel() else 4 * p.numel()
-                   for p in model.parameters())
-    elif hook != "allreduce":
-        state = MucscHookState(None, codec=hook, seed=0, start_iter=2, **params)
-        ddp.register_comm_hook(state, mucsc_hook)
+
+    def setup(hook, params):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, 64))
+        ddp = DDP(model)
+        state = None
+        nbytes = sum(p.numel() * 4 for p in model.parameters())
+        wire = nbytes
+        if hook == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            wire = nbytes // 2
+        elif hook == "powersgd":
+            r = params["rank"]
+            ddp.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=r,
+                                                               start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook)
+            # compressed: matrices with r (n + m) < n m send P and Q; every other tensor is allreduced whole
+            wire = sum(4 * r * sum(p.shape) if p.dim() == 2 and r * sum(p.shape) < p.numel() else 4 * p.numel()
+                       for p in model.parameters())
+        elif hook != "allreduce":
+            state = MucscHookState(None, codec=hook, seed=0, start_iter=2, **params)
+            ddp.register_comm_hook(state, mucsc_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        return {"ddp": ddp, "opt": opt, "state": state, "wire": wire, "d": nbytes // 4, "times": [], "cpu": 0.0}
+
+    runs = [setup(hook, params) for hook, params in cases]
     g = torch.Generator().manual_seed(rank)
     X = torch.randn(64, 64, generator=g)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    times = []
     for it in range(iters + 2):
-        if it == 2:
-            cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = ((ddp(X) - X) ** 2).mean()
-        loss.backward()
-        opt.step()
-        if it >= 2:
-            times.append(time.perf_counter() - t0)
-    cpu = (time.process_time() - cpu0) / iters
-    if state is not None:
-        state.close()
-        wire = state.stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
-    json.dump({"s": sorted(times)[len(times) // 2], "cpu": cpu, "wire": wire, "loss": float(loss.detach()), "d": nbytes // 4}, open(out, "w"))
+        for r in runs:
+            c0, t0 = time.process_time(), time.perf_counter()
+            r["opt"].zero_grad()
+            loss = ((r["ddp"](X) - X) ** 2).mean()
+            loss.backward()
+            r["opt"].step()
+            if it >= 2:
+                r["times"].append(time.perf_counter() - t0)
+                r["cpu"] += time.process_time() - c0
+            r["loss"] = float(loss.detach())
+    results = []
+    for r in runs:
+        wire = r["wire"]
+        if r["state"] is not None:
+            r["state"].close()
+            wire = r["state"].stats.sent_bytes / iters  # the 2 warm-up iterations allreduce
+        results.append({"s": sorted(r["times"])[len(r["times"]) // 2], "cpu": r["cpu"] / iters, "wire": wire,
+                        "loss": r["loss"], "d": r["d"]})
+    json.dump(results, open(out, "w"))
     dist.barrier()
     dist.destroy_process_group()
 """)
@@ -90,18 +100,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(hook: str, params: dict, width: int, iters: int, tmp: Path) -> dict:
+def run(cases: list, width: int, iters: int, tmp: Path) -> list[dict]:
+    """One pair of ranks running ``cases`` (each its own model, taking turns per iteration)."""
     script = tmp / "worker.py"
     script.write_text(WORKER)
     port = str(free_port())
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp / f"{r}.json"), hook,
-                               str(width), str(iters), json.dumps(params)], env=env) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, str(tmp / f"{r}.json"), str(width),
+                               str(iters), json.dumps(cases)], env=env) for r in range(2)]
     for p in procs:
         if p.wait(timeout=600) != 0:
-            raise SystemExit(f"worker failed ({hook})")
+            raise SystemExit(f"worker failed ({', '.join(label(*c) for c in cases)})")
     return json.loads((tmp / "0.json").read_text())
 
 
@@ -116,6 +127,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per hook; the fastest is reported")
     ap.add_argument("--only", nargs="+", metavar="LABEL", help="run only these rows (labels as printed, "
                     "e.g. 'mucsc(z=16)'); allreduce, the baseline, always runs")
+    ap.add_argument("--interleave", action="store_true", help="all rows in one pair of ranks, taking turns "
+                    "every iteration (a change of load hits every row alike; the rows share the cores' caches)")
     a = ap.parse_args()
     width = max(1, a.params // 129)
     cases = [("allreduce", {}), ("fp16", {}), ("powersgd", {"rank": 1}), ("powersgd", {"rank": 4}),
@@ -127,10 +140,11 @@ def main() -> None:
     best: list[dict | None] = [None] * len(cases)
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(max(1, a.repeat)):
-            for i, (hook, params) in enumerate(cases):
-                r = run(hook, params, width, a.iters, Path(tmp))
-                if best[i] is None or r["s"] < best[i]["s"]:
-                    best[i] = r
+            groups = [list(range(len(cases)))] if a.interleave else [[i] for i in range(len(cases))]
+            for group in groups:
+                for i, r in zip(group, run([cases[i] for i in group], width, a.iters, Path(tmp))):
+                    if best[i] is None or r["s"] < best[i]["s"]:
+                        best[i] = r
     print("| hook | params | s / iteration | x allreduce | CPU s / iteration | x allreduce | "
           "bytes / rank / iteration | ratio | final loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
