@@ -17,7 +17,8 @@ The hook returns a pending future: one worker thread per state encodes, gathers 
 in the order DDP hands them over (the same on every rank, so the collectives match), while backward
 goes on computing the next buckets; DDP waits for the futures only at the end of backward.  The
 iteration's last bucket (``bucket.is_last()``: no backward left to overlap) runs in the hook once the
-worker is done, which spares a thread wake-up and a GIL handoff (~0.4-3 ms under load on 2 cores).
+worker is done, which spares a thread wake-up and a GIL handoff (2.8 ms median from hook entry to
+encode start on the worker, 0.3 ms inline, on 2 shared cores).
 Each rank decodes its own message while the all-gather is in flight (waiting for a slower peer), and the
 rank-order sum is written straight into the bucket's buffer on the host.
 
