@@ -20,32 +20,41 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.codecs.base import EncodedGroup
-from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials
+from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, id_width
 from mucsc.codec.numerics import allocate, quantize
 from mucsc.codec.numerics.summary import Summary
+from mucsc.codec.ratecontrol.goal import Goal
 from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, bisect, group_bytes
-from mucsc.codec.wire import container, rans
+from mucsc.codec.wire import bitpack, container, rans
 
 LADDER_PER_OCTAVE = 4  # steps tried per halving of the step (about 1/4 bit per element apart)
 SPARSE, SPARSE_SHARE = 16.0, 16  # a grid is thinned when over 1/16 of its levels expect < 16 elements
 COARSEST = 10  # a budget's grids go up to 2^10 times the data's span (~1e-3 bits per element)
 REFINE_PRECISION = 2e-4  # bisect log(step) around a goal until the steps differ by this (~3e-4 bits)
 REFINE_MAX_STEPS = 64  # a bound only: from any two steps 2e-4 is reached in far fewer
+# An error bound's search interpolates (J ~ step^a) instead of bisecting: it stops once J is within
+# this share of the bound's J, or after SECANT_STEPS grids
+AIM_TOLERANCE, SECANT_STEPS = 1e-2, 4
+BRACKET_MARGIN = 1e-2  # an error bound's first grids aim this share of the step past the bound
 # An estimated J (subsampled summary) is taken this much larger: ~2 standard errors of the sample
 # mean at 2^17 samples, so that the exact J of an error goal's choice rarely misses the bound.
 SAMPLED_J_MARGIN = 3e-3
 
 
-# Smaller groups keep the trial-encoding search (:class:`ClusterSearch`): there the levels' own bytes
-# weigh, and J-optimal levels with packed IDs (not in this search's families) often win.
+# Smaller groups under a budget keep the trial-encoding search (:class:`ClusterSearch`): there the
+# levels' own bytes weigh, and J-optimal levels with packed IDs (not in this search's families) often
+# win.  Under an error bound every group is searched here (a small group is its own exact summary):
+# the trial search cost ~1 s per small tensor (its ecsq DPs), for ~1% more bytes on a few tensors.
 MIN_ELEMENTS = 1 << 15
 
 
-def applies(trials: Any) -> bool:
+def applies(trials: Any, goal: Goal | None = None) -> bool:
     """True when ``trials`` is a clustering this search measures: stochastic rounding with rANS-coded
-    IDs allowed (id_coding "auto" or "rans"), at least ``MIN_ELEMENTS`` elements."""
+    IDs allowed (id_coding "auto" or "rans"), and at least ``MIN_ELEMENTS`` elements or an error
+    bound (``goal``)."""
     return (isinstance(trials, ClusterTrials) and getattr(trials.p, "rounding", "stochastic") == "stochastic"
-            and trials.p.id_coding in ("auto", "rans") and trials.x.size >= MIN_ELEMENTS)
+            and trials.p.id_coding in ("auto", "rans")
+            and (trials.x.size >= MIN_ELEMENTS or (goal is not None and goal.kind == "max_error")))
 
 
 class SummarySearch(ClusterSearch):
@@ -62,6 +71,8 @@ class SummarySearch(ClusterSearch):
         self.encoded: dict[Choice, EncodedGroup] = {}
         self.dtype = np.dtype(CENTROID_DTYPES[self.p.centroid_dtype])
         self._summary: Summary | None = None
+        self.J_goal: float | None = None  # an error bound's J (:meth:`aim`)
+        self._twins: dict[Choice, allocate.Option] = {}  # a packed-ID option -> its rANS-coded twin
 
     @property
     def summary(self) -> Summary:
@@ -104,7 +115,18 @@ class SummarySearch(ClusterSearch):
                      None if step is None else k - 1, step)
         o = allocate.Option(size, J, key)
         self.options.append(o)
-        return o
+        if self.J_goal is None or k < 2:
+            return o
+        # An error bound: the same levels with packed IDs too (a 1.0 message), often smaller for a
+        # small group, where rANS's frequency table costs as much as the ID bits it saves.
+        width = id_width(k)
+        ids = bitpack.packed_size(self.x.size, width)
+        packed = dataclasses.replace(key, coding="packed", params=tuple(sorted(
+            {**{k_: v for k_, v in params.items() if k_ != "id_coding"}, "id_bits": width}.items())))
+        p = allocate.Option(sum(container.SECTION.size + s + container.padding(s) for s in (cent, ids)), J, packed)
+        self.options.append(p)
+        self._twins[packed] = o
+        return p if p.bytes < o.bytes else o
 
     def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
         """Grids from one step over the data's span down by 2^(1/4) (a budget: the curve a split
@@ -122,6 +144,9 @@ class SummarySearch(ClusterSearch):
             for j in range(1, COARSEST + 1):
                 if not stop(self.grid(span * 2.0 ** j)):
                     break
+        if goal == "error" and self.J_goal is not None and self.J_goal > 0:
+            self._bracket(stop, span, limit)
+            return
         per = LADDER_PER_OCTAVE if goal == "budget" else 1  # an error bound: octaves, then refine
         for j in range(64 * per):
             step = span * 2.0 ** (-j / per)
@@ -131,9 +156,37 @@ class SummarySearch(ClusterSearch):
             if stop(o) or o.J == 0.0:
                 break
 
+    def _bracket(self, stop: Callable[[allocate.Option], bool], span: float, limit: int) -> None:
+        """An error bound (:meth:`aim`): the grid whose step fine grids predict to meet it, J ~ d
+        step^2 / 6 (eq. 8 with the elements spread evenly over each cell), then steps scaled by
+        (J_goal / J)^(1/a) (a from the last two grids) a little past the bound (a margin doubling from 1% of the step) until
+        ``stop`` changes: the pair :meth:`refine` interpolates between (usually 2-3 grids)."""
+        fine, step = span / limit, min(span, max(span / limit, math.sqrt(6.0 * self.J_goal / self.x.size)))
+        o = self.grid(step)
+        first, a, prev = stop(o), 2.0, None
+        for tries in range(64):
+            if prev is not None and 0 < prev[1] != o.J > 0:  # J ~ step^a through the last two grids
+                a = min(4.0, max(0.5, math.log(o.J / prev[1]) / math.log(step / prev[0])))
+            prev = (step, o.J)
+            scale = (self.J_goal / o.J) ** (1.0 / a) if o.J > 0 else 4.0
+            scale *= (1.0 + BRACKET_MARGIN * 2 ** tries) if first else (1.0 - min(0.5, BRACKET_MARGIN * 2 ** tries))
+            nxt = min(span, max(fine, step * min(4.0, max(0.25, scale))))
+            if nxt == step or o.J == 0.0:
+                break
+            step = nxt
+            o = self.grid(step)
+            if stop(o) != first:
+                break
+
+    def aim(self, J_goal: float) -> None:
+        """The J of the error bound the search is for: the search aims at it (:meth:`_bracket`,
+        :meth:`_secant`): ~5 grids instead of ~20 (each ~1 ms at d ~ 1e4)."""
+        self.J_goal = J_goal
+
     def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
                better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
-        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes."""
+        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes (a
+        small group's error bound: interpolated, :meth:`_secant`)."""
         pts = sorted((o for o in self.options if o.key.grid_step is not None), key=lambda o: -o.key.grid_step)
         pair = next(((a, b) for a, b in zip(pts, pts[1:]) if ok(a) != ok(b)), None)
         if pair is None:
@@ -143,17 +196,48 @@ class SummarySearch(ClusterSearch):
         def midpoint(g: float, b: float) -> float | None:
             return math.sqrt(g * b) if max(g, b) > min(g, b) * (1.0 + REFINE_PRECISION) else None
 
+        if self.J_goal is not None:
+            midpoint = self._secant(midpoint, self.J_goal)
         return bisect(good.key.grid_step, bad.key.grid_step, REFINE_MAX_STEPS, midpoint, self.grid, ok, better,
                       best, setting=lambda o: o.key.grid_step)
+
+    def _secant(self, halve: Callable[[float, float], float | None], J_goal: float
+                ) -> Callable[[float, float], float | None]:
+        """An error bound's midpoints: the step where J ~ step^a through the two ends of the bracket
+        meets the bound less half ``AIM_TOLERANCE``; done once the good end is within it (a step
+        ~0.5% short: ~0.007 bits per element) or after ``SECANT_STEPS`` (J moves in small jumps
+        where thinning drops a level).  ~3 grids where ``halve`` took ~12."""
+        calls = [0]
+
+        def mid(g: float, b: float) -> float | None:
+            calls[0] += 1
+            J_at = {o.key.grid_step: o.J for o in self.options if o.key.grid_step is not None}
+            Jg, Jb = J_at.get(g), J_at.get(b)
+            if halve(g, b) is None or calls[0] > SECANT_STEPS or (Jg is not None and Jg >= J_goal * (1 - AIM_TOLERANCE)):
+                return None
+            if not (Jg and Jb and Jb > Jg):
+                return halve(g, b)
+            a = math.log(Jb / Jg) / math.log(b / g)
+            s = g * (J_goal * (1 - AIM_TOLERANCE / 2) / Jg) ** (1.0 / a)
+            lo, hi = min(g, b), max(g, b)
+            return min(max(s, lo * (1.0 + REFINE_PRECISION)), hi / (1.0 + REFINE_PRECISION))
+        return mid
 
     def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
         """Nothing more to search (the step is continuous)."""
         return best
 
     def exact(self, o: allocate.Option) -> allocate.Option:
-        """``o`` encoded (the encoding kept for the message): its exact bytes and J."""
+        """``o`` encoded (the encoding kept for the message): its exact bytes and J.  Packed IDs
+        (estimated unpacked; the container may zstd them) are encoded with rANS-coded IDs too, and
+        the smaller kept: the estimates of the two are close for small groups."""
         if o.key.grid_step is None and o.key.levels is None:  # a degenerate group's trial option
             return super().exact(o)
+        if o.key in self._twins:
+            return min(self._exact(o), self._exact(self._twins[o.key]), key=lambda e: (e.bytes, e.key.coding))
+        return self._exact(o)
+
+    def _exact(self, o: allocate.Option) -> allocate.Option:
         if o.key not in self.encoded:
             self.encoded[o.key] = self.encode(o.key)
         enc = self.encoded[o.key]
