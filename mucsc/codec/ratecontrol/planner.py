@@ -73,7 +73,7 @@ def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext,
         rng = lambda i=i: ctx.rngs(i)  # noqa: E731
         if summary_search.applies(trials, goal):
             encode = lambda key, x=x, i=i: resolve(codec, key).encode_array(x, ctx.rngs(i))  # noqa: E731
-            groups.append(summary_search.SummarySearch(trials, rng, ctx.zstd_level, encode))
+            groups.append(summary_search.search(trials, rng, ctx.zstd_level, encode))
         elif dither_search.summarised(trials):
             groups.append(dither_search.DitherSummarySearch(trials, rng, ctx.zstd_level))
         else:

@@ -1,14 +1,16 @@
-"""The goals' search for ``mucsc`` with stochastic rounding and rANS-coded IDs, without trial encodes:
-every option is measured on the vector's sorted summary (:class:`~mucsc.codec.numerics.summary.Summary`):
-J exactly from the levels (eq. 8-9, by prefix sums), the IDs' size from their expected counts (the
-order-0 code length the rANS coder reaches, :func:`~mucsc.codec.wire.rans.expected_size`) and the
-framing of the CENT and IDSA sections as the container stores them.  The chosen option is then
-encoded once (:meth:`SummarySearch.exact`, the encoding the message keeps); the planner corrects by
-one step when the exact size or J misses the goal.
+"""The goals' search for ``mucsc`` with rANS-coded IDs allowed, without trial encodes: every option
+is measured on the vector's sorted summary (:class:`~mucsc.codec.numerics.summary.Summary`): J
+exactly from the levels (eq. 8-9 for stochastic rounding, the midpoint cells' squared error for
+nearest rounding, by prefix sums), the IDs' size from their expected counts (the order-0 code length
+the rANS coder reaches, :func:`~mucsc.codec.wire.rans.expected_size`; under an error bound the same
+levels with packed IDs too) and the framing of the sections as the container stores them.  The
+chosen option is then encoded once (:meth:`SummarySearch.exact`, the encoding the message keeps); the
+planner corrects by one step when the exact size or J misses the goal.
 
-The options: uniform grids k * step (a level at 0, the ends bracketing the data) for any step --
-near-optimal with entropy-coded IDs (Gish-Pierce), and continuous in the step, so a goal is met
-closely -- and, for data with few distinct values, those values themselves (J = 0)."""
+The options: uniform grids k * step (a level at 0; under stochastic rounding the ends bracketing the
+data) for any step -- near-optimal with entropy-coded IDs (Gish-Pierce), and continuous in the step,
+so a goal is met closely -- and, for data with few distinct values, those values themselves (J = 0).
+An error bound is aimed at (:meth:`SummarySearch.aim`): a few grids, not a sweep and a bisection."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.codecs.base import EncodedGroup
-from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, id_width
-from mucsc.codec.numerics import allocate, quantize
+from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, id_width, rounding_of
+from mucsc.codec.numerics import allocate, nearest, quantize
 from mucsc.codec.numerics.summary import Summary
 from mucsc.codec.ratecontrol.goal import Goal
 from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, bisect, group_bytes
@@ -49,12 +51,22 @@ MIN_ELEMENTS = 1 << 15
 
 
 def applies(trials: Any, goal: Goal | None = None) -> bool:
-    """True when ``trials`` is a clustering this search measures: stochastic rounding with rANS-coded
-    IDs allowed (id_coding "auto" or "rans"), and at least ``MIN_ELEMENTS`` elements or an error
-    bound (``goal``)."""
-    return (isinstance(trials, ClusterTrials) and getattr(trials.p, "rounding", "stochastic") == "stochastic"
-            and trials.p.id_coding in ("auto", "rans")
-            and (trials.x.size >= MIN_ELEMENTS or (goal is not None and goal.kind == "max_error")))
+    """True when ``trials`` is a clustering this search measures: rANS-coded IDs allowed (id_coding
+    "auto" or "rans"), and stochastic rounding with at least ``MIN_ELEMENTS`` elements or an error
+    bound (``goal``), or nearest rounding under an error bound with at least ``MIN_ELEMENTS`` (below,
+    Lloyd-Max levels, which the trial search has, often win)."""
+    if not isinstance(trials, ClusterTrials) or trials.p.id_coding not in ("auto", "rans"):
+        return False
+    error, large = goal is not None and goal.kind == "max_error", trials.x.size >= MIN_ELEMENTS
+    rounding = rounding_of(trials.p)
+    return (large or error) if rounding == "stochastic" else (rounding == "nearest" and error and large)
+
+
+def search(trials: ClusterTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None,
+           encode: Callable[[Choice], EncodedGroup]) -> "SummarySearch":
+    """The summary search for ``trials`` (where :func:`applies`): by its rounding."""
+    cls = NearestSummarySearch if rounding_of(trials.p) == "nearest" else SummarySearch
+    return cls(trials, rng, zstd_level, encode)
 
 
 class SummarySearch(ClusterSearch):
@@ -63,6 +75,8 @@ class SummarySearch(ClusterSearch):
     constant groups are measured by :class:`ClusterSearch`'s trial encodings (one option)."""
 
     estimates = True
+    CELL_J = 1 / 6  # a fine grid's J per element / step^2: eq. 8 with x spread evenly over a cell
+    ROUNDING_PARAMS: dict[str, str] = {}  # what the header adds for this rounding
 
     def __init__(self, trials: ClusterTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None,
                  encode: Callable[[Choice], EncodedGroup]):
@@ -98,11 +112,8 @@ class SummarySearch(ClusterSearch):
     def levels(self, levels: np.ndarray, step: float | None) -> allocate.Option:
         """The option of these levels (as the wire carries them: rounded to the centroid dtype,
         still bracketing the data), rANS-coded IDs; recorded."""
-        wire = levels.astype(self.dtype)
-        if not (wire[0] <= self.lo and wire[-1] >= self.hi and np.all(wire[1:] > wire[:-1])):
-            wire = quantize.wire_centroids(levels, None, self.dtype, bounds=(self.lo, self.hi))  # merged or moved
+        wire, J, counts = self._measured(levels)
         k = int(wire.size)
-        J, counts = self.summary.stats(wire.astype(np.float64))
         if not self.summary.exact:
             J *= 1.0 + SAMPLED_J_MARGIN
         idsa = rans.expected_size(counts, self.x.size)
@@ -110,7 +121,7 @@ class SummarySearch(ClusterSearch):
         size = sum(container.SECTION.size + s + container.padding(s) for s in (cent, idsa))
         by = "uniform" if step is not None else "ecsq"
         params = {"centroids": k, "centroid_dtype": self.p.centroid_dtype, "id_coding": "rans", "solver": by,
-                  "z": max(MIN_Z, k)}
+                  "z": max(MIN_Z, k), **self.ROUNDING_PARAMS}
         key = Choice(max(MIN_Z, k), tuple(map(float, wire)), "rans", None, tuple(sorted(params.items())),
                      None if step is None else k - 1, step)
         o = allocate.Option(size, J, key)
@@ -127,6 +138,14 @@ class SummarySearch(ClusterSearch):
         self.options.append(p)
         self._twins[packed] = o
         return p if p.bytes < o.bytes else o
+
+    def _measured(self, levels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+        """(the levels as the wire carries them, J, expected count per level): rounded to the
+        centroid dtype, still bracketing the data (eq. 7 needs a level on each side)."""
+        wire = levels.astype(self.dtype)
+        if not (wire[0] <= self.lo and wire[-1] >= self.hi and np.all(wire[1:] > wire[:-1])):
+            wire = quantize.wire_centroids(levels, None, self.dtype, bounds=(self.lo, self.hi))  # merged or moved
+        return (wire, *self.summary.stats(wire.astype(np.float64)))
 
     def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
         """Grids from one step over the data's span down by 2^(1/4) (a budget: the curve a split
@@ -157,11 +176,12 @@ class SummarySearch(ClusterSearch):
                 break
 
     def _bracket(self, stop: Callable[[allocate.Option], bool], span: float, limit: int) -> None:
-        """An error bound (:meth:`aim`): the grid whose step fine grids predict to meet it, J ~ d
-        step^2 / 6 (eq. 8 with the elements spread evenly over each cell), then steps scaled by
-        (J_goal / J)^(1/a) (a from the last two grids) a little past the bound (a margin doubling from 1% of the step) until
-        ``stop`` changes: the pair :meth:`refine` interpolates between (usually 2-3 grids)."""
-        fine, step = span / limit, min(span, max(span / limit, math.sqrt(6.0 * self.J_goal / self.x.size)))
+        """An error bound (:meth:`aim`): the grid whose step fine grids predict to meet it, J ~
+        CELL_J d step^2 (the elements spread evenly over each cell), then steps scaled by
+        (J_goal / J)^(1/a) (a from the last two grids) a little past the bound (a margin doubling
+        from 1% of the step) until ``stop`` changes: the pair :meth:`refine` interpolates between
+        (usually 2-3 grids)."""
+        fine, step = span / limit, min(span, max(span / limit, math.sqrt(self.J_goal / (self.CELL_J * self.x.size))))
         o = self.grid(step)
         first, a, prev = stop(o), 2.0, None
         for tries in range(64):
@@ -185,8 +205,8 @@ class SummarySearch(ClusterSearch):
 
     def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
                better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
-        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes (a
-        small group's error bound: interpolated, :meth:`_secant`)."""
+        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes (an
+        error bound: interpolated, :meth:`_secant`)."""
         pts = sorted((o for o in self.options if o.key.grid_step is not None), key=lambda o: -o.key.grid_step)
         pair = next(((a, b) for a, b in zip(pts, pts[1:]) if ok(a) != ok(b)), None)
         if pair is None:
@@ -213,7 +233,8 @@ class SummarySearch(ClusterSearch):
             calls[0] += 1
             J_at = {o.key.grid_step: o.J for o in self.options if o.key.grid_step is not None}
             Jg, Jb = J_at.get(g), J_at.get(b)
-            if halve(g, b) is None or calls[0] > SECANT_STEPS or (Jg is not None and Jg >= J_goal * (1 - AIM_TOLERANCE)):
+            close = Jg is not None and Jg >= J_goal * (1 - AIM_TOLERANCE)
+            if halve(g, b) is None or calls[0] > SECANT_STEPS or close:
                 return None
             if not (Jg and Jb and Jb > Jg):
                 return halve(g, b)
@@ -250,3 +271,26 @@ class SummarySearch(ClusterSearch):
         if step is None:
             raise RuntimeError("only a grid's J is estimated")  # distinct values have J = 0 exactly
         return self.grid(step * math.sqrt(J_goal / missed.J) * (1.0 - SAMPLED_J_MARGIN))
+
+
+class NearestSummarySearch(SummarySearch):
+    """An error bound under nearest rounding (``rounding="nearest"``, a stored model's default in
+    ``mucsc compress``): the same grids k * ``step`` (a level at 0), each element to its nearest
+    level, J and counts by :meth:`~mucsc.codec.numerics.summary.Summary.nearest_stats`.  Levels
+    need not bracket the data; those no element reaches are dropped where the summary is the data
+    (exact: their cells are empty)."""
+
+    CELL_J = 1 / 12  # x spread evenly over a cell, to its nearest level
+    ROUNDING_PARAMS = {"rounding": "nearest"}
+
+    def grid(self, step: float) -> allocate.Option:
+        """The grid k * ``step`` from below the data's min to above its max, measured; recorded."""
+        return self.levels(np.arange(math.floor(self.lo / step), math.ceil(self.hi / step) + 1) * step, step)
+
+    def _measured(self, levels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+        wire = nearest.wire_levels(levels, self.dtype)
+        J, counts = self.summary.nearest_stats(wire.astype(np.float64))
+        if self.summary.exact and wire.size > 1 and not counts.all():
+            wire = wire[counts > 0]
+            J, counts = self.summary.nearest_stats(wire.astype(np.float64))
+        return wire, J, counts
