@@ -96,3 +96,27 @@ def test_sorted_trial_assignment_gives_the_chunked_ids():
         ids, J = nearest.assign(x, c)
         cached, J2 = nearest.assign(x, c, {})
         assert np.array_equal(ids, cached) and J2 == pytest.approx(J, rel=1e-12)
+
+
+def test_a_small_group_under_an_error_bound_takes_no_trial_encode(monkeypatch):
+    # below 2^15 elements an error bound is chosen on the group's own sorted values too (the trial
+    # search spent ~1 s per small tensor in its ecsq DPs); the bound holds exactly
+    import mucsc
+    from mucsc.codec.ratecontrol import search
+    x = np.random.default_rng(7).normal(size=2400).astype(np.float32)
+
+    def no_trials(*a, **k):
+        raise AssertionError("a trial encode")
+    monkeypatch.setattr(search.ClusterSearch, "measure", no_trials)
+    for max_error in (0.01, 0.05):
+        blob, stats = mucsc.encode_with_stats(x, "mucsc", max_error=max_error)
+        assert np.sqrt(stats.J / np.dot(x, x.astype(np.float64))) <= max_error
+
+
+def test_an_error_bound_beyond_the_summary_grids_falls_back_to_the_trial_search():
+    # 500 elements at 0.1%: thinning keeps the grids coarser than that; the trial search's Z ladder
+    # (up to a level per value) reaches it, as it did before the summary search took small groups
+    import mucsc
+    x = np.random.default_rng(500).standard_normal(500).astype(np.float32)
+    blob, stats = mucsc.encode_with_stats(x, "mucsc", max_error=0.001)
+    assert np.sqrt(stats.J / np.dot(x, x.astype(np.float64))) <= 0.001

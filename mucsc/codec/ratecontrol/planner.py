@@ -100,6 +100,8 @@ def _cheapest_within_error(g: Any, max_error: float) -> allocate.Option:
         g.aim(J_goal)
     g.sweep(meets, "error")
     best = allocate.cheapest_within(g.options, g.norm2, max_error)
+    if best is None and hasattr(g, "trials_search"):  # beyond the summary's grids: the trial search's reach
+        return _cheapest_within_error(g.trials_search(), max_error)
     if best is None:
         raise ParameterError(g.unreachable(max_error))
     cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731

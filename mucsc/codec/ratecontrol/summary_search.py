@@ -198,6 +198,12 @@ class SummarySearch(ClusterSearch):
             if stop(o) != first:
                 break
 
+    def trials_search(self) -> ClusterSearch:
+        """The trial-encoding search of the same group: where no grid meets an error bound (a small
+        group at a tight bound: thinning keeps its grids from going finer than the budget's slope),
+        its Z ladder reaches further (up to one level per distinct value)."""
+        return ClusterSearch(self.trials, self.rng, self.level)
+
     def aim(self, J_goal: float) -> None:
         """The J of the error bound the search is for: the search aims at it (:meth:`_bracket`,
         :meth:`_secant`): ~5 grids instead of ~20 (each ~1 ms at d ~ 1e4)."""
