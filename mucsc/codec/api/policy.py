@@ -6,8 +6,8 @@ large weight matrix gets the matrix's codebook spacing) and turns all-zero tenso
 :class:`Policy` here is the checkpoint-grade alternative:
 
 1. every float tensor large enough to gain from coding gets its own codebook (its own group);
-   with a ``max_error`` target, the codec's own error-targeting mode picks each tensor's Z (mucsc:
-   the cheapest Z meeting the bound, mucsc.codec.numerics.allocate) and the policy checks the *measured*
+   with a ``max_error`` target, the codec's own error-targeting mode picks each tensor's levels
+   (mucsc: the cheapest meeting the bound, mucsc.codec.ratecontrol) and the policy checks the *measured*
    error ||decode - x|| / ||x|| of the result (:func:`encode_within`); a message-wide budget
    (mucsc's ``bits=`` / ``size=``) is split across the coded tensors by the API;
 2. a float tensor is carried losslessly whenever coding it would not be smaller: as fp16 when fp16
@@ -184,8 +184,8 @@ def encode_within(x: np.ndarray, codec: Codec, max_error: float,
                   rng_for: Callable[[int], np.random.Generator],
                   norm: float | None = None) -> tuple[Codec, EncodedGroup] | None:
     """``x`` encoded by ``codec`` in its own error-targeting mode (its ``max_error`` parameter: for
-    mucsc, the cheapest Z of its ladder whose expected error sqrt(J) / ||x|| meets the bound, chosen by
-    mucsc.codec.numerics.allocate), with the *measured* error of that very encoding checked too: when chance
+    mucsc, the cheapest levels whose expected error sqrt(J) / ||x|| meets the bound, chosen by
+    mucsc.codec.ratecontrol), with the *measured* error of that very encoding checked too: when chance
     puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
     is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
     bound is out of the codec's reach.  ``norm``: ||x||, when the caller has it."""
