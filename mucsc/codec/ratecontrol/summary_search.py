@@ -197,6 +197,10 @@ class SummarySearch(ClusterSearch):
             o = self.grid(step)
             if stop(o) != first:
                 break
+        if not any(stop(p) for p in self.options):  # thinning keeps a tiny group's grids coarse:
+            every = self.summary.distinct(MAX_Z)  # its values themselves (J = 0), where it is its summary
+            if every is not None:
+                self.levels(every, None)
 
     def trials_search(self) -> ClusterSearch:
         """The trial-encoding search of the same group: where no grid meets an error bound (a small
