@@ -11,9 +11,9 @@ run looping a small case until it takes >= ~50 ms):
 - state_dicts shaped like LeNet (10 tensors, 61,706 parameters), ALL-CNN (18 tensors, 1.37M) and a
   BERT-shaped encoder (all-MiniLM-L6's shapes: 101 tensors, 22.7M at 6 layers): shared Z = 16,
   per-tensor Z = 16 (``shared=False``), ``Policy(max_error=0.01)`` (``mucsc compress``'s model mode),
-  fp16, each / the shared encode;
+  fp16, each / the shared encode (the Policy rows with the message's bytes and bits per element);
 - ``mucsc compress`` on the BERT-shaped dict saved as safetensors: the default / ``--codec fp16``
-  (the real command in a subprocess, interpreter start-up included in both);
+  (the real command in a subprocess, interpreter start-up included in both), with the output's size;
 - with torch installed, the fixed-Z and state_dict rows again on torch CPU tensors.
 The machine is shared: compare ratios within one run, and repeat the run.
 """
@@ -144,7 +144,9 @@ def dict_rows(name: str, sd: dict, repeat: int, policy: bool = True) -> list[str
                       max(1, repeat // 2) if n < 5e6 else 1))
     for what, fn, rep in cases:
         t = best_time(fn, rep)
-        out.append(row([f"{label}: {what}", f"{t * 1e3:.1f}", f"**{t / shared:.2f}x** shared", ""]))
+        size = len(fn()) if what.startswith("Policy") else None
+        sends = "" if size is None else f"{size:,} B, {8 * size / n:.4f} bits"
+        out.append(row([f"{label}: {what}", f"{t * 1e3:.1f}", f"**{t / shared:.2f}x** shared", sends]))
     return out
 
 
@@ -156,7 +158,7 @@ def cli_rows(sd: dict, repeat: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "bert.safetensors"
         save_file(sd, str(src))
-        times = {}
+        times, sizes = {}, {}
         for what, extra in (("default", []), ("--codec fp16", ["--codec", "fp16"])):
             best = float("inf")
             for _ in range(max(1, repeat // 2)):
@@ -165,9 +167,11 @@ def cli_rows(sd: dict, repeat: int) -> list[str]:
                 subprocess.run([sys.executable, "-m", "mucsc.cli.main", "compress", str(src), "-o", str(dst),
                                 "-T", "1", "--force", *extra], check=True, capture_output=True, env=env)
                 best = min(best, time.perf_counter() - t)
-            times[what] = best
+            times[what], sizes[what] = best, dst.stat().st_size
+    n = sum(int(np.prod(v.shape)) for v in sd.values())
     return [row([f"`mucsc compress` BERT-shaped safetensors: {w}", f"{t * 1e3:.0f}",
-                 f"**{t / times['--codec fp16']:.2f}x** --codec fp16", ""]) for w, t in times.items()]
+                 f"**{t / times['--codec fp16']:.2f}x** --codec fp16", f"{sizes[w]:,} B, {8 * sizes[w] / n:.4f} bits"])
+            for w, t in times.items()]
 
 
 def main() -> int:
@@ -193,7 +197,7 @@ def main() -> int:
         emit(fixed_z_rows(lambda x: x, a.repeat, sizes))
     if "goals" in only:
         emit(goal_rows(a.repeat, [10**5, 10**6]))
-    if "dicts" in only:
+    if "dicts" in only or "policy" in only:  # --only policy: the dicts' rows with the Policy's
         for name, sd in dicts.items():
             emit(dict_rows(name, sd, a.repeat, policy="policy" in only))
     if "cli" in only:

@@ -1,6 +1,7 @@
 """A vector's sorted summary, and what it says about any level set under eq. 7's stochastic rounding
 without rounding the vector: J (eq. 8-9) and the expected number of elements each level receives
-(the IDs' expected counts, whose order-0 entropy an rANS-coded message reaches).
+(the IDs' expected counts, whose order-0 entropy an rANS-coded message reaches); the same under
+nearest rounding (:meth:`Summary.nearest_stats`).
 
 The summary is the solver's sorted data (:func:`mucsc.codec.numerics.centroids._sample_sorted`): all
 of x up to ``FULL_SORT_MAX`` elements (J and the counts then exact), above that a weighted stratified
@@ -57,6 +58,17 @@ class Summary:
             n[:-1] += N - up
         n[-1] += self.total - W[-1]
         return J, np.maximum(n, 0.0)
+
+    def nearest_stats(self, levels: np.ndarray) -> tuple[float, np.ndarray]:
+        """(J, count per level) of sorted levels under nearest rounding: each element to its nearest
+        level, ties to the lower one (the cells cut at the midpoints, FORMAT.md 4.3.1); J the
+        squared error sum (x - c)^2, per cell sum x^2 - 2 c sum x + n c^2 by prefix sums."""
+        S = self.S
+        v = np.asarray(levels, np.float64) - self.shift
+        cuts = np.concatenate(([0], np.searchsorted(S.xc, 0.5 * (v[:-1] + v[1:]), side="right"), [S.xc.size]))
+        W, P1, P2 = np.diff(S.W[cuts]), np.diff(S.P1[cuts]), np.diff(S.P2[cuts])
+        J = float(np.maximum(P2 - 2.0 * v * P1 + v * v * W, 0.0).sum())
+        return J, np.maximum(W, 0.0)
 
     def thin(self, levels: np.ndarray, counts: np.ndarray, lam: float, level_bytes: float) -> np.ndarray:
         """``levels`` without the interior ones whose J saving is worth less than ``lam`` per byte

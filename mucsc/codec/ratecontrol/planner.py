@@ -71,9 +71,9 @@ def plan(codec: Codec, xs: Sequence[np.ndarray], ctx: PlanContext,
     for i, x in enumerate(xs):
         trials = codec.trials(x)
         rng = lambda i=i: ctx.rngs(i)  # noqa: E731
-        if summary_search.applies(trials):
+        if summary_search.applies(trials, goal):
             encode = lambda key, x=x, i=i: resolve(codec, key).encode_array(x, ctx.rngs(i))  # noqa: E731
-            groups.append(summary_search.SummarySearch(trials, rng, ctx.zstd_level, encode))
+            groups.append(summary_search.search(trials, rng, ctx.zstd_level, encode))
         elif dither_search.summarised(trials):
             groups.append(dither_search.DitherSummarySearch(trials, rng, ctx.zstd_level))
         else:
@@ -95,14 +95,19 @@ def resolve(codec: Codec, choice: Any) -> Codec:
 def _cheapest_within_error(g: Any, max_error: float) -> allocate.Option:
     """A ``max_error`` goal for one group: its fewest bytes with relative error <= ``max_error``."""
     meets = lambda o: allocate.relative_error(o.J, g.norm2) <= max_error  # noqa: E731
+    J_goal = max_error ** 2 * g.norm2
+    if hasattr(g, "aim"):  # a search that can aim at the bound's J (summary_search)
+        g.aim(J_goal)
     g.sweep(meets, "error")
     best = allocate.cheapest_within(g.options, g.norm2, max_error)
+    if best is None and hasattr(g, "trials_search"):  # beyond the summary's grids: the trial search's reach
+        return _cheapest_within_error(g.trials_search(), max_error)
     if best is None:
         raise ParameterError(g.unreachable(max_error))
     cheaper = lambda a, b: (a.bytes, a.J) < (b.bytes, b.J)  # noqa: E731
     best = g.refine_z(g.refine(best, meets, cheaper), meets, cheaper)
     if getattr(g, "estimates", False):
-        best = _confirmed(g, best, meets, max_error ** 2 * g.norm2)
+        best = _confirmed(g, best, meets, J_goal)
     return best
 
 
@@ -237,12 +242,14 @@ def _exact_fit(groups: Sequence[Any], best: list[allocate.Option], total: int,
 
 def _confirmed(g: Any, best: allocate.Option, meets: Callable[[allocate.Option], bool],
                J_goal: float) -> allocate.Option:
-    """``best`` of a search that estimates J, or the option one step closer when its exact J (it
-    encoded) misses the bound."""
+    """``best`` of a search that estimates J, measured exactly (the option it encoded: its ID coding
+    may be the other one, when smaller), or the option one step closer when its exact J misses the
+    bound."""
     for _ in range(CHECKS):
-        if meets(g.exact(best)):
-            return best
-        best = g.closer(g.exact(best), J_goal)
+        exact = g.exact(best)
+        if meets(exact):
+            return exact
+        best = g.closer(exact, J_goal)
     raise RuntimeError(f"the error bound was missed after {CHECKS} exact checks")  # J ~ step^2: cannot happen
 
 

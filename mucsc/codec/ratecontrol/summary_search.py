@@ -1,14 +1,16 @@
-"""The goals' search for ``mucsc`` with stochastic rounding and rANS-coded IDs, without trial encodes:
-every option is measured on the vector's sorted summary (:class:`~mucsc.codec.numerics.summary.Summary`):
-J exactly from the levels (eq. 8-9, by prefix sums), the IDs' size from their expected counts (the
-order-0 code length the rANS coder reaches, :func:`~mucsc.codec.wire.rans.expected_size`) and the
-framing of the CENT and IDSA sections as the container stores them.  The chosen option is then
-encoded once (:meth:`SummarySearch.exact`, the encoding the message keeps); the planner corrects by
-one step when the exact size or J misses the goal.
+"""The goals' search for ``mucsc`` with rANS-coded IDs allowed, without trial encodes: every option
+is measured on the vector's sorted summary (:class:`~mucsc.codec.numerics.summary.Summary`): J
+exactly from the levels (eq. 8-9 for stochastic rounding, the midpoint cells' squared error for
+nearest rounding, by prefix sums), the IDs' size from their expected counts (the order-0 code length
+the rANS coder reaches, :func:`~mucsc.codec.wire.rans.expected_size`; under an error bound the same
+levels with packed IDs too) and the framing of the sections as the container stores them.  The
+chosen option is then encoded once (:meth:`SummarySearch.exact`, the encoding the message keeps); the
+planner corrects by one step when the exact size or J misses the goal.
 
-The options: uniform grids k * step (a level at 0, the ends bracketing the data) for any step --
-near-optimal with entropy-coded IDs (Gish-Pierce), and continuous in the step, so a goal is met
-closely -- and, for data with few distinct values, those values themselves (J = 0)."""
+The options: uniform grids k * step (a level at 0; under stochastic rounding the ends bracketing the
+data) for any step -- near-optimal with entropy-coded IDs (Gish-Pierce), and continuous in the step,
+so a goal is met closely -- and, for data with few distinct values, those values themselves (J = 0).
+An error bound is aimed at (:meth:`SummarySearch.aim`): a few grids, not a sweep and a bisection."""
 
 from __future__ import annotations
 
@@ -20,32 +22,51 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.codecs.base import EncodedGroup
-from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials
-from mucsc.codec.numerics import allocate, quantize
+from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, id_width, rounding_of
+from mucsc.codec.numerics import allocate, nearest, quantize
 from mucsc.codec.numerics.summary import Summary
+from mucsc.codec.ratecontrol.goal import Goal
 from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, bisect, group_bytes
-from mucsc.codec.wire import container, rans
+from mucsc.codec.wire import bitpack, container, rans
 
 LADDER_PER_OCTAVE = 4  # steps tried per halving of the step (about 1/4 bit per element apart)
 SPARSE, SPARSE_SHARE = 16.0, 16  # a grid is thinned when over 1/16 of its levels expect < 16 elements
 COARSEST = 10  # a budget's grids go up to 2^10 times the data's span (~1e-3 bits per element)
 REFINE_PRECISION = 2e-4  # bisect log(step) around a goal until the steps differ by this (~3e-4 bits)
 REFINE_MAX_STEPS = 64  # a bound only: from any two steps 2e-4 is reached in far fewer
+# An error bound's search interpolates (J ~ step^a) instead of bisecting: it stops once J is within
+# this share of the bound's J, or after SECANT_STEPS grids
+AIM_TOLERANCE, SECANT_STEPS = 1e-2, 4
+BRACKET_MARGIN = 1e-2  # an error bound's first grids aim this share of the step past the bound
 # An estimated J (subsampled summary) is taken this much larger: ~2 standard errors of the sample
 # mean at 2^17 samples, so that the exact J of an error goal's choice rarely misses the bound.
 SAMPLED_J_MARGIN = 3e-3
 
 
-# Smaller groups keep the trial-encoding search (:class:`ClusterSearch`): there the levels' own bytes
-# weigh, and J-optimal levels with packed IDs (not in this search's families) often win.
+# Smaller groups under a budget keep the trial-encoding search (:class:`ClusterSearch`): there the
+# levels' own bytes weigh, and J-optimal levels with packed IDs (not in this search's families) often
+# win.  Under an error bound every group is searched here (a small group is its own exact summary):
+# the trial search cost ~1 s per small tensor (its ecsq DPs), for ~1% more bytes on a few tensors.
 MIN_ELEMENTS = 1 << 15
 
 
-def applies(trials: Any) -> bool:
-    """True when ``trials`` is a clustering this search measures: stochastic rounding with rANS-coded
-    IDs allowed (id_coding "auto" or "rans"), at least ``MIN_ELEMENTS`` elements."""
-    return (isinstance(trials, ClusterTrials) and getattr(trials.p, "rounding", "stochastic") == "stochastic"
-            and trials.p.id_coding in ("auto", "rans") and trials.x.size >= MIN_ELEMENTS)
+def applies(trials: Any, goal: Goal | None = None) -> bool:
+    """True when ``trials`` is a clustering this search measures: rANS-coded IDs allowed (id_coding
+    "auto" or "rans"), and stochastic rounding with at least ``MIN_ELEMENTS`` elements or an error
+    bound (``goal``), or nearest rounding under an error bound with at least ``MIN_ELEMENTS`` (below,
+    Lloyd-Max levels, which the trial search has, often win)."""
+    if not isinstance(trials, ClusterTrials) or trials.p.id_coding not in ("auto", "rans"):
+        return False
+    error, large = goal is not None and goal.kind == "max_error", trials.x.size >= MIN_ELEMENTS
+    rounding = rounding_of(trials.p)
+    return (large or error) if rounding == "stochastic" else (rounding == "nearest" and error and large)
+
+
+def search(trials: ClusterTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None,
+           encode: Callable[[Choice], EncodedGroup]) -> "SummarySearch":
+    """The summary search for ``trials`` (where :func:`applies`): by its rounding."""
+    cls = NearestSummarySearch if rounding_of(trials.p) == "nearest" else SummarySearch
+    return cls(trials, rng, zstd_level, encode)
 
 
 class SummarySearch(ClusterSearch):
@@ -54,6 +75,8 @@ class SummarySearch(ClusterSearch):
     constant groups are measured by :class:`ClusterSearch`'s trial encodings (one option)."""
 
     estimates = True
+    CELL_J = 1 / 6  # a fine grid's J per element / step^2: eq. 8 with x spread evenly over a cell
+    ROUNDING_PARAMS: dict[str, str] = {}  # what the header adds for this rounding
 
     def __init__(self, trials: ClusterTrials, rng: Callable[[], np.random.Generator], zstd_level: int | None,
                  encode: Callable[[Choice], EncodedGroup]):
@@ -62,6 +85,8 @@ class SummarySearch(ClusterSearch):
         self.encoded: dict[Choice, EncodedGroup] = {}
         self.dtype = np.dtype(CENTROID_DTYPES[self.p.centroid_dtype])
         self._summary: Summary | None = None
+        self.J_goal: float | None = None  # an error bound's J (:meth:`aim`)
+        self._twins: dict[Choice, allocate.Option] = {}  # a packed-ID option -> its rANS-coded twin
 
     @property
     def summary(self) -> Summary:
@@ -87,11 +112,8 @@ class SummarySearch(ClusterSearch):
     def levels(self, levels: np.ndarray, step: float | None) -> allocate.Option:
         """The option of these levels (as the wire carries them: rounded to the centroid dtype,
         still bracketing the data), rANS-coded IDs; recorded."""
-        wire = levels.astype(self.dtype)
-        if not (wire[0] <= self.lo and wire[-1] >= self.hi and np.all(wire[1:] > wire[:-1])):
-            wire = quantize.wire_centroids(levels, None, self.dtype, bounds=(self.lo, self.hi))  # merged or moved
+        wire, J, counts = self._measured(levels)
         k = int(wire.size)
-        J, counts = self.summary.stats(wire.astype(np.float64))
         if not self.summary.exact:
             J *= 1.0 + SAMPLED_J_MARGIN
         idsa = rans.expected_size(counts, self.x.size)
@@ -99,12 +121,31 @@ class SummarySearch(ClusterSearch):
         size = sum(container.SECTION.size + s + container.padding(s) for s in (cent, idsa))
         by = "uniform" if step is not None else "ecsq"
         params = {"centroids": k, "centroid_dtype": self.p.centroid_dtype, "id_coding": "rans", "solver": by,
-                  "z": max(MIN_Z, k)}
+                  "z": max(MIN_Z, k), **self.ROUNDING_PARAMS}
         key = Choice(max(MIN_Z, k), tuple(map(float, wire)), "rans", None, tuple(sorted(params.items())),
                      None if step is None else k - 1, step)
         o = allocate.Option(size, J, key)
         self.options.append(o)
-        return o
+        if self.J_goal is None or k < 2:
+            return o
+        # An error bound: the same levels with packed IDs too (a 1.0 message), often smaller for a
+        # small group, where rANS's frequency table costs as much as the ID bits it saves.
+        width = id_width(k)
+        ids = bitpack.packed_size(self.x.size, width)
+        packed = dataclasses.replace(key, coding="packed", params=tuple(sorted(
+            {**{k_: v for k_, v in params.items() if k_ != "id_coding"}, "id_bits": width}.items())))
+        p = allocate.Option(sum(container.SECTION.size + s + container.padding(s) for s in (cent, ids)), J, packed)
+        self.options.append(p)
+        self._twins[packed] = o
+        return p if p.bytes < o.bytes else o
+
+    def _measured(self, levels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+        """(the levels as the wire carries them, J, expected count per level): rounded to the
+        centroid dtype, still bracketing the data (eq. 7 needs a level on each side)."""
+        wire = levels.astype(self.dtype)
+        if not (wire[0] <= self.lo and wire[-1] >= self.hi and np.all(wire[1:] > wire[:-1])):
+            wire = quantize.wire_centroids(levels, None, self.dtype, bounds=(self.lo, self.hi))  # merged or moved
+        return (wire, *self.summary.stats(wire.astype(np.float64)))
 
     def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
         """Grids from one step over the data's span down by 2^(1/4) (a budget: the curve a split
@@ -122,6 +163,9 @@ class SummarySearch(ClusterSearch):
             for j in range(1, COARSEST + 1):
                 if not stop(self.grid(span * 2.0 ** j)):
                     break
+        if goal == "error" and self.J_goal is not None and self.J_goal > 0:
+            self._bracket(stop, span, limit)
+            return
         per = LADDER_PER_OCTAVE if goal == "budget" else 1  # an error bound: octaves, then refine
         for j in range(64 * per):
             step = span * 2.0 ** (-j / per)
@@ -131,9 +175,48 @@ class SummarySearch(ClusterSearch):
             if stop(o) or o.J == 0.0:
                 break
 
+    def _bracket(self, stop: Callable[[allocate.Option], bool], span: float, limit: int) -> None:
+        """An error bound (:meth:`aim`): the grid whose step fine grids predict to meet it, J ~
+        CELL_J d step^2 (the elements spread evenly over each cell), then steps scaled by
+        (J_goal / J)^(1/a) (a from the last two grids) a little past the bound (a margin doubling
+        from 1% of the step) until ``stop`` changes: the pair :meth:`refine` interpolates between
+        (usually 2-3 grids)."""
+        fine, step = span / limit, min(span, max(span / limit, math.sqrt(self.J_goal / (self.CELL_J * self.x.size))))
+        o = self.grid(step)
+        first, a, prev = stop(o), 2.0, None
+        for tries in range(64):
+            if prev is not None and 0 < prev[1] != o.J > 0:  # J ~ step^a through the last two grids
+                a = min(4.0, max(0.5, math.log(o.J / prev[1]) / math.log(step / prev[0])))
+            prev = (step, o.J)
+            scale = (self.J_goal / o.J) ** (1.0 / a) if o.J > 0 else 4.0
+            scale *= (1.0 + BRACKET_MARGIN * 2 ** tries) if first else (1.0 - min(0.5, BRACKET_MARGIN * 2 ** tries))
+            nxt = min(span, max(fine, step * min(4.0, max(0.25, scale))))
+            if nxt == step or o.J == 0.0:
+                break
+            step = nxt
+            o = self.grid(step)
+            if stop(o) != first:
+                break
+        if not any(stop(p) for p in self.options):  # thinning keeps a tiny group's grids coarse:
+            every = self.summary.distinct(MAX_Z)  # its values themselves (J = 0), where it is its summary
+            if every is not None:
+                self.levels(every, None)
+
+    def trials_search(self) -> ClusterSearch:
+        """The trial-encoding search of the same group: where no grid meets an error bound (a small
+        group at a tight bound: thinning keeps its grids from going finer than the budget's slope),
+        its Z ladder reaches further (up to one level per distinct value)."""
+        return ClusterSearch(self.trials, self.rng, self.level)
+
+    def aim(self, J_goal: float) -> None:
+        """The J of the error bound the search is for: the search aims at it (:meth:`_bracket`,
+        :meth:`_secant`): ~5 grids instead of ~20 (each ~1 ms at d ~ 1e4)."""
+        self.J_goal = J_goal
+
     def refine(self, best: allocate.Option, ok: Callable[[allocate.Option], bool],
                better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
-        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes."""
+        """Bisect log(step) between the two neighbouring grids measured where ``ok`` changes (an
+        error bound: interpolated, :meth:`_secant`)."""
         pts = sorted((o for o in self.options if o.key.grid_step is not None), key=lambda o: -o.key.grid_step)
         pair = next(((a, b) for a, b in zip(pts, pts[1:]) if ok(a) != ok(b)), None)
         if pair is None:
@@ -143,17 +226,49 @@ class SummarySearch(ClusterSearch):
         def midpoint(g: float, b: float) -> float | None:
             return math.sqrt(g * b) if max(g, b) > min(g, b) * (1.0 + REFINE_PRECISION) else None
 
+        if self.J_goal is not None:
+            midpoint = self._secant(midpoint, self.J_goal)
         return bisect(good.key.grid_step, bad.key.grid_step, REFINE_MAX_STEPS, midpoint, self.grid, ok, better,
                       best, setting=lambda o: o.key.grid_step)
+
+    def _secant(self, halve: Callable[[float, float], float | None], J_goal: float
+                ) -> Callable[[float, float], float | None]:
+        """An error bound's midpoints: the step where J ~ step^a through the two ends of the bracket
+        meets the bound less half ``AIM_TOLERANCE``; done once the good end is within it (a step
+        ~0.5% short: ~0.007 bits per element) or after ``SECANT_STEPS`` (J moves in small jumps
+        where thinning drops a level).  ~3 grids where ``halve`` took ~12."""
+        calls = [0]
+
+        def mid(g: float, b: float) -> float | None:
+            calls[0] += 1
+            J_at = {o.key.grid_step: o.J for o in self.options if o.key.grid_step is not None}
+            Jg, Jb = J_at.get(g), J_at.get(b)
+            close = Jg is not None and Jg >= J_goal * (1 - AIM_TOLERANCE)
+            if halve(g, b) is None or calls[0] > SECANT_STEPS or close:
+                return None
+            if not (Jg and Jb and Jb > Jg):
+                return halve(g, b)
+            a = math.log(Jb / Jg) / math.log(b / g)
+            s = g * (J_goal * (1 - AIM_TOLERANCE / 2) / Jg) ** (1.0 / a)
+            lo, hi = min(g, b), max(g, b)
+            return min(max(s, lo * (1.0 + REFINE_PRECISION)), hi / (1.0 + REFINE_PRECISION))
+        return mid
 
     def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
         """Nothing more to search (the step is continuous)."""
         return best
 
     def exact(self, o: allocate.Option) -> allocate.Option:
-        """``o`` encoded (the encoding kept for the message): its exact bytes and J."""
+        """``o`` encoded (the encoding kept for the message): its exact bytes and J.  Packed IDs
+        (estimated unpacked; the container may zstd them) are encoded with rANS-coded IDs too, and
+        the smaller kept: the estimates of the two are close for small groups."""
         if o.key.grid_step is None and o.key.levels is None:  # a degenerate group's trial option
             return super().exact(o)
+        if o.key in self._twins:
+            return min(self._exact(o), self._exact(self._twins[o.key]), key=lambda e: (e.bytes, e.key.coding))
+        return self._exact(o)
+
+    def _exact(self, o: allocate.Option) -> allocate.Option:
         if o.key not in self.encoded:
             self.encoded[o.key] = self.encode(o.key)
         enc = self.encoded[o.key]
@@ -166,3 +281,26 @@ class SummarySearch(ClusterSearch):
         if step is None:
             raise RuntimeError("only a grid's J is estimated")  # distinct values have J = 0 exactly
         return self.grid(step * math.sqrt(J_goal / missed.J) * (1.0 - SAMPLED_J_MARGIN))
+
+
+class NearestSummarySearch(SummarySearch):
+    """An error bound under nearest rounding (``rounding="nearest"``, a stored model's default in
+    ``mucsc compress``): the same grids k * ``step`` (a level at 0), each element to its nearest
+    level, J and counts by :meth:`~mucsc.codec.numerics.summary.Summary.nearest_stats`.  Levels
+    need not bracket the data; those no element reaches are dropped where the summary is the data
+    (exact: their cells are empty)."""
+
+    CELL_J = 1 / 12  # x spread evenly over a cell, to its nearest level
+    ROUNDING_PARAMS = {"rounding": "nearest"}
+
+    def grid(self, step: float) -> allocate.Option:
+        """The grid k * ``step`` from below the data's min to above its max, measured; recorded."""
+        return self.levels(np.arange(math.floor(self.lo / step), math.ceil(self.hi / step) + 1) * step, step)
+
+    def _measured(self, levels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+        wire = nearest.wire_levels(levels, self.dtype)
+        J, counts = self.summary.nearest_stats(wire.astype(np.float64))
+        if self.summary.exact and wire.size > 1 and not counts.all():
+            wire = wire[counts > 0]
+            J, counts = self.summary.nearest_stats(wire.astype(np.float64))
+        return wire, J, counts
