@@ -170,6 +170,32 @@ def test_hostile_element_counts_are_refused_before_allocating():
         lanes.decode_symbols(blob, 1 << 40, 300)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n, k", [(5000, 16), (70000, 16), (30000, 300), (9000, 5000)])
+def test_a_symbol_without_frequency_is_refused(backend, n, k, monkeypatch):
+    # a table that leaves out a symbol the data has (or a u16 symbol beyond the table): an error,
+    # never a stream (the compiled coder marks it in the state's bit 31, checked per block)
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    ids = ids_for(n, k, seed=k)
+    w = lanes.symbol_bits(k)
+    sym = lanes.symbols(ids, k, w)
+    counts = lanes.counts_of(sym, lanes.alphabet(k, w))
+    S, f = lanes.table(counts, sym.size)
+    cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+    last = int(sym[-7])  # one symbol of the last block's last rows
+    donor = int(np.argmax(np.where(np.arange(f.size) == last, 0, f)))  # another symbol takes its share
+    f2 = f.copy()
+    f2[donor] += f2[last]
+    f2[last] = 0
+    cum2 = np.concatenate(([0], np.cumsum(f2)[:-1])).astype(np.int64)
+    with pytest.raises(ValueError, match="no frequency"):
+        lanes.code_lanes(sym, f2, cum2, S)
+    if w == lanes.WIDE:  # the table shorter than the symbols' range
+        with pytest.raises((ValueError, IndexError)):
+            lanes.code_lanes(sym, f[:last], cum[:last], S)
+    lanes.code_lanes(sym, f, cum, S)  # the full table codes
+
+
 # ---- the torch backend: the vector loop and the Triton kernels -----------------------------------
 
 torch = pytest.importorskip("torch")

@@ -1106,11 +1106,12 @@ static inline int lanes_of(Py_ssize_t s)
     return (int)(w < LANES_MAX ? w : LANES_MAX);
 }
 
-/* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + bias + q (M - f) with
- * q = x div f from a 32x32 -> 64-bit product (division by an invariant integer: exact for x < 2^31,
- * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias.
- * bad: 1 for a symbol without frequency (or beyond the table), checked once per block, not per symbol. */
-typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, bad; } enc_sym;
+/* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + cum + q (M - f) with
+ * q = x div f = (x rcp) >> shift from a 32x32 -> 64-bit product (division by an invariant integer:
+ * rcp = ceil(2^(31 + l) / f), l = ceil(log2 f), exact for x < 2^31, which every state before the
+ * update is).  A symbol without frequency (f = 0) sets bit 31 instead: every coded state is below
+ * 2^31, so the lanes' states ORed together mark a bad symbol (no per-symbol flag to load). */
+typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, pad; } enc_sym;
 
 static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
 {
@@ -1120,18 +1121,16 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
     e->x1 = (uint32_t)(xmax < 0xFFFFFFFFull ? xmax : 0xFFFFFFFFull);
     e->x2 = (uint32_t)((xmax << 8) < 0xFFFFFFFFull ? (xmax << 8) : 0xFFFFFFFFull);
     e->x3 = (uint32_t)((xmax << 16) < 0xFFFFFFFFull ? (xmax << 16) : 0xFFFFFFFFull);
-    e->cmpl = (1u << S) - f;
-    e->bad = f == 0;
-    if (f < 2) {
-        e->rcp = 0xFFFFFFFFu;
-        e->shift = 32;
-        e->bias = cum + (1u << S) - 1;
+    e->pad = 0;
+    if (f == 0) {
+        e->rcp = 0; e->shift = 32; e->bias = 0x80000000u; e->cmpl = 0;
     } else {
-        uint32_t sh = 0;
-        while (f > (1u << sh)) sh++;
-        e->rcp = (uint32_t)(((1ull << (sh + 31)) + f - 1) / f);
-        e->shift = 32 + sh - 1;
+        uint32_t l = 0;
+        while (f > (1u << l)) l++;
+        e->rcp = (uint32_t)(((1ull << (l + 31)) + f - 1) / f);
+        e->shift = 31 + l;
         e->bias = cum;
+        e->cmpl = (1u << S) - f;
     }
 }
 
@@ -1149,81 +1148,81 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
                                             | ((xs) >> 24); memcpy((q) - 4, &v_, 4); } while (0)
 #endif
 
-/* Code one symbol into a lane whose stream grows down from *p: the renormalisation's 0..3 bytes
- * (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent branch: x >= xmax << 8i for
- * i = 0, 1, 2 counts the bytes, and all three candidates are stored (the lane's region has room:
- * cap = 4 + 3 T), the pointer moving by the count.  Returns the symbol's bad flag. */
-static inline uint32_t enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
-{
-    uint32_t xs = *x;
-    uint8_t *q = *p;
-    int n = (xs >= e->x1) + (xs >= e->x2) + (xs >= e->x3);
-    ENC_BYTES(q, xs);
-    *p = q - n;
-    xs = (uint32_t)((uint64_t)xs >> (8 * n));
-    uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> e->shift);
-    *x = xs + e->bias + qt * e->cmpl;
-    return e->bad;
-}
+/* Code one symbol (entry E) into the lane with state X whose stream grows down from P: the
+ * renormalisation's 0..3 bytes (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent
+ * branch: x >= xmax << 8i for i = 0, 1, 2 counts the bytes, and all three candidates are stored (the
+ * lane's region has room: cap = 4 + 3 T), the pointer moving by the count.  THREE = 0 when S <= 16:
+ * then x3 >= 2^31 is never reached and its compare is left out. */
+#define ENC_PUT(X, P, E, THREE) do {                                                                    \
+    uint32_t xs_ = (X);                                                                               \
+    uint8_t *q_ = (P);                                                                                \
+    const enc_sym *e_ = (E);                                                                          \
+    ENC_BYTES(q_, xs_);                                                                               \
+    uint32_t n_ = (uint32_t)(xs_ >= e_->x1) + (uint32_t)(xs_ >= e_->x2)                               \
+                  + ((THREE) ? (uint32_t)(xs_ >= e_->x3) : 0u);                                       \
+    (P) = q_ - n_;                                                                                    \
+    xs_ >>= 8 * n_;                                                                                   \
+    uint32_t qt_ = (uint32_t)(((uint64_t)xs_ * e_->rcp) >> e_->shift);                                \
+    (X) = xs_ + e_->bias + qt_ * e_->cmpl;                                                            \
+} while (0)
 
-/* Symbol c's coder entry, or -2 from the enclosing function when c is beyond the table (u16 symbols;
- * the table of u8 symbols has all 256 entries). */
-#define ENC_TAB(c, WIDE, k, tab) ((WIDE) && (Py_ssize_t)(c) >= (k) ? NULL : &(tab)[c])
-
-/* LANE_GROUP lanes of one block coded together, each state in a local (a register): independent
- * dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows t = rows - 1 .. 0
- * (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial last row if it has one. */
+/* LANE_GROUP lanes of one block coded together, each state and pointer in a local (a register):
+ * independent dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows
+ * t = rows - 1 .. 0 (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial
+ * last row if it has one.  Returns the OR of every state it produced (bit 31: a bad symbol). */
 #define LANE_GROUP 4
-static inline uint32_t enc_group(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, int W, int j0,
-                                 const enc_sym *tab, Py_ssize_t k, uint32_t *x, uint8_t **ptr)
+static inline uint32_t enc_group(const void *sym, const int wide, const int three, Py_ssize_t o, Py_ssize_t s,
+                                 int W, int j0, const enc_sym *tab, uint32_t *x, uint8_t **ptr)
 {
     Py_ssize_t full = s / W, i0 = full * W;
-    uint32_t bad = 0;
+    uint32_t seen = 0;
     for (int j = j0; j < j0 + LANE_GROUP && i0 + j < s; j++) {  /* the last, partial row first */
-        uint32_t c = SYM_AT(sym, wide, o + i0 + j);
-        const enc_sym *e = ENC_TAB(c, wide, k, tab);
-        if (!e) return 1;
-        bad |= enc_put(&x[j], &ptr[j], e);
+        ENC_PUT(x[j], ptr[j], &tab[SYM_AT(sym, wide, o + i0 + j)], three);
+        seen |= x[j];
     }
     uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3];
     uint8_t *p0 = ptr[j0], *p1 = ptr[j0 + 1], *p2 = ptr[j0 + 2], *p3 = ptr[j0 + 3];
     for (Py_ssize_t t = full - 1; t >= 0; t--) {
         Py_ssize_t i = o + t * W + j0;
-        uint32_t c0 = SYM_AT(sym, wide, i), c1 = SYM_AT(sym, wide, i + 1);
-        uint32_t c2 = SYM_AT(sym, wide, i + 2), c3 = SYM_AT(sym, wide, i + 3);
-        if (wide && ((Py_ssize_t)c0 >= k || (Py_ssize_t)c1 >= k || (Py_ssize_t)c2 >= k || (Py_ssize_t)c3 >= k))
-            return 1;
-        bad |= enc_put(&x0, &p0, &tab[c0]) | enc_put(&x1, &p1, &tab[c1])
-             | enc_put(&x2, &p2, &tab[c2]) | enc_put(&x3, &p3, &tab[c3]);
+        ENC_PUT(x0, p0, &tab[SYM_AT(sym, wide, i)], three);
+        ENC_PUT(x1, p1, &tab[SYM_AT(sym, wide, i + 1)], three);
+        ENC_PUT(x2, p2, &tab[SYM_AT(sym, wide, i + 2)], three);
+        ENC_PUT(x3, p3, &tab[SYM_AT(sym, wide, i + 3)], three);
+        seen |= x0 | x1 | x2 | x3;
     }
     x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
     ptr[j0] = p0; ptr[j0 + 1] = p1; ptr[j0 + 2] = p2; ptr[j0 + 3] = p3;
-    return bad;
+    return seen;
 }
 
 /* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
  * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
- * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency. */
-static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab,
-                                     Py_ssize_t k, uint8_t *scratch, Py_ssize_t cap,
-                                     uint8_t *out, Py_ssize_t room, int64_t *lens)
+ * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency
+ * (a u16 symbol >= k: checked before, one max over the block; a table entry with f = 0: bit 31). */
+static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, const int three, Py_ssize_t o,
+                                            Py_ssize_t s, const enc_sym *tab, Py_ssize_t k, uint8_t *scratch,
+                                            Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens)
 {
     int W = lanes_of(s);
-    uint32_t x[LANES_MAX], bad = 0;
+    uint32_t x[LANES_MAX], seen = 0;
     uint8_t *ptr[LANES_MAX];
+    if (wide) {
+        const uint16_t *p = (const uint16_t *)sym + o;
+        uint16_t top = 0;
+        for (Py_ssize_t i = 0; i < s; i++) top = p[i] > top ? p[i] : top;
+        if ((Py_ssize_t)top >= k) return -2;
+    }
     for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = scratch + (Py_ssize_t)(j + 1) * cap; }
     int grouped = W - W % LANE_GROUP;
     for (int j0 = 0; j0 < grouped; j0 += LANE_GROUP)
-        bad |= enc_group(sym, wide, o, s, W, j0, tab, k, x, ptr);
+        seen |= enc_group(sym, wide, three, o, s, W, j0, tab, x, ptr);
     for (int j = grouped; j < W; j++) {  /* the lanes left over, one at a time, backwards */
         for (Py_ssize_t i = o + j + ((s - 1 - j) / W) * W; i >= o + j; i -= W) {
-            uint32_t c = SYM_AT(sym, wide, i);
-            const enc_sym *e = ENC_TAB(c, wide, k, tab);
-            if (!e) return -2;
-            bad |= enc_put(&x[j], &ptr[j], e);
+            ENC_PUT(x[j], ptr[j], &tab[SYM_AT(sym, wide, i)], three);
+            seen |= x[j];
         }
     }
-    if (bad) return -2;
+    if (seen >> 31) return -2;
     Py_ssize_t used = 0;
     for (int j = 0; j < W; j++) {
         uint8_t *q = ptr[j] - 4;
@@ -1235,6 +1234,23 @@ static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_
         used += len;
     }
     return used;
+}
+
+/* lanes_encode_block with its symbol width and compare count fixed (four specialised copies). */
+static Py_ssize_t lanes_encode_block_u8(const void *sym, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab, Py_ssize_t k,
+                                        uint8_t *scratch, Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens,
+                                        int three)
+{
+    return three ? lanes_encode_block(sym, 0, 1, o, s, tab, k, scratch, cap, out, room, lens)
+                 : lanes_encode_block(sym, 0, 0, o, s, tab, k, scratch, cap, out, room, lens);
+}
+
+static Py_ssize_t lanes_encode_block_u16(const void *sym, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab, Py_ssize_t k,
+                                         uint8_t *scratch, Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens,
+                                         int three)
+{
+    return three ? lanes_encode_block(sym, 1, 1, o, s, tab, k, scratch, cap, out, room, lens)
+                 : lanes_encode_block(sym, 1, 0, o, s, tab, k, scratch, cap, out, room, lens);
 }
 
 static const char symbol_counts_doc[] =
@@ -1280,6 +1296,22 @@ done:
     return res;
 }
 
+#define PACK_PIECE 16384  /* bytes packed, then counted, per step of pack_counts */
+
+/* Add the n bytes of p to four 256-entry sub-histograms (eight bytes a step, each sub-histogram
+ * every fourth byte: a run of equal bytes does not wait on one counter's store).  n < 2^32. */
+static inline void byte_counts(const uint8_t *p, Py_ssize_t n, uint32_t sub[4][256])
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        sub[0][w & 255]++; sub[1][(w >> 8) & 255]++; sub[2][(w >> 16) & 255]++; sub[3][(w >> 24) & 255]++;
+        sub[0][(w >> 32) & 255]++; sub[1][(w >> 40) & 255]++; sub[2][(w >> 48) & 255]++; sub[3][w >> 56]++;
+    }
+    for (; i < n; i++) sub[0][p[i]]++;
+}
+
 static const char pack_counts_doc[] =
     "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
     "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
@@ -1305,32 +1337,35 @@ static PyObject *py_pack_counts(PyObject *self, PyObject *args)
     const uint8_t *v = (const uint8_t *)ib.buf;
     uint8_t *out = (uint8_t *)ob.buf;
     int64_t *c = (int64_t *)cb.buf;
-    int64_t sub[2][256];
-    memset(sub, 0, sizeof(sub));
+    uint32_t sub[4][256];
     const int per = 8 / width;
     const uint32_t mask = (1u << width) - 1;
-    Py_ssize_t m = n / per, i = 0;
-    if (width == 4) {
-        for (; i < m; i++) {
-            uint8_t b = (uint8_t)((v[2 * i] & 15u) | ((v[2 * i + 1] & 15u) << 4));
-            out[i] = b;
-            sub[i & 1][b]++;
-        }
-    } else {
-        for (; i < m; i++) {
-            uint32_t b = 0;
-            for (int j = 0; j < per; j++) b |= (v[i * per + j] & mask) << (j * width);
-            out[i] = (uint8_t)b;
-            sub[i & 1][b]++;
-        }
+    Py_ssize_t m = n / per;
+    for (Py_ssize_t i0 = 0; i0 < m; i0 += PACK_PIECE) {  /* a piece packed (vectorised), then counted in L1 */
+        Py_ssize_t i1 = i0 + PACK_PIECE < m ? i0 + PACK_PIECE : m;
+        if (width == 8) memcpy(out + i0, v + i0, (size_t)(i1 - i0));
+        else if (width == 4)
+            for (Py_ssize_t i = i0; i < i1; i++) out[i] = (uint8_t)((v[2 * i] & 15u) | (v[2 * i + 1] << 4));
+        else if (width == 2)
+            for (Py_ssize_t i = i0; i < i1; i++)
+                out[i] = (uint8_t)((v[4 * i] & 3u) | ((v[4 * i + 1] & 3u) << 2) | ((v[4 * i + 2] & 3u) << 4)
+                                   | (v[4 * i + 3] << 6));
+        else
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                uint32_t b = 0;
+                for (int j = 0; j < 8; j++) b |= (v[8 * i + j] & 1u) << j;
+                out[i] = (uint8_t)b;
+            }
+        memset(sub, 0, sizeof(sub));
+        byte_counts(out + i0, i1 - i0, sub);
+        for (int s = 0; s < 256; s++) c[s] += (int64_t)sub[0][s] + sub[1][s] + sub[2][s] + sub[3][s];
     }
     if (m * per < n) {  /* the last byte: the IDs left, zero padding bits */
         uint32_t b = 0;
         for (Py_ssize_t j = m * per; j < n; j++) b |= (v[j] & mask) << ((j - m * per) * width);
         out[m] = (uint8_t)b;
-        sub[0][b]++;
+        c[b]++;
     }
-    for (int s = 0; s < 256; s++) c[s] += sub[0][s] + sub[1][s];
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
@@ -1395,11 +1430,8 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
         int64_t *lens = (int64_t *)lb.buf;
         for (Py_ssize_t b = b0; b < b1 && used >= 0; b++) {
             Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
-            Py_ssize_t got = wide  /* two specialised copies of the block loop */
-                ? lanes_encode_block(sb.buf, 1, b * LANES_BLOCK, s, tab, k, scratch, cap,
-                                     (uint8_t *)ob.buf + used, ob.len - used, lens)
-                : lanes_encode_block(sb.buf, 0, b * LANES_BLOCK, s, tab, k, scratch, cap,
-                                     (uint8_t *)ob.buf + used, ob.len - used, lens);
+            Py_ssize_t got = (wide ? lanes_encode_block_u16 : lanes_encode_block_u8)(
+                sb.buf, b * LANES_BLOCK, s, tab, k, scratch, cap, (uint8_t *)ob.buf + used, ob.len - used, lens, S > 16);
             lens += lanes_of(s);
             used = got < 0 ? got : used + got;
         }
