@@ -13,6 +13,7 @@ import mucsc
 from mucsc.codec import kernels
 from mucsc.codec.wire import container as fmt
 from mucsc.codec.wire import lanes
+from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 BACKENDS = ["numpy", "c"] if kernels.c_module() is not None else ["numpy"]
@@ -194,6 +195,35 @@ def test_a_symbol_without_frequency_is_refused(backend, n, k, monkeypatch):
         with pytest.raises((ValueError, IndexError)):
             lanes.code_lanes(sym, f[:last], cum[:last], S)
     lanes.code_lanes(sym, f, cum, S)  # the full table codes
+
+
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+@pytest.mark.parametrize("n, k, conc", [(2 * lanes.BLOCK * 2 + 5, 16, 0.3), (lanes.BLOCK * 2, 16, 50.0),
+                                        (lanes.BLOCK * 8, 2, 0.3), (lanes.BLOCK, 256, 0.05),
+                                        (lanes.BLOCK * 3 + 1, 256, 5.0)])
+def test_the_vector_coder_writes_the_scalar_bytes(n, k, conc, monkeypatch):
+    # full byte-symbol blocks go to the AVX2 coder where the CPU has it (simd=1); simd=0 is the
+    # scalar coder: the same streams as it and the numpy reference, also for tables of 9..16 scale
+    # bits and for a single symbol (f = M)
+    ids = ids_for(n, k, seed=n + k, conc=conc)
+    sym = lanes.symbols(ids, k, lanes.symbol_bits(k))
+    lay = lanes.layout(sym.size)
+    C = kernels.c_module()
+    for S, single in [(16, False), (12, False), (9, False), (16, True)]:
+        s = np.full(sym.size, sym[-1]) if single else sym
+        f = rans.normalize(lanes.counts_of(s, 256), S)
+        cum = np.concatenate(([0], np.cumsum(f)[:-1]))
+        got = []
+        for simd in (0, 1):
+            out = np.zeros(int((4 + 3 * lay.count).sum()), np.uint8)
+            lens = np.zeros(lay.total_lanes, np.int64)
+            used = C.lanes_encode(s, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, 0, lay.blocks, out,
+                                  lens, simd)
+            got.append((out[:used].tobytes(), lens.tolist()))
+        monkeypatch.setattr(kernels, "BACKEND", "numpy")
+        lens, streams = lanes.code_lanes(s, f, cum, S)
+        monkeypatch.undo()
+        assert got[0] == got[1] == (b"".join(streams), lens.tolist())
 
 
 # ---- the torch backend: the vector loop and the Triton kernels -----------------------------------

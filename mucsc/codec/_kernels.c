@@ -1195,6 +1195,25 @@ static inline uint32_t enc_group(const void *sym, const int wide, const int thre
     return seen;
 }
 
+/* The end of a block's W lanes (states x, streams grown down to ptr in scratch, lane j's ending at
+ * (j + 1) cap): each final state before its bytes, the streams copied to out in lane order, their
+ * lengths to lens.  Returns bytes written, -1 if out is too small. */
+static Py_ssize_t lanes_emit(const uint32_t *x, uint8_t *const *ptr, int W, uint8_t *scratch, Py_ssize_t cap,
+                             uint8_t *out, Py_ssize_t room, int64_t *lens)
+{
+    Py_ssize_t used = 0;
+    for (int j = 0; j < W; j++) {
+        uint8_t *q = ptr[j] - 4;
+        q[0] = (uint8_t)x[j]; q[1] = (uint8_t)(x[j] >> 8); q[2] = (uint8_t)(x[j] >> 16); q[3] = (uint8_t)(x[j] >> 24);
+        Py_ssize_t len = (scratch + (Py_ssize_t)(j + 1) * cap) - q;
+        if (used + len > room) return -1;
+        memcpy(out + used, q, (size_t)len);
+        lens[j] = len;
+        used += len;
+    }
+    return used;
+}
+
 /* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
  * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
  * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency
@@ -1223,17 +1242,7 @@ static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, con
         }
     }
     if (seen >> 31) return -2;
-    Py_ssize_t used = 0;
-    for (int j = 0; j < W; j++) {
-        uint8_t *q = ptr[j] - 4;
-        q[0] = (uint8_t)x[j]; q[1] = (uint8_t)(x[j] >> 8); q[2] = (uint8_t)(x[j] >> 16); q[3] = (uint8_t)(x[j] >> 24);
-        Py_ssize_t len = (scratch + (Py_ssize_t)(j + 1) * cap) - q;
-        if (used + len > room) return -1;
-        memcpy(out + used, q, (size_t)len);
-        lens[j] = len;
-        used += len;
-    }
-    return used;
+    return lanes_emit(x, ptr, W, scratch, cap, out, room, lens);
 }
 
 /* lanes_encode_block with its symbol width and compare count fixed (four specialised copies). */
@@ -1252,6 +1261,104 @@ static Py_ssize_t lanes_encode_block_u16(const void *sym, Py_ssize_t o, Py_ssize
     return three ? lanes_encode_block(sym, 1, 1, o, s, tab, k, scratch, cap, out, room, lens)
                  : lanes_encode_block(sym, 1, 0, o, s, tab, k, scratch, cap, out, room, lens);
 }
+
+/* ---- the byte-symbol lane coder in AVX2 (x86 with GCC or clang; picked at run time) ------------
+ * A full block of byte symbols with 9 <= S <= 16: its 32 lanes as four vectors of eight states,
+ * each row's 32 symbols in one pass, the table read by two gathers per vector.  The arithmetic is
+ * ENC_PUT's, lane for lane (the same bytes): thresholds from f, l = ceil(log2 f) from the exponent
+ * of the float 2 f - 1 (exact below 2^24), the 32x32 -> 64-bit products of even and odd lanes
+ * apart.  Only the byte stores are per lane (each lane's own stream). */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(MUCSC_NO_AVX2)
+#define LANES_AVX2 1
+#include <immintrin.h>
+
+/* rcp[c] as enc_sym's (bit 31 always set; 0 for a symbol without frequency, checked by an AND over
+ * the block) and fc[c] = (f - 1) | cum << 16 (f <= 2^16, cum < 2^16: S <= 16). */
+typedef struct { uint32_t rcp[256], fc[256]; } enc_tab8;
+
+static void enc_tab8_init(enc_tab8 *t, const uint32_t *f, const uint32_t *cum, Py_ssize_t k)
+{
+    for (int c = 0; c < 256; c++) {
+        uint32_t fs = c < k ? f[c] : 0;
+        t->rcp[c] = 0;
+        t->fc[c] = 0;
+        if (fs == 0) continue;
+        uint32_t l = 0;
+        while (fs > (1u << l)) l++;
+        t->rcp[c] = (uint32_t)(((1ull << (l + 31)) + fs - 1) / fs);
+        t->fc[c] = (fs - 1) | (cum[c] << 16);
+    }
+}
+
+static int have_avx2(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+}
+
+/* lanes_encode_block of a full block of u8 symbols (W = 32, 2048 rows), 9 <= S <= 16. */
+__attribute__((target("avx2")))
+static Py_ssize_t lanes_encode_block_avx2(const uint8_t *sym, Py_ssize_t o, const enc_tab8 *tb, int S, uint8_t *scratch,
+                                          Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens)
+{
+    const __m256i one = _mm256_set1_epi32(1), lo16 = _mm256_set1_epi32(0xFFFF), M = _mm256_set1_epi32(1 << S);
+    const __m256i cap2 = _mm256_set1_epi32(1 << (S - 8)), c96 = _mm256_set1_epi32(96);
+    const __m256i lo32 = _mm256_set1_epi64x(0xFFFFFFFFll), zero = _mm256_setzero_si256();
+    const __m128i a1 = _mm_cvtsi32_si128(31 - S), a2 = _mm_cvtsi32_si128(39 - S);
+    const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                           3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    __m256i x[4], off[4], ok = _mm256_set1_epi32(-1);
+    for (int v = 0; v < 4; v++) {  /* lane j's stream grows down from (j + 1) cap */
+        x[v] = _mm256_set1_epi32((int)RANS_L);
+        off[v] = _mm256_mullo_epi32(_mm256_setr_epi32(8 * v + 1, 8 * v + 2, 8 * v + 3, 8 * v + 4, 8 * v + 5, 8 * v + 6,
+                                                      8 * v + 7, 8 * v + 8), _mm256_set1_epi32((int)cap));
+    }
+    int32_t tmpo[8] __attribute__((aligned(32)));
+    uint32_t tmpb[8] __attribute__((aligned(32)));
+    for (Py_ssize_t t = LANE_SYMBOLS - 1; t >= 0; t--) {
+        const uint8_t *row = sym + o + t * LANES_MAX;
+        for (int v = 0; v < 4; v++) {
+            __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * v)));
+            __m256i rcp = _mm256_i32gather_epi32((const int *)tb->rcp, c, 4);
+            __m256i fc = _mm256_i32gather_epi32((const int *)tb->fc, c, 4);
+            ok = _mm256_and_si256(ok, rcp);
+            __m256i f = _mm256_add_epi32(_mm256_and_si256(fc, lo16), one);
+            __m256i cum = _mm256_srli_epi32(fc, 16);
+            /* x >= x1 and x >= x2 as signed x > min(threshold, 2^31) - 1 (states are below 2^31) */
+            __m256i t1 = _mm256_sub_epi32(_mm256_sll_epi32(f, a1), one);
+            __m256i t2 = _mm256_sub_epi32(_mm256_sll_epi32(_mm256_min_epu32(f, cap2), a2), one);
+            __m256i xv = x[v];
+            __m256i n = _mm256_sub_epi32(zero, _mm256_add_epi32(_mm256_cmpgt_epi32(xv, t1), _mm256_cmpgt_epi32(xv, t2)));
+            _mm256_store_si256((__m256i *)tmpb, _mm256_shuffle_epi8(xv, bswap));
+            _mm256_store_si256((__m256i *)tmpo, off[v]);
+            off[v] = _mm256_sub_epi32(off[v], n);
+            for (int j = 0; j < 8; j++) memcpy(scratch + tmpo[j] - 4, &tmpb[j], 4);  /* ENC_BYTES per lane */
+            __m256i xs = _mm256_srlv_epi32(xv, _mm256_slli_epi32(n, 3));
+            __m256i sh = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(
+                                              _mm256_sub_epi32(_mm256_add_epi32(f, f), one))), 23), c96);
+            __m256i pe = _mm256_srlv_epi64(_mm256_mul_epu32(xs, rcp), _mm256_and_si256(sh, lo32));
+            __m256i po = _mm256_srlv_epi64(_mm256_mul_epu32(_mm256_srli_epi64(xs, 32), _mm256_srli_epi64(rcp, 32)),
+                                           _mm256_srli_epi64(sh, 32));
+            __m256i q = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+            x[v] = _mm256_add_epi32(_mm256_add_epi32(xs, cum), _mm256_mullo_epi32(q, _mm256_sub_epi32(M, f)));
+        }
+    }
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(ok)) != 0xFF) return -2;
+    uint32_t xf[LANES_MAX];
+    int32_t of[LANES_MAX];
+    for (int v = 0; v < 4; v++) {
+        _mm256_storeu_si256((__m256i *)(xf + 8 * v), x[v]);
+        _mm256_storeu_si256((__m256i *)(of + 8 * v), off[v]);
+    }
+    uint8_t *ptr[LANES_MAX];
+    for (int j = 0; j < LANES_MAX; j++) ptr[j] = scratch + of[j];
+    return lanes_emit(xf, ptr, LANES_MAX, scratch, cap, out, room, lens);
+}
+#endif
 
 static const char symbol_counts_doc[] =
     "symbol_counts(sym u8|u16, counts i64): counts[v] += occurrences of v in sym (len(counts) > max(sym):\n"
@@ -1375,16 +1482,18 @@ done:
 }
 
 static const char lanes_encode_doc[] =
-    "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64) -> bytes written\n"
+    "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64[, simd=1]) -> bytes written\n"
     "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
-    "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.";
+    "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.\n"
+    "simd=0 leaves out the AVX2 coder of full byte-symbol blocks (the same bytes; for tests).";
 
 static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 {
     PyObject *so, *fo, *co, *oo, *lo;
     int S;
     Py_ssize_t m, b0, b1;
-    if (!PyArg_ParseTuple(args, "OOOinnnOO", &so, &fo, &co, &S, &m, &b0, &b1, &oo, &lo)) return NULL;
+    int simd = 1;
+    if (!PyArg_ParseTuple(args, "OOOinnnOO|i", &so, &fo, &co, &S, &m, &b0, &b1, &oo, &lo, &simd)) return NULL;
     Py_buffer sb, fb, cb, ob, lb;
     if (get_buf(so, &sb, 0, "sym") < 0) return NULL;
     if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&sb); return NULL; }
@@ -1396,6 +1505,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
     PyObject *res = NULL;
     enc_sym *tab = NULL;
     uint8_t *scratch = NULL;
+#ifdef LANES_AVX2
+    enc_tab8 *tab8 = NULL;
+#endif
     Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK;
     int wide = sb.itemsize == 2;
     if (S < 1 || S > 22 || (sb.itemsize != 1 && sb.itemsize != 2) || sb.len / sb.itemsize != m || fb.itemsize != 4
@@ -1423,14 +1535,31 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
         tab = (enc_sym *)PyMem_RawMalloc((size_t)(entries > k ? entries : k) * sizeof(enc_sym));
         scratch = (uint8_t *)PyMem_RawMalloc((size_t)(LANES_MAX * cap));
         if (!tab || !scratch) { PyErr_NoMemory(); goto done; }
+#ifdef LANES_AVX2
+        int vec;  /* full byte-symbol blocks by the AVX2 coder: a table it can hold, a CPU that has it */
+        vec = simd && !wide && S >= 9 && S <= 16 && k <= 256 && have_avx2();
+        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && cum[c] < (1u << S);
+        if (vec && !(tab8 = (enc_tab8 *)PyMem_RawMalloc(sizeof(enc_tab8)))) { PyErr_NoMemory(); goto done; }
+#else
+        (void)simd;
+#endif
         Py_ssize_t used = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < k; c++) enc_sym_init(&tab[c], cum[c], f[c], S);
         for (Py_ssize_t c = k; c < entries; c++) enc_sym_init(&tab[c], 0, 0, S);
+#ifdef LANES_AVX2
+        if (vec) enc_tab8_init(tab8, f, cum, k);
+#endif
         int64_t *lens = (int64_t *)lb.buf;
         for (Py_ssize_t b = b0; b < b1 && used >= 0; b++) {
-            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
-            Py_ssize_t got = (wide ? lanes_encode_block_u16 : lanes_encode_block_u8)(
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK, got;
+#ifdef LANES_AVX2
+            if (vec && s == LANES_BLOCK)
+                got = lanes_encode_block_avx2((const uint8_t *)sb.buf, b * LANES_BLOCK, tab8, S, scratch, cap,
+                                              (uint8_t *)ob.buf + used, ob.len - used, lens);
+            else
+#endif
+            got = (wide ? lanes_encode_block_u16 : lanes_encode_block_u8)(
                 sb.buf, b * LANES_BLOCK, s, tab, k, scratch, cap, (uint8_t *)ob.buf + used, ob.len - used, lens, S > 16);
             lens += lanes_of(s);
             used = got < 0 ? got : used + got;
@@ -1441,6 +1570,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(tab);
     PyMem_RawFree(scratch);
+#ifdef LANES_AVX2
+    PyMem_RawFree(tab8);
+#endif
     PyBuffer_Release(&sb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); PyBuffer_Release(&lb);
     return res;
 }
