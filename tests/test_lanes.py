@@ -158,6 +158,37 @@ def test_corrupt_sections_are_rejected(backend, monkeypatch):
             mucsc.decode(_rebuild(blob, lanes.encode_symbols(s, 4, 256)))
 
 
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
+    # random byte changes and cut lanes in the streams of a full block and a partial one: the
+    # compiled decoder (four lanes at a time while 4 bytes remain, then byte by byte) accepts and
+    # rejects exactly what the numpy reference does, with the same symbols when it accepts
+    n, k = 2 * lanes.BLOCK + 5000, 16
+    good = np.frombuffer(lanes.encode(ids_for(n, k, 5), k), np.uint8)
+    p = lanes.parse(good, n, k)
+    g = np.random.default_rng(7)
+    verdicts = []
+    for trial in range(40):
+        b = good.copy()
+        lane = int(g.integers(p.lengths.size))
+        s, ln = int(p.starts[lane]), int(p.lengths[lane])
+        if trial % 4 == 3:  # the lane's last bytes zeroed: it runs short of state
+            b[s + ln - int(g.integers(1, 4)): s + ln] = 0
+        else:
+            at = s + int(g.integers(ln))
+            b[at] ^= np.uint8(1 << int(g.integers(8)))
+        outs = []
+        for backend in ("c", "numpy"):
+            monkeypatch.setattr(kernels, "BACKEND", backend)
+            out = np.zeros(p.layout.m, np.uint8)
+            outs.append((lanes.decode_lanes(b, p, out), out))
+        assert outs[0][0] == outs[1][0]
+        if not outs[0][0]:
+            np.testing.assert_array_equal(outs[0][1], outs[1][1])
+        verdicts.append(outs[0][0])
+    assert any(verdicts)
+
+
 def _rebuild(blob, idsl):
     msg = fmt.read_message(blob)
     secs = [(s.group, s.tag, idsl if s.tag == "IDSL" else bytes(msg.payload(s)), False)

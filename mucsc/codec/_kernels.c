@@ -1604,10 +1604,34 @@ static inline int dec_get(uint32_t *x, const uint8_t **p, const uint8_t *end, co
     return 0;
 }
 
-/* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt. */
+#if defined(__GNUC__) || defined(__clang__)
+#define BSWAP32(v) __builtin_bswap32(v)
+#else
+#define BSWAP32(v) ((((v) & 0xFFu) << 24) | (((v) & 0xFF00u) << 8) | (((v) >> 8) & 0xFF00u) | ((v) >> 24))
+#endif
+
+/* dec_get for a lane with at least 4 bytes left (the caller checks), its state and pointer in
+ * locals: the renormalisation's 0..3 bytes read as one big-endian 4-byte word. */
+#define DEC_STEP(X, P, C) do {                                                                          \
+    uint32_t x_ = (X), slot_ = x_ & mask, sy_ = slot_sym[slot_];                                        \
+    x_ = f[sy_] * (x_ >> S) + slot_ - cum[sy_];                                                         \
+    uint32_t n_ = (uint32_t)(x_ < RANS_L) + (uint32_t)(x_ < (RANS_L >> 8)) + (uint32_t)(x_ < (RANS_L >> 16)); \
+    uint32_t w_;                                                                                        \
+    memcpy(&w_, (P), 4);                                                                                \
+    (X) = (uint32_t)((((uint64_t)x_ << 32) | BSWAP32(w_)) >> (32 - 8 * n_));                           \
+    (P) += n_;                                                                                          \
+    (C) = sy_;                                                                                          \
+} while (0)
+
+/* Symbol C of row t, lane j of the block's output. */
+#define DEC_OUT(T, J, C) do { if (wide) o16[(T) * W + (J)] = (uint16_t)(C); else o8[(T) * W + (J)] = (uint8_t)(C); } while (0)
+
+/* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt.  Four lanes at a time
+ * through the full rows, their states and pointers in locals (independent chains) while each has
+ * 4 bytes left, then dec_get's careful steps; the other lanes and the partial last row by dec_get. */
 static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum,
-                              int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
-                              const int wide)
+                                     int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
+                                     const int wide)
 {
     int W = lanes_of(s);
     uint32_t x[LANES_MAX], mask = (1u << S) - 1, c;
@@ -1621,12 +1645,33 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     }
     uint8_t *o8 = (uint8_t *)out + o;
     uint16_t *o16 = (uint16_t *)out + o;
-    for (Py_ssize_t i = 0; i < s; i += W) {
-        int w = s - i < W ? (int)(s - i) : W;  /* the last row may be partial */
-        for (int j = 0; j < w; j++) {
-            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
-            if (wide) o16[i + j] = (uint16_t)c; else o8[i + j] = (uint8_t)c;
+    Py_ssize_t full = s / W;
+    int grouped = W - W % 4;
+    for (int j0 = 0; j0 < grouped; j0 += 4) {
+        uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3], c0, c1, c2, c3;
+        const uint8_t *p0 = p[j0], *p1 = p[j0 + 1], *p2 = p[j0 + 2], *p3 = p[j0 + 3];
+        const uint8_t *e0 = end[j0] - 4, *e1 = end[j0 + 1] - 4, *e2 = end[j0 + 2] - 4, *e3 = end[j0 + 3] - 4;
+        Py_ssize_t t = 0;
+        for (; t < full && p0 <= e0 && p1 <= e1 && p2 <= e2 && p3 <= e3; t++) {
+            DEC_STEP(x0, p0, c0); DEC_STEP(x1, p1, c1); DEC_STEP(x2, p2, c2); DEC_STEP(x3, p3, c3);
+            DEC_OUT(t, j0, c0); DEC_OUT(t, j0 + 1, c1); DEC_OUT(t, j0 + 2, c2); DEC_OUT(t, j0 + 3, c3);
         }
+        x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
+        p[j0] = p0; p[j0 + 1] = p1; p[j0 + 2] = p2; p[j0 + 3] = p3;
+        for (; t < full; t++)  /* the rows left, near a stream's end */
+            for (int j = j0; j < j0 + 4; j++) {
+                if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+                DEC_OUT(t, j, c);
+            }
+    }
+    for (Py_ssize_t t = 0; t < full; t++)
+        for (int j = grouped; j < W; j++) {
+            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+            DEC_OUT(t, j, c);
+        }
+    for (int j = 0; j < (int)(s - full * W); j++) {  /* the last, partial row */
+        if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+        DEC_OUT(full, j, c);
     }
     for (int j = 0; j < W; j++)
         if (x[j] != RANS_L || p[j] != end[j]) return 1;
