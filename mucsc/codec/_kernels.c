@@ -1290,6 +1290,7 @@ static void enc_tab8_init(enc_tab8 *t, const uint32_t *f, const uint32_t *cum, P
     }
 }
 
+/* Whether this CPU runs AVX2 (asked once, at module init). */
 static int have_avx2(void)
 {
     static int known = -1;
@@ -1422,7 +1423,8 @@ static inline void byte_counts(const uint8_t *p, Py_ssize_t n, uint32_t sub[4][2
 static const char pack_counts_doc[] =
     "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
     "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
-    "occurrences to counts (256): IDSL's byte symbols and their histogram in one pass.  The GIL is released.";
+    "occurrences to counts (256): IDSL's byte symbols and their histogram, each 16 KiB piece counted right\n"
+    "after it is packed (still in cache).  The GIL is released.";
 
 static PyObject *py_pack_counts(PyObject *self, PyObject *args)
 {
@@ -1932,5 +1934,8 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__kernels(void)
 {
     if (PyType_Ready(&WritableType) < 0) return NULL;
+#ifdef LANES_AVX2
+    (void)have_avx2();  /* decided once here, under the GIL: the coder's threads only read it */
+#endif
     return PyModule_Create(&moddef);
 }
