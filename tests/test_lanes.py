@@ -13,6 +13,7 @@ import mucsc
 from mucsc.codec import kernels
 from mucsc.codec.wire import container as fmt
 from mucsc.codec.wire import lanes
+from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 BACKENDS = ["numpy", "c"] if kernels.c_module() is not None else ["numpy"]
@@ -157,6 +158,37 @@ def test_corrupt_sections_are_rejected(backend, monkeypatch):
             mucsc.decode(_rebuild(blob, lanes.encode_symbols(s, 4, 256)))
 
 
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
+    # random byte changes and cut lanes in the streams of a full block and a partial one: the
+    # compiled decoder (four lanes at a time while 4 bytes remain, then byte by byte) accepts and
+    # rejects exactly what the numpy reference does, with the same symbols when it accepts
+    n, k = 2 * lanes.BLOCK + 5000, 16
+    good = np.frombuffer(lanes.encode(ids_for(n, k, 5), k), np.uint8)
+    p = lanes.parse(good, n, k)
+    g = np.random.default_rng(7)
+    verdicts = []
+    for trial in range(40):
+        b = good.copy()
+        lane = int(g.integers(p.lengths.size))
+        s, ln = int(p.starts[lane]), int(p.lengths[lane])
+        if trial % 4 == 3:  # the lane's last bytes zeroed: it runs short of state
+            b[s + ln - int(g.integers(1, 4)): s + ln] = 0
+        else:
+            at = s + int(g.integers(ln))
+            b[at] ^= np.uint8(1 << int(g.integers(8)))
+        outs = []
+        for backend in ("c", "numpy"):
+            monkeypatch.setattr(kernels, "BACKEND", backend)
+            out = np.zeros(p.layout.m, np.uint8)
+            outs.append((lanes.decode_lanes(b, p, out), out))
+        assert outs[0][0] == outs[1][0]
+        if not outs[0][0]:
+            np.testing.assert_array_equal(outs[0][1], outs[1][1])
+        verdicts.append(outs[0][0])
+    assert any(verdicts)
+
+
 def _rebuild(blob, idsl):
     msg = fmt.read_message(blob)
     secs = [(s.group, s.tag, idsl if s.tag == "IDSL" else bytes(msg.payload(s)), False)
@@ -168,6 +200,61 @@ def test_hostile_element_counts_are_refused_before_allocating():
     blob = lanes.encode(ids_for(100, 300), 300)
     with pytest.raises(FormatError, match="cannot hold"):
         lanes.decode_symbols(blob, 1 << 40, 300)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n, k", [(5000, 16), (70000, 16), (30000, 300), (9000, 5000)])
+def test_a_symbol_without_frequency_is_refused(backend, n, k, monkeypatch):
+    # a table that leaves out a symbol the data has (or a u16 symbol beyond the table): an error,
+    # never a stream (the compiled coder marks it in the state's bit 31, checked per block)
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    ids = ids_for(n, k, seed=k)
+    w = lanes.symbol_bits(k)
+    sym = lanes.symbols(ids, k, w)
+    counts = lanes.counts_of(sym, lanes.alphabet(k, w))
+    S, f = lanes.table(counts, sym.size)
+    cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+    last = int(sym[-7])  # one symbol of the last block's last rows
+    donor = int(np.argmax(np.where(np.arange(f.size) == last, 0, f)))  # another symbol takes its share
+    f2 = f.copy()
+    f2[donor] += f2[last]
+    f2[last] = 0
+    cum2 = np.concatenate(([0], np.cumsum(f2)[:-1])).astype(np.int64)
+    with pytest.raises(ValueError, match="no frequency"):
+        lanes.code_lanes(sym, f2, cum2, S)
+    if w == lanes.WIDE:  # the table shorter than the symbols' range
+        with pytest.raises((ValueError, IndexError)):
+            lanes.code_lanes(sym, f[:last], cum[:last], S)
+    lanes.code_lanes(sym, f, cum, S)  # the full table codes
+
+
+@pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
+@pytest.mark.parametrize("n, k, conc", [(2 * lanes.BLOCK * 2 + 5, 16, 0.3), (lanes.BLOCK * 2, 16, 50.0),
+                                        (lanes.BLOCK * 8, 2, 0.3), (lanes.BLOCK, 256, 0.05),
+                                        (lanes.BLOCK * 3 + 1, 256, 5.0)])
+def test_the_vector_coder_writes_the_scalar_bytes(n, k, conc, monkeypatch):
+    # full byte-symbol blocks go to the AVX2 coder where the CPU has it (simd=1); simd=0 is the
+    # scalar coder: the same streams as it and the numpy reference, also for tables of 9..16 scale
+    # bits and for a single symbol (f = M)
+    ids = ids_for(n, k, seed=n + k, conc=conc)
+    sym = lanes.symbols(ids, k, lanes.symbol_bits(k))
+    lay = lanes.layout(sym.size)
+    C = kernels.c_module()
+    for S, single in [(16, False), (12, False), (9, False), (16, True)]:
+        s = np.full(sym.size, sym[-1]) if single else sym
+        f = rans.normalize(lanes.counts_of(s, 256), S)
+        cum = np.concatenate(([0], np.cumsum(f)[:-1]))
+        got = []
+        for simd in (0, 1):
+            out = np.zeros(int((4 + 3 * lay.count).sum()), np.uint8)
+            lens = np.zeros(lay.total_lanes, np.int64)
+            used = C.lanes_encode(s, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, 0, lay.blocks, out,
+                                  lens, simd)
+            got.append((out[:used].tobytes(), lens.tolist()))
+        monkeypatch.setattr(kernels, "BACKEND", "numpy")
+        lens, streams = lanes.code_lanes(s, f, cum, S)
+        monkeypatch.undo()
+        assert got[0] == got[1] == (b"".join(streams), lens.tolist())
 
 
 # ---- the torch backend: the vector loop and the Triton kernels -----------------------------------

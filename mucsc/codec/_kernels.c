@@ -1106,11 +1106,12 @@ static inline int lanes_of(Py_ssize_t s)
     return (int)(w < LANES_MAX ? w : LANES_MAX);
 }
 
-/* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + bias + q (M - f) with
- * q = x div f from a 32x32 -> 64-bit product (division by an invariant integer: exact for x < 2^31,
- * which every state before the update is). f = 1 takes q = x - 1 and folds the difference into bias.
- * bad: 1 for a symbol without frequency (or beyond the table), checked once per block, not per symbol. */
-typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, bad; } enc_sym;
+/* An encoder symbol: x' = (x div f) << S + x mod f + cum computed as x + cum + q (M - f) with
+ * q = x div f = (x rcp) >> shift from a 32x32 -> 64-bit product (division by an invariant integer:
+ * rcp = ceil(2^(31 + l) / f), l = ceil(log2 f), exact for x < 2^31, which every state before the
+ * update is).  A symbol without frequency (f = 0) sets bit 31 instead: every coded state is below
+ * 2^31, so the lanes' states ORed together mark a bad symbol (no per-symbol flag to load). */
+typedef struct { uint32_t x1, x2, x3, rcp, shift, bias, cmpl, pad; } enc_sym;
 
 static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
 {
@@ -1120,18 +1121,16 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
     e->x1 = (uint32_t)(xmax < 0xFFFFFFFFull ? xmax : 0xFFFFFFFFull);
     e->x2 = (uint32_t)((xmax << 8) < 0xFFFFFFFFull ? (xmax << 8) : 0xFFFFFFFFull);
     e->x3 = (uint32_t)((xmax << 16) < 0xFFFFFFFFull ? (xmax << 16) : 0xFFFFFFFFull);
-    e->cmpl = (1u << S) - f;
-    e->bad = f == 0;
-    if (f < 2) {
-        e->rcp = 0xFFFFFFFFu;
-        e->shift = 32;
-        e->bias = cum + (1u << S) - 1;
+    e->pad = 0;
+    if (f == 0) {
+        e->rcp = 0; e->shift = 32; e->bias = 0x80000000u; e->cmpl = 0;
     } else {
-        uint32_t sh = 0;
-        while (f > (1u << sh)) sh++;
-        e->rcp = (uint32_t)(((1ull << (sh + 31)) + f - 1) / f);
-        e->shift = 32 + sh - 1;
+        uint32_t l = 0;
+        while (f > (1u << l)) l++;
+        e->rcp = (uint32_t)(((1ull << (l + 31)) + f - 1) / f);
+        e->shift = 31 + l;
         e->bias = cum;
+        e->cmpl = (1u << S) - f;
     }
 }
 
@@ -1149,81 +1148,59 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
                                             | ((xs) >> 24); memcpy((q) - 4, &v_, 4); } while (0)
 #endif
 
-/* Code one symbol into a lane whose stream grows down from *p: the renormalisation's 0..3 bytes
- * (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent branch: x >= xmax << 8i for
- * i = 0, 1, 2 counts the bytes, and all three candidates are stored (the lane's region has room:
- * cap = 4 + 3 T), the pointer moving by the count.  Returns the symbol's bad flag. */
-static inline uint32_t enc_put(uint32_t *x, uint8_t **p, const enc_sym *e)
-{
-    uint32_t xs = *x;
-    uint8_t *q = *p;
-    int n = (xs >= e->x1) + (xs >= e->x2) + (xs >= e->x3);
-    ENC_BYTES(q, xs);
-    *p = q - n;
-    xs = (uint32_t)((uint64_t)xs >> (8 * n));
-    uint32_t qt = (uint32_t)(((uint64_t)xs * e->rcp) >> e->shift);
-    *x = xs + e->bias + qt * e->cmpl;
-    return e->bad;
-}
+/* Code one symbol (entry E) into the lane with state X whose stream grows down from P: the
+ * renormalisation's 0..3 bytes (while x >= xmax: emit x mod 256, x >>= 8) without a data-dependent
+ * branch: x >= xmax << 8i for i = 0, 1, 2 counts the bytes, and all three candidates are stored (the
+ * lane's region has room: cap = 4 + 3 T), the pointer moving by the count.  THREE = 0 when S <= 16:
+ * then x3 >= 2^31 is never reached and its compare is left out. */
+#define ENC_PUT(X, P, E, THREE) do {                                                                    \
+    uint32_t xs_ = (X);                                                                               \
+    uint8_t *q_ = (P);                                                                                \
+    const enc_sym *e_ = (E);                                                                          \
+    ENC_BYTES(q_, xs_);                                                                               \
+    uint32_t n_ = (uint32_t)(xs_ >= e_->x1) + (uint32_t)(xs_ >= e_->x2)                               \
+                  + ((THREE) ? (uint32_t)(xs_ >= e_->x3) : 0u);                                       \
+    (P) = q_ - n_;                                                                                    \
+    xs_ >>= 8 * n_;                                                                                   \
+    uint32_t qt_ = (uint32_t)(((uint64_t)xs_ * e_->rcp) >> e_->shift);                                \
+    (X) = xs_ + e_->bias + qt_ * e_->cmpl;                                                            \
+} while (0)
 
-/* Symbol c's coder entry, or -2 from the enclosing function when c is beyond the table (u16 symbols;
- * the table of u8 symbols has all 256 entries). */
-#define ENC_TAB(c, WIDE, k, tab) ((WIDE) && (Py_ssize_t)(c) >= (k) ? NULL : &(tab)[c])
-
-/* LANE_GROUP lanes of one block coded together, each state in a local (a register): independent
- * dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows t = rows - 1 .. 0
- * (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial last row if it has one. */
+/* LANE_GROUP lanes of one block coded together, each state and pointer in a local (a register):
+ * independent dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows
+ * t = rows - 1 .. 0 (row t of lane j: symbol o + t W + j), after each lane's symbol of the partial
+ * last row if it has one.  Returns the OR of every state it produced (bit 31: a bad symbol). */
 #define LANE_GROUP 4
-static inline uint32_t enc_group(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, int W, int j0,
-                                 const enc_sym *tab, Py_ssize_t k, uint32_t *x, uint8_t **ptr)
+static inline uint32_t enc_group(const void *sym, const int wide, const int three, Py_ssize_t o, Py_ssize_t s,
+                                 int W, int j0, const enc_sym *tab, uint32_t *x, uint8_t **ptr)
 {
     Py_ssize_t full = s / W, i0 = full * W;
-    uint32_t bad = 0;
+    uint32_t seen = 0;
     for (int j = j0; j < j0 + LANE_GROUP && i0 + j < s; j++) {  /* the last, partial row first */
-        uint32_t c = SYM_AT(sym, wide, o + i0 + j);
-        const enc_sym *e = ENC_TAB(c, wide, k, tab);
-        if (!e) return 1;
-        bad |= enc_put(&x[j], &ptr[j], e);
+        ENC_PUT(x[j], ptr[j], &tab[SYM_AT(sym, wide, o + i0 + j)], three);
+        seen |= x[j];
     }
     uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3];
     uint8_t *p0 = ptr[j0], *p1 = ptr[j0 + 1], *p2 = ptr[j0 + 2], *p3 = ptr[j0 + 3];
     for (Py_ssize_t t = full - 1; t >= 0; t--) {
         Py_ssize_t i = o + t * W + j0;
-        uint32_t c0 = SYM_AT(sym, wide, i), c1 = SYM_AT(sym, wide, i + 1);
-        uint32_t c2 = SYM_AT(sym, wide, i + 2), c3 = SYM_AT(sym, wide, i + 3);
-        if (wide && ((Py_ssize_t)c0 >= k || (Py_ssize_t)c1 >= k || (Py_ssize_t)c2 >= k || (Py_ssize_t)c3 >= k))
-            return 1;
-        bad |= enc_put(&x0, &p0, &tab[c0]) | enc_put(&x1, &p1, &tab[c1])
-             | enc_put(&x2, &p2, &tab[c2]) | enc_put(&x3, &p3, &tab[c3]);
+        ENC_PUT(x0, p0, &tab[SYM_AT(sym, wide, i)], three);
+        ENC_PUT(x1, p1, &tab[SYM_AT(sym, wide, i + 1)], three);
+        ENC_PUT(x2, p2, &tab[SYM_AT(sym, wide, i + 2)], three);
+        ENC_PUT(x3, p3, &tab[SYM_AT(sym, wide, i + 3)], three);
+        seen |= x0 | x1 | x2 | x3;
     }
     x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
     ptr[j0] = p0; ptr[j0 + 1] = p1; ptr[j0 + 2] = p2; ptr[j0 + 3] = p3;
-    return bad;
+    return seen;
 }
 
-/* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
- * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
- * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency. */
-static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab,
-                                     Py_ssize_t k, uint8_t *scratch, Py_ssize_t cap,
-                                     uint8_t *out, Py_ssize_t room, int64_t *lens)
+/* The end of a block's W lanes (states x, streams grown down to ptr in scratch, lane j's ending at
+ * (j + 1) cap): each final state before its bytes, the streams copied to out in lane order, their
+ * lengths to lens.  Returns bytes written, -1 if out is too small. */
+static Py_ssize_t lanes_emit(const uint32_t *x, uint8_t *const *ptr, int W, uint8_t *scratch, Py_ssize_t cap,
+                             uint8_t *out, Py_ssize_t room, int64_t *lens)
 {
-    int W = lanes_of(s);
-    uint32_t x[LANES_MAX], bad = 0;
-    uint8_t *ptr[LANES_MAX];
-    for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = scratch + (Py_ssize_t)(j + 1) * cap; }
-    int grouped = W - W % LANE_GROUP;
-    for (int j0 = 0; j0 < grouped; j0 += LANE_GROUP)
-        bad |= enc_group(sym, wide, o, s, W, j0, tab, k, x, ptr);
-    for (int j = grouped; j < W; j++) {  /* the lanes left over, one at a time, backwards */
-        for (Py_ssize_t i = o + j + ((s - 1 - j) / W) * W; i >= o + j; i -= W) {
-            uint32_t c = SYM_AT(sym, wide, i);
-            const enc_sym *e = ENC_TAB(c, wide, k, tab);
-            if (!e) return -2;
-            bad |= enc_put(&x[j], &ptr[j], e);
-        }
-    }
-    if (bad) return -2;
     Py_ssize_t used = 0;
     for (int j = 0; j < W; j++) {
         uint8_t *q = ptr[j] - 4;
@@ -1236,6 +1213,153 @@ static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, Py_
     }
     return used;
 }
+
+/* One block: symbols [o, o + s), W lanes, coded backwards into scratch (lane j's bytes end at
+ * (j + 1) * cap), LANE_GROUP lanes at a time (the rest one by one), then each lane's stream copied to
+ * out in lane order.  Returns bytes written, -1 if out is too small, -2 for a symbol without frequency
+ * (a u16 symbol >= k: checked before, one max over the block; a table entry with f = 0: bit 31). */
+static inline Py_ssize_t lanes_encode_block(const void *sym, const int wide, const int three, Py_ssize_t o,
+                                            Py_ssize_t s, const enc_sym *tab, Py_ssize_t k, uint8_t *scratch,
+                                            Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens)
+{
+    int W = lanes_of(s);
+    uint32_t x[LANES_MAX], seen = 0;
+    uint8_t *ptr[LANES_MAX];
+    if (wide) {
+        const uint16_t *p = (const uint16_t *)sym + o;
+        uint16_t top = 0;
+        for (Py_ssize_t i = 0; i < s; i++) top = p[i] > top ? p[i] : top;
+        if ((Py_ssize_t)top >= k) return -2;
+    }
+    for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = scratch + (Py_ssize_t)(j + 1) * cap; }
+    int grouped = W - W % LANE_GROUP;
+    for (int j0 = 0; j0 < grouped; j0 += LANE_GROUP)
+        seen |= enc_group(sym, wide, three, o, s, W, j0, tab, x, ptr);
+    for (int j = grouped; j < W; j++) {  /* the lanes left over, one at a time, backwards */
+        for (Py_ssize_t i = o + j + ((s - 1 - j) / W) * W; i >= o + j; i -= W) {
+            ENC_PUT(x[j], ptr[j], &tab[SYM_AT(sym, wide, i)], three);
+            seen |= x[j];
+        }
+    }
+    if (seen >> 31) return -2;
+    return lanes_emit(x, ptr, W, scratch, cap, out, room, lens);
+}
+
+/* lanes_encode_block with its symbol width and compare count fixed (four specialised copies). */
+static Py_ssize_t lanes_encode_block_u8(const void *sym, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab, Py_ssize_t k,
+                                        uint8_t *scratch, Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens,
+                                        int three)
+{
+    return three ? lanes_encode_block(sym, 0, 1, o, s, tab, k, scratch, cap, out, room, lens)
+                 : lanes_encode_block(sym, 0, 0, o, s, tab, k, scratch, cap, out, room, lens);
+}
+
+static Py_ssize_t lanes_encode_block_u16(const void *sym, Py_ssize_t o, Py_ssize_t s, const enc_sym *tab, Py_ssize_t k,
+                                         uint8_t *scratch, Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens,
+                                         int three)
+{
+    return three ? lanes_encode_block(sym, 1, 1, o, s, tab, k, scratch, cap, out, room, lens)
+                 : lanes_encode_block(sym, 1, 0, o, s, tab, k, scratch, cap, out, room, lens);
+}
+
+/* ---- the byte-symbol lane coder in AVX2 (x86 with GCC or clang; picked at run time) ------------
+ * A full block of byte symbols with 9 <= S <= 16: its 32 lanes as four vectors of eight states,
+ * each row's 32 symbols in one pass, the table read by two gathers per vector.  The arithmetic is
+ * ENC_PUT's, lane for lane (the same bytes): thresholds from f, l = ceil(log2 f) from the exponent
+ * of the float 2 f - 1 (exact below 2^24), the 32x32 -> 64-bit products of even and odd lanes
+ * apart.  Only the byte stores are per lane (each lane's own stream). */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(MUCSC_NO_AVX2)
+#define LANES_AVX2 1
+#include <immintrin.h>
+
+/* rcp[c] as enc_sym's (bit 31 always set; 0 for a symbol without frequency, checked by an AND over
+ * the block) and fc[c] = (f - 1) | cum << 16 (f <= 2^16, cum < 2^16: S <= 16). */
+typedef struct { uint32_t rcp[256], fc[256]; } enc_tab8;
+
+static void enc_tab8_init(enc_tab8 *t, const uint32_t *f, const uint32_t *cum, Py_ssize_t k)
+{
+    for (int c = 0; c < 256; c++) {
+        uint32_t fs = c < k ? f[c] : 0;
+        t->rcp[c] = 0;
+        t->fc[c] = 0;
+        if (fs == 0) continue;
+        uint32_t l = 0;
+        while (fs > (1u << l)) l++;
+        t->rcp[c] = (uint32_t)(((1ull << (l + 31)) + fs - 1) / fs);
+        t->fc[c] = (fs - 1) | (cum[c] << 16);
+    }
+}
+
+/* Whether this CPU runs AVX2 (asked once, at module init). */
+static int have_avx2(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+}
+
+/* lanes_encode_block of a full block of u8 symbols (W = 32, 2048 rows), 9 <= S <= 16. */
+__attribute__((target("avx2")))
+static Py_ssize_t lanes_encode_block_avx2(const uint8_t *sym, Py_ssize_t o, const enc_tab8 *tb, int S, uint8_t *scratch,
+                                          Py_ssize_t cap, uint8_t *out, Py_ssize_t room, int64_t *lens)
+{
+    const __m256i one = _mm256_set1_epi32(1), lo16 = _mm256_set1_epi32(0xFFFF), M = _mm256_set1_epi32(1 << S);
+    const __m256i cap2 = _mm256_set1_epi32(1 << (S - 8)), c96 = _mm256_set1_epi32(96);
+    const __m256i lo32 = _mm256_set1_epi64x(0xFFFFFFFFll), zero = _mm256_setzero_si256();
+    const __m128i a1 = _mm_cvtsi32_si128(31 - S), a2 = _mm_cvtsi32_si128(39 - S);
+    const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                           3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    __m256i x[4], off[4], ok = _mm256_set1_epi32(-1);
+    for (int v = 0; v < 4; v++) {  /* lane j's stream grows down from (j + 1) cap */
+        x[v] = _mm256_set1_epi32((int)RANS_L);
+        off[v] = _mm256_mullo_epi32(_mm256_setr_epi32(8 * v + 1, 8 * v + 2, 8 * v + 3, 8 * v + 4, 8 * v + 5, 8 * v + 6,
+                                                      8 * v + 7, 8 * v + 8), _mm256_set1_epi32((int)cap));
+    }
+    int32_t tmpo[8] __attribute__((aligned(32)));
+    uint32_t tmpb[8] __attribute__((aligned(32)));
+    for (Py_ssize_t t = LANE_SYMBOLS - 1; t >= 0; t--) {
+        const uint8_t *row = sym + o + t * LANES_MAX;
+        for (int v = 0; v < 4; v++) {
+            __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * v)));
+            __m256i rcp = _mm256_i32gather_epi32((const int *)tb->rcp, c, 4);
+            __m256i fc = _mm256_i32gather_epi32((const int *)tb->fc, c, 4);
+            ok = _mm256_and_si256(ok, rcp);
+            __m256i f = _mm256_add_epi32(_mm256_and_si256(fc, lo16), one);
+            __m256i cum = _mm256_srli_epi32(fc, 16);
+            /* x >= x1 and x >= x2 as signed x > min(threshold, 2^31) - 1 (states are below 2^31) */
+            __m256i t1 = _mm256_sub_epi32(_mm256_sll_epi32(f, a1), one);
+            __m256i t2 = _mm256_sub_epi32(_mm256_sll_epi32(_mm256_min_epu32(f, cap2), a2), one);
+            __m256i xv = x[v];
+            __m256i n = _mm256_sub_epi32(zero, _mm256_add_epi32(_mm256_cmpgt_epi32(xv, t1), _mm256_cmpgt_epi32(xv, t2)));
+            _mm256_store_si256((__m256i *)tmpb, _mm256_shuffle_epi8(xv, bswap));
+            _mm256_store_si256((__m256i *)tmpo, off[v]);
+            off[v] = _mm256_sub_epi32(off[v], n);
+            for (int j = 0; j < 8; j++) memcpy(scratch + tmpo[j] - 4, &tmpb[j], 4);  /* ENC_BYTES per lane */
+            __m256i xs = _mm256_srlv_epi32(xv, _mm256_slli_epi32(n, 3));
+            __m256i sh = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(
+                                              _mm256_sub_epi32(_mm256_add_epi32(f, f), one))), 23), c96);
+            __m256i pe = _mm256_srlv_epi64(_mm256_mul_epu32(xs, rcp), _mm256_and_si256(sh, lo32));
+            __m256i po = _mm256_srlv_epi64(_mm256_mul_epu32(_mm256_srli_epi64(xs, 32), _mm256_srli_epi64(rcp, 32)),
+                                           _mm256_srli_epi64(sh, 32));
+            __m256i q = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+            x[v] = _mm256_add_epi32(_mm256_add_epi32(xs, cum), _mm256_mullo_epi32(q, _mm256_sub_epi32(M, f)));
+        }
+    }
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(ok)) != 0xFF) return -2;
+    uint32_t xf[LANES_MAX];
+    int32_t of[LANES_MAX];
+    for (int v = 0; v < 4; v++) {
+        _mm256_storeu_si256((__m256i *)(xf + 8 * v), x[v]);
+        _mm256_storeu_si256((__m256i *)(of + 8 * v), off[v]);
+    }
+    uint8_t *ptr[LANES_MAX];
+    for (int j = 0; j < LANES_MAX; j++) ptr[j] = scratch + of[j];
+    return lanes_emit(xf, ptr, LANES_MAX, scratch, cap, out, room, lens);
+}
+#endif
 
 static const char symbol_counts_doc[] =
     "symbol_counts(sym u8|u16, counts i64): counts[v] += occurrences of v in sym (len(counts) > max(sym):\n"
@@ -1280,10 +1404,27 @@ done:
     return res;
 }
 
+#define PACK_PIECE 16384  /* bytes packed, then counted, per step of pack_counts */
+
+/* Add the n bytes of p to four 256-entry sub-histograms (eight bytes a step, each sub-histogram
+ * every fourth byte: a run of equal bytes does not wait on one counter's store).  n < 2^32. */
+static inline void byte_counts(const uint8_t *p, Py_ssize_t n, uint32_t sub[4][256])
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        sub[0][w & 255]++; sub[1][(w >> 8) & 255]++; sub[2][(w >> 16) & 255]++; sub[3][(w >> 24) & 255]++;
+        sub[0][(w >> 32) & 255]++; sub[1][(w >> 40) & 255]++; sub[2][(w >> 48) & 255]++; sub[3][w >> 56]++;
+    }
+    for (; i < n; i++) sub[0][p[i]]++;
+}
+
 static const char pack_counts_doc[] =
     "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
     "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
-    "occurrences to counts (256): IDSL's byte symbols and their histogram in one pass.  The GIL is released.";
+    "occurrences to counts (256): IDSL's byte symbols and their histogram, each 16 KiB piece counted right\n"
+    "after it is packed (still in cache).  The GIL is released.";
 
 static PyObject *py_pack_counts(PyObject *self, PyObject *args)
 {
@@ -1305,32 +1446,35 @@ static PyObject *py_pack_counts(PyObject *self, PyObject *args)
     const uint8_t *v = (const uint8_t *)ib.buf;
     uint8_t *out = (uint8_t *)ob.buf;
     int64_t *c = (int64_t *)cb.buf;
-    int64_t sub[2][256];
-    memset(sub, 0, sizeof(sub));
+    uint32_t sub[4][256];
     const int per = 8 / width;
     const uint32_t mask = (1u << width) - 1;
-    Py_ssize_t m = n / per, i = 0;
-    if (width == 4) {
-        for (; i < m; i++) {
-            uint8_t b = (uint8_t)((v[2 * i] & 15u) | ((v[2 * i + 1] & 15u) << 4));
-            out[i] = b;
-            sub[i & 1][b]++;
-        }
-    } else {
-        for (; i < m; i++) {
-            uint32_t b = 0;
-            for (int j = 0; j < per; j++) b |= (v[i * per + j] & mask) << (j * width);
-            out[i] = (uint8_t)b;
-            sub[i & 1][b]++;
-        }
+    Py_ssize_t m = n / per;
+    for (Py_ssize_t i0 = 0; i0 < m; i0 += PACK_PIECE) {  /* a piece packed (vectorised), then counted in L1 */
+        Py_ssize_t i1 = i0 + PACK_PIECE < m ? i0 + PACK_PIECE : m;
+        if (width == 8) memcpy(out + i0, v + i0, (size_t)(i1 - i0));
+        else if (width == 4)
+            for (Py_ssize_t i = i0; i < i1; i++) out[i] = (uint8_t)((v[2 * i] & 15u) | (v[2 * i + 1] << 4));
+        else if (width == 2)
+            for (Py_ssize_t i = i0; i < i1; i++)
+                out[i] = (uint8_t)((v[4 * i] & 3u) | ((v[4 * i + 1] & 3u) << 2) | ((v[4 * i + 2] & 3u) << 4)
+                                   | (v[4 * i + 3] << 6));
+        else
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                uint32_t b = 0;
+                for (int j = 0; j < 8; j++) b |= (v[8 * i + j] & 1u) << j;
+                out[i] = (uint8_t)b;
+            }
+        memset(sub, 0, sizeof(sub));
+        byte_counts(out + i0, i1 - i0, sub);
+        for (int s = 0; s < 256; s++) c[s] += (int64_t)sub[0][s] + sub[1][s] + sub[2][s] + sub[3][s];
     }
     if (m * per < n) {  /* the last byte: the IDs left, zero padding bits */
         uint32_t b = 0;
         for (Py_ssize_t j = m * per; j < n; j++) b |= (v[j] & mask) << ((j - m * per) * width);
         out[m] = (uint8_t)b;
-        sub[0][b]++;
+        c[b]++;
     }
-    for (int s = 0; s < 256; s++) c[s] += sub[0][s] + sub[1][s];
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     res = Py_None;
@@ -1340,16 +1484,18 @@ done:
 }
 
 static const char lanes_encode_doc[] =
-    "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64) -> bytes written\n"
+    "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64[, simd=1]) -> bytes written\n"
     "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
-    "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.";
+    "lens: each of their lanes' lengths.  Returns -2 for a symbol without frequency, -1 if out is too small.\n"
+    "simd=0 leaves out the AVX2 coder of full byte-symbol blocks (the same bytes; for tests).";
 
 static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 {
     PyObject *so, *fo, *co, *oo, *lo;
     int S;
     Py_ssize_t m, b0, b1;
-    if (!PyArg_ParseTuple(args, "OOOinnnOO", &so, &fo, &co, &S, &m, &b0, &b1, &oo, &lo)) return NULL;
+    int simd = 1;
+    if (!PyArg_ParseTuple(args, "OOOinnnOO|i", &so, &fo, &co, &S, &m, &b0, &b1, &oo, &lo, &simd)) return NULL;
     Py_buffer sb, fb, cb, ob, lb;
     if (get_buf(so, &sb, 0, "sym") < 0) return NULL;
     if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&sb); return NULL; }
@@ -1361,6 +1507,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
     PyObject *res = NULL;
     enc_sym *tab = NULL;
     uint8_t *scratch = NULL;
+#ifdef LANES_AVX2
+    enc_tab8 *tab8 = NULL;
+#endif
     Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK;
     int wide = sb.itemsize == 2;
     if (S < 1 || S > 22 || (sb.itemsize != 1 && sb.itemsize != 2) || sb.len / sb.itemsize != m || fb.itemsize != 4
@@ -1388,18 +1537,32 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
         tab = (enc_sym *)PyMem_RawMalloc((size_t)(entries > k ? entries : k) * sizeof(enc_sym));
         scratch = (uint8_t *)PyMem_RawMalloc((size_t)(LANES_MAX * cap));
         if (!tab || !scratch) { PyErr_NoMemory(); goto done; }
+#ifdef LANES_AVX2
+        int vec;  /* full byte-symbol blocks by the AVX2 coder: a table it can hold, a CPU that has it */
+        vec = simd && !wide && S >= 9 && S <= 16 && k <= 256 && have_avx2();
+        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && cum[c] < (1u << S);
+        if (vec && !(tab8 = (enc_tab8 *)PyMem_RawMalloc(sizeof(enc_tab8)))) { PyErr_NoMemory(); goto done; }
+#else
+        (void)simd;
+#endif
         Py_ssize_t used = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < k; c++) enc_sym_init(&tab[c], cum[c], f[c], S);
         for (Py_ssize_t c = k; c < entries; c++) enc_sym_init(&tab[c], 0, 0, S);
+#ifdef LANES_AVX2
+        if (vec) enc_tab8_init(tab8, f, cum, k);
+#endif
         int64_t *lens = (int64_t *)lb.buf;
         for (Py_ssize_t b = b0; b < b1 && used >= 0; b++) {
-            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
-            Py_ssize_t got = wide  /* two specialised copies of the block loop */
-                ? lanes_encode_block(sb.buf, 1, b * LANES_BLOCK, s, tab, k, scratch, cap,
-                                     (uint8_t *)ob.buf + used, ob.len - used, lens)
-                : lanes_encode_block(sb.buf, 0, b * LANES_BLOCK, s, tab, k, scratch, cap,
-                                     (uint8_t *)ob.buf + used, ob.len - used, lens);
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK, got;
+#ifdef LANES_AVX2
+            if (vec && s == LANES_BLOCK)
+                got = lanes_encode_block_avx2((const uint8_t *)sb.buf, b * LANES_BLOCK, tab8, S, scratch, cap,
+                                              (uint8_t *)ob.buf + used, ob.len - used, lens);
+            else
+#endif
+            got = (wide ? lanes_encode_block_u16 : lanes_encode_block_u8)(
+                sb.buf, b * LANES_BLOCK, s, tab, k, scratch, cap, (uint8_t *)ob.buf + used, ob.len - used, lens, S > 16);
             lens += lanes_of(s);
             used = got < 0 ? got : used + got;
         }
@@ -1409,6 +1572,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 done:
     PyMem_RawFree(tab);
     PyMem_RawFree(scratch);
+#ifdef LANES_AVX2
+    PyMem_RawFree(tab8);
+#endif
     PyBuffer_Release(&sb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); PyBuffer_Release(&lb);
     return res;
 }
@@ -1440,10 +1606,34 @@ static inline int dec_get(uint32_t *x, const uint8_t **p, const uint8_t *end, co
     return 0;
 }
 
-/* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt. */
+#if defined(__GNUC__) || defined(__clang__)
+#define BSWAP32(v) __builtin_bswap32(v)
+#else
+#define BSWAP32(v) ((((v) & 0xFFu) << 24) | (((v) & 0xFF00u) << 8) | (((v) >> 8) & 0xFF00u) | ((v) >> 24))
+#endif
+
+/* dec_get for a lane with at least 4 bytes left (the caller checks), its state and pointer in
+ * locals: the renormalisation's 0..3 bytes read as one big-endian 4-byte word. */
+#define DEC_STEP(X, P, C) do {                                                                          \
+    uint32_t x_ = (X), slot_ = x_ & mask, sy_ = slot_sym[slot_];                                        \
+    x_ = f[sy_] * (x_ >> S) + slot_ - cum[sy_];                                                         \
+    uint32_t n_ = (uint32_t)(x_ < RANS_L) + (uint32_t)(x_ < (RANS_L >> 8)) + (uint32_t)(x_ < (RANS_L >> 16)); \
+    uint32_t w_;                                                                                        \
+    memcpy(&w_, (P), 4);                                                                                \
+    (X) = (uint32_t)((((uint64_t)x_ << 32) | BSWAP32(w_)) >> (32 - 8 * n_));                           \
+    (P) += n_;                                                                                          \
+    (C) = sy_;                                                                                          \
+} while (0)
+
+/* Symbol C of row t, lane j of the block's output. */
+#define DEC_OUT(T, J, C) do { if (wide) o16[(T) * W + (J)] = (uint16_t)(C); else o8[(T) * W + (J)] = (uint8_t)(C); } while (0)
+
+/* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt.  Four lanes at a time
+ * through the full rows, their states and pointers in locals (independent chains) while each has
+ * 4 bytes left, then dec_get's careful steps; the other lanes and the partial last row by dec_get. */
 static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum,
-                              int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
-                              const int wide)
+                                     int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
+                                     const int wide)
 {
     int W = lanes_of(s);
     uint32_t x[LANES_MAX], mask = (1u << S) - 1, c;
@@ -1457,12 +1647,33 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     }
     uint8_t *o8 = (uint8_t *)out + o;
     uint16_t *o16 = (uint16_t *)out + o;
-    for (Py_ssize_t i = 0; i < s; i += W) {
-        int w = s - i < W ? (int)(s - i) : W;  /* the last row may be partial */
-        for (int j = 0; j < w; j++) {
-            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
-            if (wide) o16[i + j] = (uint16_t)c; else o8[i + j] = (uint8_t)c;
+    Py_ssize_t full = s / W;
+    int grouped = W - W % 4;
+    for (int j0 = 0; j0 < grouped; j0 += 4) {
+        uint32_t x0 = x[j0], x1 = x[j0 + 1], x2 = x[j0 + 2], x3 = x[j0 + 3], c0, c1, c2, c3;
+        const uint8_t *p0 = p[j0], *p1 = p[j0 + 1], *p2 = p[j0 + 2], *p3 = p[j0 + 3];
+        const uint8_t *e0 = end[j0] - 4, *e1 = end[j0 + 1] - 4, *e2 = end[j0 + 2] - 4, *e3 = end[j0 + 3] - 4;
+        Py_ssize_t t = 0;
+        for (; t < full && p0 <= e0 && p1 <= e1 && p2 <= e2 && p3 <= e3; t++) {
+            DEC_STEP(x0, p0, c0); DEC_STEP(x1, p1, c1); DEC_STEP(x2, p2, c2); DEC_STEP(x3, p3, c3);
+            DEC_OUT(t, j0, c0); DEC_OUT(t, j0 + 1, c1); DEC_OUT(t, j0 + 2, c2); DEC_OUT(t, j0 + 3, c3);
         }
+        x[j0] = x0; x[j0 + 1] = x1; x[j0 + 2] = x2; x[j0 + 3] = x3;
+        p[j0] = p0; p[j0 + 1] = p1; p[j0 + 2] = p2; p[j0 + 3] = p3;
+        for (; t < full; t++)  /* the rows left, near a stream's end */
+            for (int j = j0; j < j0 + 4; j++) {
+                if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+                DEC_OUT(t, j, c);
+            }
+    }
+    for (Py_ssize_t t = 0; t < full; t++)
+        for (int j = grouped; j < W; j++) {
+            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+            DEC_OUT(t, j, c);
+        }
+    for (int j = 0; j < (int)(s - full * W); j++) {  /* the last, partial row */
+        if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+        DEC_OUT(full, j, c);
     }
     for (int j = 0; j < W; j++)
         if (x[j] != RANS_L || p[j] != end[j]) return 1;
@@ -1723,5 +1934,8 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__kernels(void)
 {
     if (PyType_Ready(&WritableType) < 0) return NULL;
+#ifdef LANES_AVX2
+    (void)have_avx2();  /* decided once here, under the GIL: the coder's threads only read it */
+#endif
     return PyModule_Create(&moddef);
 }
