@@ -52,6 +52,7 @@ except ImportError as exc:  # the hook is only for torch users; say what is miss
     raise ImportError("mucsc.ddp needs torch (pip install torch)") from exc
 
 import mucsc
+from mucsc import heap
 
 
 @dataclasses.dataclass
@@ -85,12 +86,14 @@ class MucscHookState:
     runs inside the hook once the worker is done; False runs every bucket inside the hook (the future
     is already complete).
     ``compress`` (default zstd level 1) and, unless given, ``id_coding="packed"`` are the hook's
-    per-step choices (see the module's docstring).
+    per-step choices (see the module's docstring).  ``keep_heap`` (default) calls
+    :func:`mucsc.heap.keep_freed_memory` for the training process, so that each step's encode does
+    not page-fault its temporaries in again (``heap_kept``: whether the C library took it).
     """
 
     def __init__(self, process_group: Any = None, codec: str = "mucsc", seed: int = 0, start_iter: int = 2,
                  *, error_feedback: bool | None = None, compress: str | int = 1, overlap: bool = True,
-                 **params: Any) -> None:
+                 keep_heap: bool = True, **params: Any) -> None:
         params = _hook_defaults(codec, params)
         # validates the codec, its parameters and its memory's options (e.g. DGC's momentum) now
         probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, **params)
@@ -115,6 +118,8 @@ class MucscHookState:
         self.compressors: dict[int, Any] = {}  # per bucket index: codec + error-feedback memory
         self.slots: dict[int, tuple[int, int]] = {}  # per bucket index: the all-gather slot's bytes, slack
         self.stats = HookStats()
+        # the encodes' temporaries stay mapped between steps (mucsc.heap: 3.04x -> 2.20x allreduce)
+        self.heap_kept = heap.keep_freed_memory() if keep_heap else False
 
     @property
     def residuals(self) -> dict[int, np.ndarray]:

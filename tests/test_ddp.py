@@ -3,6 +3,7 @@ gradients, error feedback, byte counts), and 2 processes on 127.0.0.1 (identical
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -66,6 +67,12 @@ def test_state_validates():
     assert MucscHookState(None, codec="topk").error_feedback
     assert not MucscHookState(None, codec="mucsc").error_feedback
     assert MucscHookState(None, codec="mucsc", start_iter=0).start_iter == 0
+
+
+def test_state_keeps_the_heap_unless_told_not_to():
+    """The training process keeps freed memory mapped (mucsc.heap) where glibc takes it; opt-out."""
+    assert MucscHookState(None, keep_heap=False).heap_kept is False
+    assert MucscHookState(None).heap_kept is (platform.libc_ver()[0] == "glibc")
     if hasattr(mucsc, "Compressor"):  # issue 8's compressors: DGC's own momentum memory
         assert MucscHookState(None, codec="dgc", keep=0.1, momentum=0.5).error_feedback
         with pytest.raises(mucsc.ParameterError):
