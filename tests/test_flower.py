@@ -518,3 +518,37 @@ def test_engine_raises_what_the_server_app_raised(tmp_path):
         _read_result(tmp_path)
     (tmp_path / "result.json").write_text(json.dumps({"reached": 3, "error": None}))
     assert _read_result(tmp_path)["reached"] == 3
+
+
+def test_superlink_that_exits_at_start_gets_a_new_port(tmp_path):
+    """A free port taken by another process before the SuperLink binds it: the engine retries on a new
+    port (a fake SuperLink that exits on its first start, then serves /health)."""
+    import sys
+
+    from mucsc.fedsim.engines.flower import _SuperLink
+
+    fake = tmp_path / "fake-superlink"
+    fake.write_text(f"""#!{sys.executable}
+import http.server, pathlib, sys
+args = sys.argv[1:]
+assert "--control-api-address" not in args and "--fleet-api-address" not in args  # deprecated in flwr 1.42
+marker = pathlib.Path({str(tmp_path / "started")!r})
+with open(marker, "a") as f:
+    f.write(args[args.index("--port") + 1] + "\\n")
+if len(marker.read_text().split()) == 1:
+    sys.exit(1)  # the port was taken
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), H).serve_forever()
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "home"))
+    with _SuperLink(str(fake), tmp_path, env) as link:
+        ports = (tmp_path / "started").read_text().split()
+        assert len(ports) == 2 and link.address == f"127.0.0.1:{ports[1]}"
+        assert link.address in (tmp_path / "home" / "config.toml").read_text()
+    assert link.proc.poll() is not None  # stopped on exit

@@ -3,7 +3,7 @@
 Each run is one ``flwr run`` of the app in :mod:`mucsc.fedsim.engines.flower_app` on a local
 simulation federation of ``--clients`` supernodes (Flower's Simulation Runtime, Ray backend): this
 module writes the run's job directory (settings and data), starts a private SuperLink for it
-(``flower-superlink --simulation``, free local ports, a temporary ``FLWR_HOME``), submits the app
+(``flower-superlink --simulation``, a free local port, a temporary ``FLWR_HOME``), submits the app
 with ``flwr run --stream``, follows the rounds the ServerApp writes back, and stops the SuperLink.
 Flower 1.42 deprecates its in-process launcher (``flwr.simulation.run_simulation``) in favour of
 ``flwr run``, which is what this uses; ``flwr``'s log goes to the ``mucsc.fedsim.flower`` logger
@@ -46,6 +46,7 @@ from mucsc.fedsim.simulation import RunFailed, RunResult
 log = logging.getLogger("mucsc.fedsim.flower")
 
 _STARTUP_S = 120.0   # a loaded machine takes a while to start a SuperLink
+_START_ATTEMPTS = 3  # fresh ports for a SuperLink that exits at start (a port taken meanwhile)
 
 
 class FlowerEngine:
@@ -202,29 +203,45 @@ class _SuperLink:
 
     def __init__(self, command: str, job: Path, env: dict[str, str]) -> None:
         self.command, self.job, self.env = command, job, env
-        http, control, fleet = _free_ports(3)
-        self.address = f"127.0.0.1:{http}"
-        self.args = [command, "--insecure", "--simulation", "--isolation", "subprocess",
-                     "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(http),
-                     "--control-api-address", f"127.0.0.1:{control}", "--fleet-api-address", f"127.0.0.1:{fleet}",
-                     "--log-file", str(job / "superlink.log")]
+        self.address = ""
         self.proc: subprocess.Popen | None = None
 
+    def _args(self, port: int) -> list[str]:
+        # flwr >= 1.42 serves its three APIs over HTTP on --host/--port (--control-api-address and
+        # --fleet-api-address are deprecated there and ignored)
+        return [self.command, "--insecure", "--simulation", "--isolation", "subprocess",
+                "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
+                "--log-file", str(self.job / "superlink.log")]
+
     def __enter__(self) -> _SuperLink:
+        # A free port can be taken by another process between our probe and the SuperLink's bind
+        # (seen with two test runs side by side): a SuperLink that exits at start gets a new port.
+        for _ in range(_START_ATTEMPTS):
+            if self._start(_free_ports(1)[0]):
+                return self
+        raise RuntimeError(f"Flower's SuperLink did not start ({_START_ATTEMPTS} ports tried): "
+                           f"{_tail(self.job / 'superlink.log')}")
+
+    def _start(self, port: int) -> bool:
+        """Start on ``port``; True once healthy, False if it exited at start; an error past the deadline."""
+        self.address = f"127.0.0.1:{port}"
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "mucsc"\n\n[superlink.mucsc]\naddress = "{self.address}"\ninsecure = true\n',
             encoding="utf-8")
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self._args(port), env=self.env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + _STARTUP_S
         while not _healthy(self.address):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
                 self.__exit__()
-                raise RuntimeError(f"Flower's SuperLink did not start: {_tail(self.job / 'superlink.log')}")
+                raise RuntimeError(f"Flower's SuperLink did not start in {_STARTUP_S:.0f} s: "
+                                   f"{_tail(self.job / 'superlink.log')}")
             time.sleep(0.2)
-        return self
+        return True
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is None or self.proc.poll() is not None:
