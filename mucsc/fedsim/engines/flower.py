@@ -186,15 +186,11 @@ def _federation(cfg: Any, device: str) -> str:
     return " ".join(items)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+def _free_port() -> int:
+    """A local port that was free a moment ago (the SuperLink's start retries if it is taken meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class _SuperLink:
@@ -217,7 +213,7 @@ class _SuperLink:
         # A free port can be taken by another process between our probe and the SuperLink's bind
         # (seen with two test runs side by side): a SuperLink that exits at start gets a new port.
         for _ in range(_START_ATTEMPTS):
-            if self._start(_free_ports(1)[0]):
+            if self._start(_free_port()):
                 return self
         raise RuntimeError(f"Flower's SuperLink did not start ({_START_ATTEMPTS} ports tried): "
                            f"{_tail(self.job / 'superlink.log')}")
