@@ -29,9 +29,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
+# one thread means BLAS too: some encode paths call np.dot (norms, nearest rounding), and a threaded
+# BLAS on a loaded machine moves those rows by orders of magnitude (set before numpy is imported)
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
 
-import mucsc
+import numpy as np  # noqa: E402
+
+import mucsc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_RUN_S = 0.05
