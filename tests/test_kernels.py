@@ -372,3 +372,63 @@ def test_cbrt_table_is_numpy_cbrt():
     for counts in (rng.integers(0, centroids.CBRT_TABLE, 5000).astype(np.float64),
                    rng.integers(0, 10 * centroids.CBRT_TABLE, 500).astype(np.float64), rng.random(700) * 50):
         assert np.array_equal(centroids._cbrt(counts.copy()).view(np.int64), np.cbrt(counts).view(np.int64))
+
+
+@needs_c
+def test_splitmix64_kernel_is_numpys(monkeypatch):
+    """The compiled SplitMix64 gives the numpy stream's words (keys and starts across 2^64, wrapping),
+    and the dither's 53-bit stream is those words shifted."""
+    from mucsc.codec.numerics import dither
+
+    mask = (1 << 64) - 1
+    for key, start, count in ((0, 0, 0), (1234567, 0, 1), (mask, mask - 3, 9), (0x0123456789ABCDEF, 1000, 4097),
+                              (-5, 7, 33), (1 << 70, 2, 17)):
+        a, b = both(monkeypatch, lambda: kernels.splitmix64(key, start, count).copy())
+        np.testing.assert_array_equal(a, b)
+        if start == 0:
+            s, t = both(monkeypatch, lambda: dither.stream(key & mask, count))
+            np.testing.assert_array_equal(s, t)
+            np.testing.assert_array_equal(s, b >> np.uint64(11))
+    assert int(kernels.splitmix64(1234567, 0, 1)[0]) == 6457827717110365317
+
+
+@needs_c
+@pytest.mark.parametrize("count", [1, 2, 3, 8, 16, 64])
+def test_context_routing_kernels_are_numpys(monkeypatch, count):
+    """Context counts and the moves between index and context order (the dither's QIDX, FORMAT.md
+    4.5) agree with numpy's stable sort, and one undoes the other."""
+    from mucsc.codec.numerics import dither
+
+    rng = np.random.default_rng(count)
+    for n in (0, 1, 5, 1000, 70001):
+        t = dither.stream(int(rng.integers(1 << 62)), n)
+        sym = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+        a, b = both(monkeypatch, lambda: dither.context_counts(t, count))
+        np.testing.assert_array_equal(a, b)
+        assert a.sum() == n
+        parts_c, parts_np = both(monkeypatch, lambda: dither.by_context(sym, t, count))
+        assert len(parts_c) == len(parts_np) == count
+        for p, q in zip(parts_c, parts_np):
+            np.testing.assert_array_equal(p, q)
+        ordered = np.concatenate(parts_c) if n else np.zeros(0, np.uint32)
+        back_c, back_np = both(monkeypatch, lambda: dither.from_contexts(ordered, t, count))
+        np.testing.assert_array_equal(back_c, sym)
+        np.testing.assert_array_equal(back_np, sym)
+
+
+@needs_c
+def test_context_kernels_refuse_bad_streams():
+    """A stream word of 2^53 or more, a context count outside 1..64 or mismatched lengths are errors."""
+    c = kernels.c_module()
+    t = np.array([0, 1 << 53], np.uint64)
+    s = np.zeros(2, np.uint32)
+    with pytest.raises(ValueError, match="below 2"):
+        c.context_counts(t, 4, np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match="below 2"):
+        c.context_route(t, 4, s, s.copy(), True)
+    with pytest.raises(ValueError, match="count in 1..64"):
+        c.context_counts(t[:1], 65, np.zeros(65, np.int64))
+    with pytest.raises(ValueError, match="len"):
+        c.context_route(t[:1], 4, s, s.copy(), False)
+    with pytest.raises(ValueError, match="shift"):
+        c.splitmix64(0, 0, 64, np.zeros(2, np.uint64))

@@ -1904,6 +1904,166 @@ done:
     return res;
 }
 
+/* ---- the dither's counter stream and its contexts (FORMAT.md 4.3, 4.5) ---------------------------- */
+
+static inline uint64_t splitmix_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+PyDoc_STRVAR(splitmix64_doc,
+"splitmix64(key, start, shift, out)\n\n"
+"out[j] = mix(key + (start + j + 1) * GAMMA) >> shift (uint64, arithmetic mod 2^64): SplitMix64's\n"
+"outputs start+1 .. start+len(out) with state key, as kernels.splitmix64 (shift 0) and\n"
+"dither.stream (shift 11) compute them with numpy.");
+
+static PyObject *py_splitmix64(PyObject *self, PyObject *args)
+{
+    unsigned long long key, start;
+    int shift;
+    PyObject *oo;
+    if (!PyArg_ParseTuple(args, "KKiO", &key, &start, &shift, &oo)) return NULL;
+    if (shift < 0 || shift > 63) {
+        PyErr_SetString(PyExc_ValueError, "splitmix64: shift must be in 0..63");
+        return NULL;
+    }
+    Py_buffer ob;
+    if (get_buf(oo, &ob, 1, "splitmix64 out") < 0) return NULL;
+    char oc = fmt_char(&ob);
+    if (!((oc == 'Q' || oc == 'L') && ob.itemsize == 8)) {
+        PyBuffer_Release(&ob);
+        PyErr_SetString(PyExc_ValueError, "splitmix64: out must be uint64");
+        return NULL;
+    }
+    uint64_t *out = (uint64_t *)ob.buf;
+    Py_ssize_t n = ob.len / 8;
+    const uint64_t gamma = 0x9E3779B97F4A7C15ULL;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t z = (uint64_t)key + ((uint64_t)start + 1) * gamma;
+    for (Py_ssize_t j = 0; j < n; j++, z += gamma) out[j] = splitmix_mix(z) >> shift;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ob);
+    Py_RETURN_NONE;
+}
+
+/* Element i's context (t_i * count) >> 53 (t_i < 2^53, count <= 64: no overflow). */
+static inline Py_ssize_t dither_context(uint64_t t, uint64_t count) { return (Py_ssize_t)((t * count) >> 53); }
+
+static int stream_buf(PyObject *o, Py_buffer *b, Py_ssize_t count)
+{
+    if (get_buf(o, b, 0, "dither stream") < 0) return -1;
+    char c = fmt_char(b);
+    if (!((c == 'Q' || c == 'L') && b->itemsize == 8) || count < 1 || count > 64) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "dither contexts: t must be uint64, count in 1..64");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(context_counts_doc,
+"context_counts(t, count, out)\n\n"
+"out[j] = the number of i with (t[i] * count) >> 53 == j (t: uint64 below 2^53; out: int64 of\n"
+"length count): how many elements each dither context holds.  Raises ValueError if a t[i] is 2^53 or more.");
+
+static PyObject *py_context_counts(PyObject *self, PyObject *args)
+{
+    PyObject *to, *oo;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OnO", &to, &count, &oo)) return NULL;
+    Py_buffer tb, ob;
+    if (stream_buf(to, &tb, count) < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "context_counts out") < 0) { PyBuffer_Release(&tb); return NULL; }
+    PyObject *res = NULL;
+    char oc = fmt_char(&ob);
+    if (!((oc == 'q' || oc == 'l') && ob.itemsize == 8) || ob.len / 8 != count) {
+        PyErr_SetString(PyExc_ValueError, "context_counts: out must be int64 of length count");
+        goto done;
+    }
+    {
+        const uint64_t *t = (const uint64_t *)tb.buf;
+        int64_t *out = (int64_t *)ob.buf;
+        Py_ssize_t n = tb.len / 8;
+        uint64_t big = 0;
+        for (Py_ssize_t j = 0; j < count; j++) out[j] = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            big |= t[i];
+            out[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)count)]++;
+        }
+        Py_END_ALLOW_THREADS
+        if (big >> 53) {
+            PyErr_SetString(PyExc_ValueError, "context_counts: t must be below 2^53");
+            goto done;
+        }
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&tb);
+    return res;
+}
+
+PyDoc_STRVAR(context_route_doc,
+"context_route(t, count, src, dst, to_contexts)\n\n"
+"Moves uint32 symbols between index order and context order (the contexts 0 .. count - 1 one after\n"
+"the other, index order within each; element i's context (t[i] * count) >> 53).  to_contexts true:\n"
+"dst (context order) from src (index order), as dither.by_context's stable sort; false: dst (index\n"
+"order) from src (context order).  src and dst have len(t) elements; t below 2^53 (ValueError else).");
+
+static PyObject *py_context_route(PyObject *self, PyObject *args)
+{
+    PyObject *to, *so, *dso;
+    Py_ssize_t count;
+    int forward;
+    if (!PyArg_ParseTuple(args, "OnOOp", &to, &count, &so, &dso, &forward)) return NULL;
+    Py_buffer tb, sb, db;
+    if (stream_buf(to, &tb, count) < 0) return NULL;
+    if (get_buf(so, &sb, 0, "context_route src") < 0) { PyBuffer_Release(&tb); return NULL; }
+    if (get_buf(dso, &db, 1, "context_route dst") < 0) { PyBuffer_Release(&sb); PyBuffer_Release(&tb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t n = tb.len / 8;
+    char sc = fmt_char(&sb), dc_ = fmt_char(&db);
+    if (!((sc == 'I' || (sc == 'L' && sb.itemsize == 4)) && sb.itemsize == 4) ||
+        !((dc_ == 'I' || (dc_ == 'L' && db.itemsize == 4)) && db.itemsize == 4) ||
+        sb.len / 4 != n || db.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "context_route: src and dst must be uint32 of len(t) elements");
+        goto done;
+    }
+    {
+        const uint64_t *t = (const uint64_t *)tb.buf;
+        const uint32_t *src = (const uint32_t *)sb.buf;
+        uint32_t *dst = (uint32_t *)db.buf;
+        Py_ssize_t cur[64] = {0}, c = count;
+        uint64_t big = 0;
+        for (Py_ssize_t i = 0; i < n; i++) big |= t[i];
+        if (big >> 53) {
+            PyErr_SetString(PyExc_ValueError, "context_route: t must be below 2^53");
+            goto done;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) cur[dither_context(t[i], (uint64_t)c)]++;
+        Py_ssize_t at = 0;
+        for (Py_ssize_t j = 0; j < c; j++) { Py_ssize_t k = cur[j]; cur[j] = at; at += k; }
+        if (forward) {
+            for (Py_ssize_t i = 0; i < n; i++) dst[cur[dither_context(t[i], (uint64_t)c)]++] = src[i];
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++) dst[i] = src[cur[dither_context(t[i], (uint64_t)c)]++];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&tb);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
@@ -1922,6 +2082,9 @@ static PyMethodDef methods[] = {
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {"varints", py_varints, METH_VARARGS, varints_doc},
+    {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
+    {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
+    {"context_route", py_context_route, METH_VARARGS, context_route_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,6 +55,9 @@ def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
     ``arange(1, >= count + 1) * GAMMA`` (all optional, for chunked callers)."""
     if out is None:
         out = np.empty(count, np.uint64)
+    if use_c() and hasattr(_c, "splitmix64"):  # the same numbers in one pass (tmp and ramp unused)
+        _c.splitmix64(key & MASK64, start & MASK64, 0, out[:count])
+        return out[:count]
     if tmp is None:
         tmp = np.empty(count, np.uint64)
     if ramp is None:

@@ -166,9 +166,9 @@ def _symbols(n: int, k: int, t: np.ndarray, buf: memoryview) -> np.ndarray:
     (c,) = CONTEXTS.unpack_from(b, 0)
     if not 1 <= c <= dither.MAX_CONTEXTS:
         raise FormatError(f"QIDX: {c} contexts (1..{dither.MAX_CONTEXTS})")
-    ctx = dither.contexts(t, c)
-    sym = np.zeros(n, np.uint32)
-    pos = 1
+    counts = dither.context_counts(t, c) if c > 1 else np.array([n], np.int64)
+    ordered = np.zeros(n, np.uint32)  # the contexts' symbols one after the other
+    pos, at = 1, 0
     for j in range(c):
         if pos + LENGTH.size > len(b):
             raise FormatError("QIDX: a context's length runs past the end of the section")
@@ -176,16 +176,16 @@ def _symbols(n: int, k: int, t: np.ndarray, buf: memoryview) -> np.ndarray:
         pos += LENGTH.size
         if pos + length > len(b):
             raise FormatError("QIDX: a context's stream runs past the end of the section")
-        mine = ctx == j if c > 1 else slice(None)
-        count = int(np.count_nonzero(mine)) if c > 1 else n
+        count = int(counts[j])
         try:
-            sym[mine] = rans.decode(memoryview(b)[pos: pos + length], count, k)
+            ordered[at: at + count] = rans.decode(memoryview(b)[pos: pos + length], count, k)
         except FormatError as exc:
             raise FormatError(f"QIDX context {j}: {exc}") from None
         pos += length
+        at += count
     if pos != len(b):
         raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
-    return sym
+    return dither.from_contexts(ordered, t, c)
 
 
 def format_minor(params: Mapping[str, Any]) -> int:

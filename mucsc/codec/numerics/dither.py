@@ -30,7 +30,7 @@ import numpy as np
 from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 
-__all__ = ["stream", "contexts", "by_context", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
+__all__ = ["stream", "contexts", "context_counts", "by_context", "from_contexts", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
            "zigzag_varints", "read_zigzag_varints", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
            "MAX_CONTEXTS"]
 
@@ -49,6 +49,10 @@ def stream(key: int, n: int) -> np.ndarray:
     v_i = t_i 2^-53 is element i's uniform."""
     if n == 0:
         return np.zeros(0, np.uint64)
+    if kernels.use_c() and hasattr(kernels.c_module(), "splitmix64"):
+        w = np.empty(n, np.uint64)
+        kernels.c_module().splitmix64(key & kernels.MASK64, 0, 64 - MANTISSA, w)
+        return w
     w = kernels.splitmix64(key, 0, n)
     return np.right_shift(w, np.uint64(64 - MANTISSA), out=w)
 
@@ -65,13 +69,47 @@ def contexts(t: np.ndarray, count: int) -> np.ndarray:
     return ((t * np.uint64(count)) >> np.uint64(MANTISSA)).astype(np.intp)
 
 
+def _c_routes(sym: np.ndarray) -> bool:
+    """True where the compiled kernels move these symbols between index and context order."""
+    return kernels.use_c() and hasattr(kernels.c_module(), "context_route") and sym.dtype == np.uint32
+
+
+def context_counts(t: np.ndarray, count: int) -> np.ndarray:
+    """How many elements each context 0 .. count - 1 holds (int64)."""
+    if kernels.use_c() and hasattr(kernels.c_module(), "context_counts") and 1 <= count <= MAX_CONTEXTS:
+        out = np.empty(count, np.int64)
+        kernels.c_module().context_counts(np.ascontiguousarray(t, np.uint64), count, out)
+        return out
+    return np.bincount(contexts(t, count), minlength=count).astype(np.int64)
+
+
 def by_context(sym: np.ndarray, t: np.ndarray, count: int) -> list[np.ndarray]:
     """The symbols of each context 0 .. count - 1, in index order within each (one stable sort)."""
     if count == 1:
         return [sym]
+    if _c_routes(sym) and count <= MAX_CONTEXTS:
+        ordered = np.empty_like(sym)
+        kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count,
+                                         np.ascontiguousarray(sym), ordered, True)
+        return np.split(ordered, np.cumsum(context_counts(t, count))[:-1])
     ctx = contexts(t, count).astype(np.uint8)
     ordered = sym[np.argsort(ctx, kind="stable")]
     return np.split(ordered, np.cumsum(np.bincount(ctx, minlength=count))[:-1])
+
+
+def from_contexts(ordered: np.ndarray, t: np.ndarray, count: int) -> np.ndarray:
+    """Inverse of :func:`by_context`: the symbols in index order from their concatenation in context
+    order (``ordered``, as many as ``t``)."""
+    if count == 1:
+        return ordered
+    if _c_routes(ordered) and count <= MAX_CONTEXTS:
+        sym = np.empty_like(ordered)
+        kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count, ordered, sym, False)
+        return sym
+    ctx = contexts(t, count).astype(np.uint8)
+    sym = np.empty_like(ordered)
+    sym[np.argsort(ctx, kind="stable")] = ordered
+    return sym
 
 
 def quantize(x: np.ndarray, step: float, offset: float, v: np.ndarray) -> np.ndarray:
