@@ -42,6 +42,7 @@ FINE = CONTEXT_CHOICES[-1]  # the finest contexts: every coarser choice is a uni
 JOINT_MAX = 1 << 22  # cells of the (finest context, distinct index) histogram kept in memory
 MIN_PER_VALUE = 8  # expected_choice's model applies down to this many elements per index value
 MANTISSA = 53
+SHARE_QUANTUM = 2.0**-16  # the chosen share's resolution (:func:`best_share`)
 
 
 def stream(key: int, n: int) -> np.ndarray:
@@ -139,13 +140,19 @@ def straddle(x: np.ndarray, step: float, offset: float) -> float:
     a = np.subtract(x, offset, dtype=np.float64)
     np.divide(a, step, out=a)
     f = np.subtract(a, np.floor(a))
-    return float(np.dot(f, 1.0 - f))
+    np.multiply(f, 1.0 - f, out=f)
+    return float(f.sum())  # numpy's pairwise sum, not np.dot: BLAS sums in an order set by its threads
 
 
 def best_share(n: int, straddled: float) -> float:
     """The share of the dither to subtract that minimises the variance: 6 mean f (1 - f), at most 1
-    (1 for an empty vector)."""
-    return min(1.0, 6.0 * straddled / n) if n else 1.0
+    (1 for an empty vector), rounded to a multiple of ``SHARE_QUANTUM``: GRID carries the share, and
+    the last bits of the sum f (1 - f) depend on the order it was summed in (threads, backends,
+    other implementations); rounded, they change the bytes only when the exact value lies within
+    those bits of a rounding boundary.  Costs nothing measurable: J is flat at its minimum."""
+    if not n:
+        return 1.0
+    return round(min(1.0, 6.0 * straddled / n) / SHARE_QUANTUM) * SHARE_QUANTUM
 
 
 def variance(n: int, step: float, share: float = 1.0, straddled: float = 0.0) -> float:
