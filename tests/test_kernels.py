@@ -468,3 +468,23 @@ def test_thin_kernel_validates_buffers():
     with pytest.raises(ZeroDivisionError):  # an error in the callback propagates
         c.thin(np.arange(4.0), np.arange(5.0), np.arange(5.0), np.arange(5.0), 0.0, np.arange(5.0), np.ones(5),
                1.0, 5.0, 8, np.zeros(5), np.zeros(5), lambda q: 1 / 0)
+
+
+@needs_c
+def test_kmeans_kernel_is_the_least_error_of_k_values():
+    """The compiled 1-D k-means DP against a dense DP over every split (tiny data: ties, duplicates)."""
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        n = int(rng.integers(1, 60))
+        x = np.sort([rng.standard_normal(n), rng.integers(0, 4, n) * 0.5][i % 2])
+        xc = x - x.mean()
+        P1, P2 = np.concatenate(([0.0], np.cumsum(xc))), np.concatenate(([0.0], np.cumsum(xc * xc)))
+        a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        s1 = P1[b] - P1[a]
+        cost = np.where(b >= a, np.maximum(P2[b] - P2[a] - s1 * s1 / np.maximum(b - a, 1), 0.0), np.inf)
+        D = cost[0].copy()
+        for k in range(1, n + 1):
+            assert kernels.c_module().kmeans(xc, k) == pytest.approx(D[n], rel=1e-9, abs=1e-12)
+            D = np.min(D[:, None] + cost, axis=0)
+    with pytest.raises(ValueError):
+        kernels.c_module().kmeans(np.zeros(3), 0)

@@ -13,6 +13,8 @@
  *            same values as the numpy path.
  * thin:      summary.Summary.thin's rounds (numpy's log2 called back between them: its SIMD log2 may
  *            differ from libm's in the last bit), the same operations and order.
+ * kmeans:    the 1-D k-means optimum of a sorted vector (a lower bound the Policy sizes a codec's
+ *            table by; not a format step, so not reproduced by the numpy path).
  * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
  *
  * Build flags (setup.py): -O3 -ffp-contract=off.  No fused multiply-add, no fast-math: every float
@@ -2174,6 +2176,80 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* 1-D k-means optimum (levels_floor.beyond: a lower bound, not a format step)                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Squared error of x[a..b) about its mean from prefix sums (0 for an empty range). */
+static inline double km_cost(const double *P1, const double *P2, Py_ssize_t a, Py_ssize_t b)
+{
+    if (b <= a) return 0.0;
+    double s1 = P1[b] - P1[a], c = (P2[b] - P2[a]) - s1 * s1 / (double)(b - a);
+    return c > 0.0 ? c : 0.0;
+}
+
+/* cur[b] = min over a in [olo, min(ohi, b)] of prev[a] + cost(a, b) for b in [lo, hi]: the
+ * divide-and-conquer layer (the optimal a is non-decreasing in b for this cost). */
+static void km_layer(const double *P1, const double *P2, const double *prev, double *cur, Py_ssize_t lo,
+                     Py_ssize_t hi, Py_ssize_t olo, Py_ssize_t ohi)
+{
+    while (lo <= hi) {
+        Py_ssize_t mid = lo + ((hi - lo) >> 1), arg = olo, top = ohi < mid ? ohi : mid;
+        double best = INFINITY;
+        for (Py_ssize_t a = olo; a <= top; a++) {
+            double v = prev[a] + km_cost(P1, P2, a, mid);
+            if (v < best) { best = v; arg = a; }
+        }
+        cur[mid] = best;
+        km_layer(P1, P2, prev, cur, lo, mid - 1, olo, arg);  /* the left half recursively, the right by the loop */
+        lo = mid + 1;
+        olo = arg;
+    }
+}
+
+PyDoc_STRVAR(kmeans_doc,
+"kmeans(xs, k) -> J\n\n"
+"The least squared error of x approximated by at most k values (1-D k-means, the clusters contiguous\n"
+"in sorted order): xs sorted float64 (centred, for accuracy), k >= 1.  Divide-and-conquer DP layers,\n"
+"O(k n log n); a bound for levels_floor, within rounding of the exact optimum.");
+
+static PyObject *py_kmeans(PyObject *self, PyObject *args)
+{
+    PyObject *xo;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "On", &xo, &k)) return NULL;
+    Py_buffer xb;
+    if (get_f64_bufs(&xo, &xb, 1, 1, "kmeans") < 0) return NULL;
+    Py_ssize_t n = xb.len / 8;
+    PyObject *res = NULL;
+    double *work = NULL;
+    if (k < 1 || n > PY_SSIZE_T_MAX / 64) {
+        PyErr_SetString(PyExc_ValueError, "kmeans: k >= 1 needed");
+        goto done;
+    }
+    work = PyMem_RawMalloc((size_t)(4 * (n + 1)) * sizeof(double));
+    if (!work) { PyErr_NoMemory(); goto done; }
+    {
+        const double *x = (const double *)xb.buf;
+        double *P1 = work, *P2 = P1 + n + 1, *prev = P2 + n + 1, *cur = prev + n + 1, J;
+        Py_BEGIN_ALLOW_THREADS
+        P1[0] = P2[0] = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) { P1[i + 1] = P1[i] + x[i]; P2[i + 1] = P2[i] + x[i] * x[i]; }
+        for (Py_ssize_t b = 0; b <= n; b++) prev[b] = km_cost(P1, P2, 0, b);
+        for (Py_ssize_t layer = 2; layer <= k && layer <= n; layer++) {
+            km_layer(P1, P2, prev, cur, 0, n, 0, n);
+            double *t = prev; prev = cur; cur = t;
+        }
+        J = prev[n];
+        Py_END_ALLOW_THREADS
+        res = PyFloat_FromDouble(J);
+    }
+done:
+    PyMem_RawFree(work);
+    PyBuffer_Release(&xb);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
@@ -2196,6 +2272,7 @@ static PyMethodDef methods[] = {
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
     {"thin", py_thin, METH_VARARGS, thin_doc},
+    {"kmeans", py_kmeans, METH_VARARGS, kmeans_doc},
     {NULL, NULL, 0, NULL},
 };
 
