@@ -488,3 +488,24 @@ def test_kmeans_kernel_is_the_least_error_of_k_values():
             D = np.min(D[:, None] + cost, axis=0)
     with pytest.raises(ValueError):
         kernels.c_module().kmeans(np.zeros(3), 0)
+
+
+@needs_c
+def test_summary_stats_kernel_is_numpys(monkeypatch):
+    """Summary.stats' compiled terms and counts: the same J (numpy sums the terms) and counts, for
+    level sets inside, at and beyond the data, exact and subsampled summaries."""
+    from mucsc.codec.numerics.summary import Summary
+
+    rng = np.random.default_rng(12)
+    for i in range(60):
+        d = int(rng.choice((3, 50, 2400, 30000, 300_000)))
+        x = [rng.standard_normal(d), rng.standard_t(3, d), rng.integers(-4, 4, d) * 0.25][i % 3].astype(np.float32)
+        lo, hi = float(x.min()), float(x.max())
+        if lo == hi:
+            continue
+        S = Summary(x, lo, hi)
+        lv = np.sort(rng.uniform(lo - (i % 2), hi, int(rng.integers(1, 500))))
+        lv = np.unique(np.concatenate((lv, [lo, hi], np.sort(x[:3].astype(np.float64)))))
+        (Ja, na), (Jb, nb) = both(monkeypatch, lambda: S.stats(lv))
+        assert np.float64(Ja).view(np.int64) == np.float64(Jb).view(np.int64)
+        assert np.array_equal(na, nb)

@@ -11,6 +11,7 @@
  * dp_polish: centroids._dp_polish: the DP's levels among candidates, then polish, in one call.
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
+ * summary_stats: summary.Summary.stats' J terms and expected counts (numpy sums the terms).
  * thin:      summary.Summary.thin's rounds (numpy's log2 called back between them: its SIMD log2 may
  *            differ from libm's in the last bit), the same operations and order.
  * kmeans:    the 1-D k-means optimum of a sorted vector (a lower bound the Policy sizes a codec's
@@ -2121,15 +2122,15 @@ static PyObject *py_thin(PyObject *self, PyObject *args)
         double *ratio = (double *)bf[6].buf;
         const double *lg = (const double *)bf[7].buf;
         double *c = work, *Wk = c + m, *P1k = Wk + m, *P2k = P1k + m, *seg = P2k + m, *moved = seg + m, *up = moved + m;
+        for (Py_ssize_t i = 0; i < m; i++) {  /* k = searchsorted(xc, v - shift, 'left'): kept levels keep theirs */
+            c[i] = v[i] - shift;
+            Py_ssize_t k = search_left(xc, N, c[i]);
+            Wk[i] = W[k];
+            P1k[i] = P1[k];
+            P2k[i] = P2[k];
+        }
         for (int r = 0; r < rounds && m > 3; r++) {
             Py_ssize_t q = m - 2;
-            for (Py_ssize_t i = 0; i < m; i++) {  /* k = searchsorted(xc, v - shift, 'left') */
-                c[i] = v[i] - shift;
-                Py_ssize_t k = search_left(xc, N, c[i]);
-                Wk[i] = W[k];
-                P1k[i] = P1[k];
-                P2k[i] = P2[k];
-            }
             for (Py_ssize_t i = 0; i + 1 < m; i++)
                 seg[i] = seg_cost(c[i], c[i + 1], Wk[i + 1] - Wk[i], P1k[i + 1] - P1k[i], P2k[i + 1] - P2k[i]);
             for (Py_ssize_t j = 0; j < q; j++) {
@@ -2163,6 +2164,10 @@ static PyObject *py_thin(PyObject *self, PyObject *args)
             for (Py_ssize_t i = 0; i < m; i++) {
                 if (i >= 1 && i <= q && drop[i - 1]) continue;
                 n[out] = n[i] + moved[i];
+                c[out] = c[i];
+                Wk[out] = Wk[i];
+                P1k[out] = P1k[i];
+                P2k[out] = P2k[i];
                 v[out++] = v[i];
             }
             m = out;
@@ -2250,6 +2255,55 @@ done:
     return res;
 }
 
+PyDoc_STRVAR(summary_stats_doc,
+"summary_stats(xc, W, P1, P2, shift, levels, seg, counts, total)\n\n"
+"summary.Summary.stats without its ~15 numpy calls: for sorted levels (float64, K) over the sorted\n"
+"centred data xc (N) and its prefix sums W, P1, P2 (N + 1), each segment's J into seg (K - 1; the\n"
+"caller sums it, as numpy does) and the expected count per level into counts (K), numpy's\n"
+"operations in numpy's order (clip, maximum and the two += of the counts).");
+
+static PyObject *py_summary_stats(PyObject *self, PyObject *args)
+{
+    PyObject *o[7];
+    Py_buffer bf[7];
+    double shift, total;
+    if (!PyArg_ParseTuple(args, "OOOOdOOOd", &o[0], &o[1], &o[2], &o[3], &shift, &o[4], &o[5], &o[6], &total))
+        return NULL;
+    if (get_f64_bufs(o, bf, 7, 5, "summary_stats") < 0) return NULL;
+    Py_ssize_t N = bf[0].len / 8, K = bf[4].len / 8;
+    if (bf[1].len / 8 != N + 1 || bf[2].len / 8 != N + 1 || bf[3].len / 8 != N + 1 || K < 1
+        || bf[5].len / 8 != K - 1 || bf[6].len / 8 != K) {
+        PyErr_SetString(PyExc_ValueError,
+                        "summary_stats: xc (N), W, P1, P2 (N + 1), levels (K >= 1), seg (K - 1), counts (K) must be float64");
+        release_bufs(bf, 7);
+        return NULL;
+    }
+    const double *xc = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+    const double *P1 = (const double *)bf[2].buf, *P2 = (const double *)bf[3].buf, *lv = (const double *)bf[4].buf;
+    double *seg = (double *)bf[5].buf, *n = (double *)bf[6].buf;
+    double pv = 0, pW = 0, p1 = 0, p2 = 0;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        double v = lv[j] - shift;
+        Py_ssize_t k = search_left(xc, N, v);
+        double w = W[k], s1 = P1[k], s2 = P2[k];
+        n[j] = 0.0;
+        if (j > 0) {
+            double dN = w - pW, d1 = s1 - p1;
+            seg[j - 1] = seg_cost(pv, v, dN, d1, s2 - p2);
+            double up = (d1 - pv * dN) / (v - pv), top = np_max(dN, 0.0);  /* np.clip(up, 0, max(N, 0)) */
+            if (!isnan(up)) up = up > 0.0 ? up : 0.0;
+            if (!isnan(up)) up = up < top ? up : top;
+            n[j] += up;  /* n[1:] += up, then n[:-1] += N - up */
+            n[j - 1] = n[j - 1] + (dN - up);
+        }
+        pv = v; pW = w; p1 = s1; p2 = s2;
+    }
+    n[K - 1] += total - pW;
+    for (Py_ssize_t j = 0; j < K; j++) n[j] = np_max(n[j], 0.0);
+    release_bufs(bf, 7);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
@@ -2272,6 +2326,7 @@ static PyMethodDef methods[] = {
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
     {"thin", py_thin, METH_VARARGS, thin_doc},
+    {"summary_stats", py_summary_stats, METH_VARARGS, summary_stats_doc},
     {"kmeans", py_kmeans, METH_VARARGS, kmeans_doc},
     {NULL, NULL, 0, NULL},
 };
