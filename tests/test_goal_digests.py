@@ -36,3 +36,26 @@ def test_goal_bytes_are_unchanged(codec, single, kw, digest):
     x, d = _data()
     blob = mucsc.encode(x if single else d, codec, **kw)
     assert hashlib.sha256(blob).hexdigest()[:16] == digest
+
+
+def _lenet_like():
+    rng = np.random.default_rng(0)
+    shapes = {"conv1.weight": (6, 1, 5, 5), "conv1.bias": (6,), "conv2.weight": (16, 6, 5, 5), "conv2.bias": (16,),
+              "fc2.weight": (84, 120), "fc2.bias": (84,), "fc3.weight": (10, 84), "fc3.bias": (10,)}
+    return {k: ((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))) if len(s) > 1
+                else 0.02 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+
+
+POLICY_CASES = [  # digests taken at 5acd60e, before the Policy's search was sped up
+    ({"policy": mucsc.Policy(max_error=0.01)}, "69bdf33ec83a10c8"),
+    ({"policy": mucsc.Policy(max_error=0.05)}, "c67484872a23e26b"),
+    ({"codec": mucsc.get_codec("mucsc", rounding="nearest"),
+      "policy": mucsc.Policy(max_error=0.01, vector_max_error=0.001)}, "d255c2d48e96d7e4"),
+]
+
+
+@pytest.mark.parametrize("kw,digest", POLICY_CASES, ids=["1%", "5%", "model-default"])
+def test_policy_bytes_are_unchanged(kw, digest):
+    """The per-tensor Policy on small tensors (searched, skipped as fp16 by size, carried raw)."""
+    blob = mucsc.encode(_lenet_like(), **{"codec": "mucsc", **kw})
+    assert hashlib.sha256(blob).hexdigest()[:16] == digest

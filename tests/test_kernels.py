@@ -432,3 +432,80 @@ def test_context_kernels_refuse_bad_streams():
         c.context_route(t[:1], 4, s, s.copy(), False)
     with pytest.raises(ValueError, match="shift"):
         c.splitmix64(0, 0, 64, np.zeros(2, np.uint64))
+
+
+@needs_c
+def test_thin_kernel_is_numpys(monkeypatch):
+    """Summary.thin's compiled rounds keep exactly the levels numpy's rounds keep (grids over
+    Gaussian, heavy-tailed, few-valued and subsampled data, at budgets from keeping all to dropping
+    many, signed zeros among the data)."""
+    from mucsc.codec.numerics.summary import Summary
+
+    rng = np.random.default_rng(11)
+    for i in range(60):
+        d = int(rng.choice((4, 7, 50, 900, 2400, 30000, 300_000)))
+        x = [rng.standard_normal(d), rng.standard_t(3, d), rng.integers(-4, 4, d) * 0.25][i % 3].astype(np.float32)
+        x[:2] = [0.0, -0.0]
+        lo, hi = float(x.min()), float(x.max())
+        S = Summary(x, lo, hi)
+        step = (hi - lo) / int(rng.integers(3, 3000))
+        k = np.arange(np.floor(lo / step), np.ceil(hi / step) + 1) * step
+        k = np.concatenate(([lo], k[(k > lo) & (k < hi)], [hi]))
+        J, counts = S.stats(k)
+        lam = 16 * np.log(2) * J / d * float(rng.choice((0.0, 0.1, 1.0, 10.0, 1e3)))
+        a, b = both(monkeypatch, lambda: S.thin(k, counts, lam, 5.0))
+        assert np.array_equal(a.view(np.int64), b.view(np.int64)), (i, d, a.size, b.size)
+
+
+@needs_c
+def test_thin_kernel_validates_buffers():
+    c = kernels.c_module()
+    f = np.zeros(4)
+    with pytest.raises(ValueError):  # prefix sums one short
+        c.thin(f, f, f, f, 0.0, np.zeros(5), np.zeros(5), 1.0, 5.0, 8, np.zeros(5), np.zeros(5), lambda q: None)
+    with pytest.raises(TypeError):
+        c.thin(f, np.zeros(5), np.zeros(5), np.zeros(5), 0.0, f, f, 1.0, 5.0, 8, f, f, None)
+    with pytest.raises(ZeroDivisionError):  # an error in the callback propagates
+        c.thin(np.arange(4.0), np.arange(5.0), np.arange(5.0), np.arange(5.0), 0.0, np.arange(5.0), np.ones(5),
+               1.0, 5.0, 8, np.zeros(5), np.zeros(5), lambda q: 1 / 0)
+
+
+@needs_c
+def test_kmeans_kernel_is_the_least_error_of_k_values():
+    """The compiled 1-D k-means DP against a dense DP over every split (tiny data: ties, duplicates)."""
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        n = int(rng.integers(1, 60))
+        x = np.sort([rng.standard_normal(n), rng.integers(0, 4, n) * 0.5][i % 2])
+        xc = x - x.mean()
+        P1, P2 = np.concatenate(([0.0], np.cumsum(xc))), np.concatenate(([0.0], np.cumsum(xc * xc)))
+        a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        s1 = P1[b] - P1[a]
+        cost = np.where(b >= a, np.maximum(P2[b] - P2[a] - s1 * s1 / np.maximum(b - a, 1), 0.0), np.inf)
+        D = cost[0].copy()
+        for k in range(1, n + 1):
+            assert kernels.c_module().kmeans(xc, k) == pytest.approx(D[n], rel=1e-9, abs=1e-12)
+            D = np.min(D[:, None] + cost, axis=0)
+    with pytest.raises(ValueError):
+        kernels.c_module().kmeans(np.zeros(3), 0)
+
+
+@needs_c
+def test_summary_stats_kernel_is_numpys(monkeypatch):
+    """Summary.stats' compiled terms and counts: the same J (numpy sums the terms) and counts, for
+    level sets inside, at and beyond the data, exact and subsampled summaries."""
+    from mucsc.codec.numerics.summary import Summary
+
+    rng = np.random.default_rng(12)
+    for i in range(60):
+        d = int(rng.choice((3, 50, 2400, 30000, 300_000)))
+        x = [rng.standard_normal(d), rng.standard_t(3, d), rng.integers(-4, 4, d) * 0.25][i % 3].astype(np.float32)
+        lo, hi = float(x.min()), float(x.max())
+        if lo == hi:
+            continue
+        S = Summary(x, lo, hi)
+        lv = np.sort(rng.uniform(lo - (i % 2), hi, int(rng.integers(1, 500))))
+        lv = np.unique(np.concatenate((lv, [lo, hi], np.sort(x[:3].astype(np.float64)))))
+        (Ja, na), (Jb, nb) = both(monkeypatch, lambda: S.stats(lv))
+        assert np.float64(Ja).view(np.int64) == np.float64(Jb).view(np.int64)
+        assert np.array_equal(na, nb)

@@ -69,3 +69,34 @@ def test_corrupt_streams_are_rejected(backend, monkeypatch):
         assert not np.array_equal(out, ids)  # pragma: no cover  (a corruption that decodes must differ)
     with pytest.raises(FormatError):
         rans.decode(b"\x10", 10, 3)
+
+
+def test_table_reader_fast_path_reads_what_the_loop_reads(monkeypatch):
+    """The frequency table's vectorised reader (entries of at most 3 bytes, within the limit) gives
+    the loop's values and end, and leaves every malformed table (truncated, an entry past the limit
+    or longer than 3 bytes) to the loop, whose errors it keeps."""
+    r = rans
+
+    def read(buf, pos, k, limit, fast):
+        with monkeypatch.context() as mp:
+            if not fast:
+                mp.setattr(r, "_short_varints", lambda *a: None)
+            try:
+                v, p = r._read_varints(buf, pos, k, limit)
+                return v.tolist(), p
+            except FormatError as e:
+                return str(e)
+
+    rng = np.random.default_rng(4)
+    for t in range(1500):
+        k = int(rng.integers(0, 40))
+        vals = rng.integers(0, 1 << int(rng.integers(1, 24)), k, dtype=np.uint64)
+        pre = rng.integers(0, 256, int(rng.integers(0, 4)), dtype=np.uint8)
+        buf = np.concatenate((pre, np.frombuffer(r._varints(vals), np.uint8),
+                              rng.integers(0, 256, int(rng.integers(0, 6)), dtype=np.uint8))).astype(np.uint8)
+        if t % 3 == 0 and buf.size:
+            buf[rng.integers(0, buf.size)] = rng.integers(0, 256)
+        if t % 7 == 0:
+            buf = buf[: rng.integers(0, buf.size + 1)]
+        limit = int(rng.choice([1 << 10, 1 << 16, 1 << 20]))
+        assert read(buf, pre.size, k, limit, True) == read(buf, pre.size, k, limit, False)

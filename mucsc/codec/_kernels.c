@@ -11,6 +11,11 @@
  * dp_polish: centroids._dp_polish: the DP's levels among candidates, then polish, in one call.
  * outside:   the elements below / above two thresholds in index order (centroids._outside), the
  *            same values as the numpy path.
+ * summary_stats: summary.Summary.stats' J terms and expected counts (numpy sums the terms).
+ * thin:      summary.Summary.thin's rounds (numpy's log2 called back between them: its SIMD log2 may
+ *            differ from libm's in the last bit), the same operations and order.
+ * kmeans:    the 1-D k-means optimum of a sorted vector (a lower bound the Policy sizes a codec's
+ *            table by; not a format step, so not reproduced by the numpy path).
  * new_bytes: a bytes object filled in place through a writable buffer (the message writer's).
  *
  * Build flags (setup.py): -O3 -ffp-contract=off.  No fused multiply-add, no fast-math: every float
@@ -2064,6 +2069,241 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* summary thinning (summary.Summary.thin)                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* numpy.maximum(x, y) of two float64 values: x when x >= y or x is NaN, else y. */
+static inline double np_max(double x, double y) { return (x >= y || isnan(x)) ? x : y; }
+
+/* One segment's J by eq. 8-9 from prefix sums at its ends: centroids.segment_costs' operations. */
+static inline double seg_cost(double a, double b, double dW, double d1, double d2)
+{
+    return np_max((a + b) * d1 - a * b * dW - d2, 0.0);
+}
+
+PyDoc_STRVAR(thin_doc,
+"thin(xc, W, P1, P2, shift, v, n, lam, level_bytes, rounds, ratio, lg, log2) -> m\n\n"
+"summary.Summary.thin's rounds on levels v and counts n (float64, m0 each, changed in place; the\n"
+"kept ones in front, m of them returned) over the sorted centred data xc (N) and its prefix sums\n"
+"W, P1, P2 (N + 1): the same operations in the same order.  Each round writes the interior levels'\n"
+"max(n_neighbour, n_k) / n_k into ratio (float64, >= m0) and calls log2(q) (q of them), which must\n"
+"write numpy's log2 of ratio[:q] into lg[:q] (numpy's own SIMD log2 may differ from libm's).");
+
+static PyObject *py_thin(PyObject *self, PyObject *args)
+{
+    PyObject *o[8], *cb;
+    Py_buffer bf[8];
+    double shift, lam, level_bytes;
+    int rounds;
+    if (!PyArg_ParseTuple(args, "OOOOdOOddiOOO", &o[0], &o[1], &o[2], &o[3], &shift, &o[4], &o[5], &lam,
+                          &level_bytes, &rounds, &o[6], &o[7], &cb)) return NULL;
+    if (!PyCallable_Check(cb)) {
+        PyErr_SetString(PyExc_TypeError, "thin: log2 must be callable");
+        return NULL;
+    }
+    if (get_f64_bufs(o, bf, 8, 4, "thin") < 0) return NULL;
+    PyObject *res = NULL;
+    double *work = NULL;
+    unsigned char *drop = NULL;
+    Py_ssize_t N = bf[0].len / 8, m = bf[4].len / 8;
+    if (bf[1].len / 8 != N + 1 || bf[2].len / 8 != N + 1 || bf[3].len / 8 != N + 1 || bf[5].len / 8 != m
+        || bf[6].len / 8 < m || bf[7].len / 8 < m || m > PY_SSIZE_T_MAX / 64) {
+        PyErr_SetString(PyExc_ValueError, "thin: xc (N), W, P1, P2 (N + 1), v, n (m), ratio, lg (>= m) must be float64");
+        goto done;
+    }
+    work = PyMem_RawMalloc((size_t)(7 * m + 1) * sizeof(double));
+    drop = PyMem_RawMalloc((size_t)m + 1);
+    if (!work || !drop) { PyErr_NoMemory(); goto done; }
+    {
+        const double *xc = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+        const double *P1 = (const double *)bf[2].buf, *P2 = (const double *)bf[3].buf;
+        double *v = (double *)bf[4].buf, *n = (double *)bf[5].buf;
+        double *ratio = (double *)bf[6].buf;
+        const double *lg = (const double *)bf[7].buf;
+        double *c = work, *Wk = c + m, *P1k = Wk + m, *P2k = P1k + m, *seg = P2k + m, *moved = seg + m, *up = moved + m;
+        for (Py_ssize_t i = 0; i < m; i++) {  /* k = searchsorted(xc, v - shift, 'left'): kept levels keep theirs */
+            c[i] = v[i] - shift;
+            Py_ssize_t k = search_left(xc, N, c[i]);
+            Wk[i] = W[k];
+            P1k[i] = P1[k];
+            P2k[i] = P2[k];
+        }
+        for (int r = 0; r < rounds && m > 3; r++) {
+            Py_ssize_t q = m - 2;
+            for (Py_ssize_t i = 0; i + 1 < m; i++)
+                seg[i] = seg_cost(c[i], c[i + 1], Wk[i + 1] - Wk[i], P1k[i + 1] - P1k[i], P2k[i + 1] - P2k[i]);
+            for (Py_ssize_t j = 0; j < q; j++) {
+                double nk = n[j + 1];
+                ratio[j] = np_max(np_max(n[j], n[j + 2]), nk) / nk;
+            }
+            PyObject *ok = PyObject_CallFunction(cb, "n", q);  /* lg[:q] = numpy's log2(ratio[:q]) */
+            if (!ok) goto done;
+            Py_DECREF(ok);
+            int any = 0;
+            for (Py_ssize_t j = 0; j < q; j++) {
+                double a = c[j], b = c[j + 2], nk = n[j + 1];
+                double merged = seg_cost(a, b, Wk[j + 2] - Wk[j], P1k[j + 2] - P1k[j], P2k[j + 2] - P2k[j]);
+                double dJ = merged - seg[j] - seg[j + 1];
+                double rare = (nk > 0 ? nk * lg[j] : 0.0) / 8;
+                drop[j] = dJ < lam * (level_bytes + rare);
+            }
+            for (Py_ssize_t j = 1; j < q; j += 2) drop[j] &= !drop[j - 1];  /* never two neighbours */
+            for (Py_ssize_t j = 2; j < q; j += 2) drop[j] &= !drop[j - 1];
+            for (Py_ssize_t j = 0; j < q; j++) any |= drop[j];
+            if (!any) break;
+            for (Py_ssize_t i = 0; i < m; i++) moved[i] = 0.0;
+            for (Py_ssize_t j = 0; j < q; j++)  /* a dropped level's count to its neighbours (eq. 7) */
+                if (drop[j]) {
+                    up[j] = n[j + 1] * (c[j + 1] - c[j]) / (c[j + 2] - c[j]);
+                    moved[j + 2] += up[j];
+                }
+            for (Py_ssize_t j = 0; j < q; j++)  /* after all the upward moves, as numpy's two updates */
+                if (drop[j]) moved[j] += n[j + 1] - up[j];
+            Py_ssize_t out = 0;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                if (i >= 1 && i <= q && drop[i - 1]) continue;
+                n[out] = n[i] + moved[i];
+                c[out] = c[i];
+                Wk[out] = Wk[i];
+                P1k[out] = P1k[i];
+                P2k[out] = P2k[i];
+                v[out++] = v[i];
+            }
+            m = out;
+        }
+    }
+    res = PyLong_FromSsize_t(m);
+done:
+    PyMem_RawFree(work);
+    PyMem_RawFree(drop);
+    release_bufs(bf, 8);
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 1-D k-means optimum (levels_floor.beyond: a lower bound, not a format step)                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Squared error of x[a..b) about its mean from prefix sums (0 for an empty range). */
+static inline double km_cost(const double *P1, const double *P2, Py_ssize_t a, Py_ssize_t b)
+{
+    if (b <= a) return 0.0;
+    double s1 = P1[b] - P1[a], c = (P2[b] - P2[a]) - s1 * s1 / (double)(b - a);
+    return c > 0.0 ? c : 0.0;
+}
+
+/* cur[b] = min over a in [olo, min(ohi, b)] of prev[a] + cost(a, b) for b in [lo, hi]: the
+ * divide-and-conquer layer (the optimal a is non-decreasing in b for this cost). */
+static void km_layer(const double *P1, const double *P2, const double *prev, double *cur, Py_ssize_t lo,
+                     Py_ssize_t hi, Py_ssize_t olo, Py_ssize_t ohi)
+{
+    while (lo <= hi) {
+        Py_ssize_t mid = lo + ((hi - lo) >> 1), arg = olo, top = ohi < mid ? ohi : mid;
+        double best = INFINITY;
+        for (Py_ssize_t a = olo; a <= top; a++) {
+            double v = prev[a] + km_cost(P1, P2, a, mid);
+            if (v < best) { best = v; arg = a; }
+        }
+        cur[mid] = best;
+        km_layer(P1, P2, prev, cur, lo, mid - 1, olo, arg);  /* the left half recursively, the right by the loop */
+        lo = mid + 1;
+        olo = arg;
+    }
+}
+
+PyDoc_STRVAR(kmeans_doc,
+"kmeans(xs, k) -> J\n\n"
+"The least squared error of x approximated by at most k values (1-D k-means, the clusters contiguous\n"
+"in sorted order): xs sorted float64 (centred, for accuracy), k >= 1.  Divide-and-conquer DP layers,\n"
+"O(k n log n); a bound for levels_floor, within rounding of the exact optimum.");
+
+static PyObject *py_kmeans(PyObject *self, PyObject *args)
+{
+    PyObject *xo;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "On", &xo, &k)) return NULL;
+    Py_buffer xb;
+    if (get_f64_bufs(&xo, &xb, 1, 1, "kmeans") < 0) return NULL;
+    Py_ssize_t n = xb.len / 8;
+    PyObject *res = NULL;
+    double *work = NULL;
+    if (k < 1 || n > PY_SSIZE_T_MAX / 64) {
+        PyErr_SetString(PyExc_ValueError, "kmeans: k >= 1 needed");
+        goto done;
+    }
+    work = PyMem_RawMalloc((size_t)(4 * (n + 1)) * sizeof(double));
+    if (!work) { PyErr_NoMemory(); goto done; }
+    {
+        const double *x = (const double *)xb.buf;
+        double *P1 = work, *P2 = P1 + n + 1, *prev = P2 + n + 1, *cur = prev + n + 1, J;
+        Py_BEGIN_ALLOW_THREADS
+        P1[0] = P2[0] = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) { P1[i + 1] = P1[i] + x[i]; P2[i + 1] = P2[i] + x[i] * x[i]; }
+        for (Py_ssize_t b = 0; b <= n; b++) prev[b] = km_cost(P1, P2, 0, b);
+        for (Py_ssize_t layer = 2; layer <= k && layer <= n; layer++) {
+            km_layer(P1, P2, prev, cur, 0, n, 0, n);
+            double *t = prev; prev = cur; cur = t;
+        }
+        J = prev[n];
+        Py_END_ALLOW_THREADS
+        res = PyFloat_FromDouble(J);
+    }
+done:
+    PyMem_RawFree(work);
+    PyBuffer_Release(&xb);
+    return res;
+}
+
+PyDoc_STRVAR(summary_stats_doc,
+"summary_stats(xc, W, P1, P2, shift, levels, seg, counts, total)\n\n"
+"summary.Summary.stats without its ~15 numpy calls: for sorted levels (float64, K) over the sorted\n"
+"centred data xc (N) and its prefix sums W, P1, P2 (N + 1), each segment's J into seg (K - 1; the\n"
+"caller sums it, as numpy does) and the expected count per level into counts (K), numpy's\n"
+"operations in numpy's order (clip, maximum and the two += of the counts).");
+
+static PyObject *py_summary_stats(PyObject *self, PyObject *args)
+{
+    PyObject *o[7];
+    Py_buffer bf[7];
+    double shift, total;
+    if (!PyArg_ParseTuple(args, "OOOOdOOOd", &o[0], &o[1], &o[2], &o[3], &shift, &o[4], &o[5], &o[6], &total))
+        return NULL;
+    if (get_f64_bufs(o, bf, 7, 5, "summary_stats") < 0) return NULL;
+    Py_ssize_t N = bf[0].len / 8, K = bf[4].len / 8;
+    if (bf[1].len / 8 != N + 1 || bf[2].len / 8 != N + 1 || bf[3].len / 8 != N + 1 || K < 1
+        || bf[5].len / 8 != K - 1 || bf[6].len / 8 != K) {
+        PyErr_SetString(PyExc_ValueError,
+                        "summary_stats: xc (N), W, P1, P2 (N + 1), levels (K >= 1), seg (K - 1), counts (K) must be float64");
+        release_bufs(bf, 7);
+        return NULL;
+    }
+    const double *xc = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
+    const double *P1 = (const double *)bf[2].buf, *P2 = (const double *)bf[3].buf, *lv = (const double *)bf[4].buf;
+    double *seg = (double *)bf[5].buf, *n = (double *)bf[6].buf;
+    double pv = 0, pW = 0, p1 = 0, p2 = 0;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        double v = lv[j] - shift;
+        Py_ssize_t k = search_left(xc, N, v);
+        double w = W[k], s1 = P1[k], s2 = P2[k];
+        n[j] = 0.0;
+        if (j > 0) {
+            double dN = w - pW, d1 = s1 - p1;
+            seg[j - 1] = seg_cost(pv, v, dN, d1, s2 - p2);
+            double up = (d1 - pv * dN) / (v - pv), top = np_max(dN, 0.0);  /* np.clip(up, 0, max(N, 0)) */
+            if (!isnan(up)) up = up > 0.0 ? up : 0.0;
+            if (!isnan(up)) up = up < top ? up : top;
+            n[j] += up;  /* n[1:] += up, then n[:-1] += N - up */
+            n[j - 1] = n[j - 1] + (dN - up);
+        }
+        pv = v; pW = w; p1 = s1; p2 = s2;
+    }
+    n[K - 1] += total - pW;
+    for (Py_ssize_t j = 0; j < K; j++) n[j] = np_max(n[j], 0.0);
+    release_bufs(bf, 7);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
     {"sround", py_sround, METH_VARARGS, sround_doc},
@@ -2085,6 +2325,9 @@ static PyMethodDef methods[] = {
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
+    {"thin", py_thin, METH_VARARGS, thin_doc},
+    {"summary_stats", py_summary_stats, METH_VARARGS, summary_stats_doc},
+    {"kmeans", py_kmeans, METH_VARARGS, kmeans_doc},
     {NULL, NULL, 0, NULL},
 };
 

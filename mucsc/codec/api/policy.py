@@ -44,6 +44,10 @@ from mucsc.errors import InputError, ParameterError
 GROUP_OVERHEAD = 96
 POOL_MAX_BYTES = 64 << 10  # raw tensors up to this size share one raw group per dtype
 RETRIES = 3  # encodings per tensor at most when the measured error overshoots the expected one
+# Up to this many elements a tensor that fp16 holds within max_error is first asked whether any coding
+# within the bound could be smaller (Codec.exceeds_within: a sort and a small DP, ~0.1 ms): tiny
+# tensors (biases, a first convolution), whose levels cost more than their fp16 copy, skip the search.
+FLOOR_MAX_ELEMENTS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +152,13 @@ class Policy:
         if self.max_error is None and ratecontrol.needs_plan(codec):
             # a message-wide budget (bits=, size=): the API splits it across the coded groups
             return Planned(codec, (i,))
+        lossy16 = self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < raw_bytes
+        if lossy16 and n <= FLOOR_MAX_ELEMENTS and _fp16_within(t, x, norm, self.max_error) \
+                and codec.exceeds_within(x, (self.max_error * norm) ** 2, 2 * n - GROUP_OVERHEAD):
+            return "fp16"  # what the search would end in: every coding within the bound is larger
         coded = self._coded(i, x, codec, seed, norm)
         coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
-        if self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < min(coded_bytes, raw_bytes) \
-                and _fp16_within(t, x, norm, self.max_error):
+        if lossy16 and 2 * n < coded_bytes and _fp16_within(t, x, norm, self.max_error):
             return "fp16"
         if lossless_bytes <= coded_bytes:
             return lossless
@@ -270,9 +277,8 @@ def decode_encoded(codec: Codec, enc: EncodedGroup, n: int, dtype: np.dtype) -> 
 def with_max_error(codec: Codec, bound: float) -> Codec:
     """The same codec in its error-targeting mode: ``max_error`` set, the other size-choosing
     parameters (z, bits, size: only one may be given) and explicit levels cleared."""
-    params = dataclasses.asdict(codec.params)
-    params.update({k: None for k in ("z", "bits", "size", "levels") if k in params}, max_error=bound)
-    return type(codec)(**params)
+    names = {f.name for f in dataclasses.fields(codec.params)}
+    return codec.replace(**{k: None for k in ("z", "bits", "size", "levels") if k in names}, max_error=bound)
 
 
 def has_param(codec: Codec, name: str) -> bool:

@@ -125,10 +125,10 @@ def check_levels(p: Any) -> None:
     if p.target != "z":
         raise ParameterError(f"levels fix the encoding: they exclude {p.target}=")
     try:
-        levels = tuple(float(v) for v in p.levels)
+        levels = tuple(map(float, p.levels))
     except (TypeError, ValueError):
         raise ParameterError(f"levels must be a sequence of numbers, got {p.levels!r}") from None
-    if not 1 <= len(levels) <= MAX_Z or not all(math.isfinite(v) for v in levels):
+    if not 1 <= len(levels) <= MAX_Z or not all(map(math.isfinite, levels)):
         raise ParameterError(f"levels must be 1..{MAX_Z} finite numbers")
     object.__setattr__(p, "levels", levels)
 
@@ -166,7 +166,7 @@ def _resolved(codec: Codec, compressing: bool) -> Codec:
         changes["id_packing"] = "aligned" if compressing else "tight"
     if p.id_coding == "auto" and p.target == "z" and not compressing and rounding_of(p) != "dithered":
         changes["id_coding"] = "packed"
-    return type(codec)(**{**dataclasses.asdict(p), **changes}) if changes else codec
+    return codec.replace(**changes) if changes else codec
 
 
 def cluster_resolved(header: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          cluster_section_sizes,
                                          decode_clusters, decode_clusters_torch, encode_clusters, format_minor,
                                          given_levels, resolve_id_packing)
-from mucsc.codec.numerics import centroids
+from mucsc.codec.numerics import centroids, levels_floor
 from mucsc.errors import ParameterError, SizeError
 
 WEIGHTINGS = ("total", "size")  # how bits= / size= weigh each group's J (MucscParams)
@@ -187,6 +187,15 @@ class Mucsc(Codec):
         if self.params.rounding == "dithered":
             return dithered.DitherTrials(x)
         return ClusterTrials(x, self.params)
+
+    def exceeds_within(self, x: np.ndarray, sq_error: float, size: int) -> bool:
+        """By the centroid table alone: a decode within ``sq_error`` takes at least as many distinct
+        values as :func:`~mucsc.codec.numerics.levels_floor.beyond` says, each a centroid of the
+        table (dithered rounding sends no table: not known)."""
+        if self.params.rounding == "dithered":
+            return False
+        return levels_floor.beyond(x, size // np.dtype(CENTROID_DTYPES[self.params.centroid_dtype]).itemsize,
+                                   sq_error)
 
     @property
     def input_limit(self) -> float:

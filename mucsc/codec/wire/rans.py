@@ -145,13 +145,18 @@ def _varints(values: np.ndarray) -> bytes:
 
 
 def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int, tag: str = "IDSA") -> tuple[np.ndarray, int]:
+    """k LEB128 varints from buf[pos:], each at most ``limit`` -> (values, the position after them)."""
+    fast = _short_varints(buf, pos, k, limit)
+    if fast is not None:
+        return fast
     vals = np.zeros(k, np.int64)
+    data = buf.tobytes()  # indexed as Python ints: ~5x faster than numpy scalars
     for i in range(k):
         v, shift = 0, 0
         while True:
-            if pos >= buf.size:
+            if pos >= len(data):
                 raise FormatError(f"{tag}: frequency table runs past the end of the section")
-            b = int(buf[pos])
+            b = data[pos]
             pos += 1
             v |= (b & 0x7F) << shift
             if v > limit:
@@ -229,6 +234,27 @@ def _encode_lanes(ids, f, cum, S, W) -> list[bytes]:
         out[lane, ptr] = ((x >> np.uint64(sh)) & np.uint64(0xFF)).astype(np.uint8)
         ptr += 1
     return [out[j, : ptr[j]][::-1].tobytes() for j in range(W)]
+
+
+def _short_varints(buf: np.ndarray, pos: int, k: int, limit: int) -> tuple[np.ndarray, int] | None:
+    """:func:`_read_varints` without a Python loop where every entry has at most 3 bytes, lies inside
+    ``buf`` and is at most ``limit`` (a valid table: the loop would raise nothing and read the same
+    values); None otherwise (the loop then reads it, raising what it raises).  ~1 us per entry less."""
+    if k == 0:
+        return np.zeros(0, np.int64), pos
+    w = buf[pos: pos + 3 * k].astype(np.int64)
+    last = np.flatnonzero(w < 0x80)[:k]  # the final byte of each entry
+    if last.size < k:
+        return None
+    starts = np.concatenate(([0], last[:-1] + 1))
+    if np.any(last - starts > 2):
+        return None
+    idx = np.arange(int(last[-1]) + 1)
+    shift = 7 * (idx - np.repeat(starts, last - starts + 1))
+    vals = np.add.reduceat((w[idx] & 0x7F) << shift, starts)
+    if np.any(vals > limit):
+        return None
+    return vals, pos + int(last[-1]) + 1
 
 
 def decode(buf: bytes | memoryview, n: int, k: int) -> np.ndarray:
