@@ -1545,7 +1545,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
         int vec;  /* full byte-symbol blocks by the AVX2 coder: a table it can hold, a CPU that has it */
         vec = simd && !wide && S >= 9 && S <= 16 && k <= 256 && have_avx2();
-        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && cum[c] < (1u << S);
+        /* a symbol without frequency may sit at cum = M (those after the last used one): it never
+         * enters the table (enc_tab8_init skips it), so only used symbols need cum < 2^16 */
+        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && (f[c] == 0 || cum[c] < (1u << S));
         if (vec && !(tab8 = (enc_tab8 *)PyMem_RawMalloc(sizeof(enc_tab8)))) { PyErr_NoMemory(); goto done; }
 #else
         (void)simd;
