@@ -1488,6 +1488,96 @@ done:
     return res;
 }
 
+/* ---- a screen for structure zstd could use beyond order-0 coding (numpy twin: wire/structure.py) ---- */
+
+#define SCREEN_KEY 5  /* bytes per repeat key: zstd level 3's shortest match */
+#define SCREEN_BITS 14  /* the anchor table: 2^14 slots, the earliest anchor of each hash */
+#define SCREEN_MUL 0x9E3779B97F4A7C15ull
+
+/* The SCREEN_KEY bytes at p (little-endian; one 8-byte load where 8 bytes remain before end). */
+static inline uint64_t screen_key(const uint8_t *p, const uint8_t *end)
+{
+#if PY_LITTLE_ENDIAN
+    if (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return w & (((uint64_t)1 << (8 * SCREEN_KEY)) - 1);
+    }
+#else
+    (void)end;
+#endif
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32;
+}
+
+/* One slice p[0, n) (n <= 2^16): hits of its last `window` bytes' keys against its anchors (the
+ * earliest of each hash), its window's bytes counted in hist.  A slot holds the anchor's position + 1
+ * and 16 more bits of its hash, so that a probe meeting another key rarely loads it. */
+static Py_ssize_t screen_slice(const uint8_t *p, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t window, int64_t *hist)
+{
+    const uint8_t *end = p + n;
+    uint32_t tab[1 << SCREEN_BITS];
+    memset(tab, 0, sizeof(tab));
+    Py_ssize_t nk = n >= SCREEN_KEY ? n - SCREEN_KEY + 1 : 0, hits = 0;
+    for (Py_ssize_t j = 0; j < nk; j += stride) {
+        uint64_t g = screen_key(p + j, end) * SCREEN_MUL, h = g >> (64 - SCREEN_BITS);
+        if (!tab[h]) tab[h] = (uint32_t)(j + 1) | (uint32_t)((g >> 32) & 0xFFFF0000u);
+    }
+    Py_ssize_t p0 = n > window ? n - window : 0;
+    for (Py_ssize_t j = p0; j < nk; j++) {
+        uint64_t k = screen_key(p + j, end), g = k * SCREEN_MUL;
+        uint32_t slot = tab[g >> (64 - SCREEN_BITS)];
+        if ((slot ^ (uint32_t)(g >> 32)) >> 16) continue;  /* empty, or another hash: no load */
+        Py_ssize_t a = (Py_ssize_t)(slot & 0xFFFFu) - 1;
+        hits += a >= 0 && a != j && screen_key(p + a, end) == k;
+    }
+    uint32_t sub[4][256];
+    memset(sub, 0, sizeof(sub));
+    byte_counts(p + p0, n - p0, sub);
+    for (int v = 0; v < 256; v++) hist[v] += (int64_t)sub[0][v] + sub[1][v] + sub[2][v] + sub[3][v];
+    return hits;
+}
+
+static const char byte_screen_doc[] =
+    "byte_screen(buf u8, starts i64, length, stride, window, hist i64) -> hits\n"
+    "For each slice buf[starts[i], starts[i] + length) (length <= 2^16; clipped to buf): keys are the 5\n"
+    "bytes at each position j <= its length - 5, hashed to 14 bits ((key * 0x9E3779B97F4A7C15 mod 2^64)\n"
+    ">> 50); anchors are positions 0, stride, 2 stride, ..., the earliest of each hash kept; the window is\n"
+    "its last `window` bytes.  hits: the windows' key positions whose hash's anchor is another position\n"
+    "with the same key, summed; hist[i, v] += occurrences of v in slice i's window (hist: len(starts) x 256).\n"
+    "The GIL is released.";
+
+static PyObject *py_byte_screen(PyObject *self, PyObject *args)
+{
+    PyObject *bo, *so, *ho;
+    Py_ssize_t length, stride, window;
+    if (!PyArg_ParseTuple(args, "OOnnnO", &bo, &so, &length, &stride, &window, &ho)) return NULL;
+    Py_buffer bb, sb, hb;
+    if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
+    if (get_buf(so, &sb, 0, "starts") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (get_buf(ho, &hb, 1, "hist") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&sb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t ns = sb.len / 8;
+    const int64_t *st = (const int64_t *)sb.buf;
+    int ok = bb.itemsize == 1 && sb.itemsize == 8 && hb.itemsize == 8 && hb.len == ns * 256 * 8 && stride >= 1
+             && window >= 0 && length >= 0 && length <= 65536;
+    for (Py_ssize_t i = 0; ok && i < ns; i++) ok = st[i] >= 0 && st[i] <= bb.len;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "byte_screen: bad arguments");
+        goto done;
+    }
+    Py_ssize_t hits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        Py_ssize_t n = bb.len - st[i] < length ? bb.len - st[i] : length;
+        hits += screen_slice((const uint8_t *)bb.buf + st[i], n, stride, window, (int64_t *)hb.buf + 256 * i);
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(hits);
+done:
+    PyBuffer_Release(&bb); PyBuffer_Release(&sb); PyBuffer_Release(&hb);
+    return res;
+}
+
 static const char lanes_encode_doc[] =
     "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64[, simd=1]) -> bytes written\n"
     "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
@@ -2320,6 +2410,7 @@ static PyMethodDef methods[] = {
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
     {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
     {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},
+    {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
