@@ -316,7 +316,7 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
                 return None
         return Section("IDSL", coded)
     sym, counts = lanes.symbols_counted(ids, k, w)
-    data = lanes.encode_symbols(sym, w, lanes.alphabet(k, w), counts)
+    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
     if auto:
         packed = sym if bits == w else parallel.pack_array(ids, bits)
         if not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], packed):
