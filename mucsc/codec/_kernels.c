@@ -1518,9 +1518,9 @@ static Py_ssize_t screen_slice(const uint8_t *p, Py_ssize_t n, Py_ssize_t stride
     uint32_t tab[1 << SCREEN_BITS];
     memset(tab, 0, sizeof(tab));
     Py_ssize_t nk = n >= SCREEN_KEY ? n - SCREEN_KEY + 1 : 0, hits = 0;
-    for (Py_ssize_t j = 0; j < nk; j += stride) {
-        uint64_t g = screen_key(p + j, end) * SCREEN_MUL, h = g >> (64 - SCREEN_BITS);
-        if (!tab[h]) tab[h] = (uint32_t)(j + 1) | (uint32_t)((g >> 32) & 0xFFFF0000u);
+    for (Py_ssize_t j = nk > 0 ? (nk - 1) / stride * stride : -1; j >= 0; j -= stride) {  /* last first: */
+        uint64_t g = screen_key(p + j, end) * SCREEN_MUL;  /* the earliest anchor of a hash stays */
+        tab[g >> (64 - SCREEN_BITS)] = (uint32_t)(j + 1) | (uint32_t)((g >> 32) & 0xFFFF0000u);
     }
     Py_ssize_t p0 = n > window ? n - window : 0;
     for (Py_ssize_t j = p0; j < nk; j++) {

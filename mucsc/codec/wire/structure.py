@@ -11,6 +11,8 @@ the numpy twin here counts the same.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mucsc.codec import kernels
@@ -25,6 +27,7 @@ MUL = np.uint64(0x9E3779B97F4A7C15)
 MAX_SLICE = 1 << 16
 ENTROPY_MARGIN = 0.02  # the coded rate may exceed the windows' own order-0 entropy by this share
 HIT_SHARE = 1 / 1024  # repeats in more than this share of the probes: structure
+_XLOGX = np.arange(WINDOW + 1) * np.log2(np.maximum(np.arange(WINDOW + 1), 1))  # c log2 c of a window's counts
 
 
 def _keys(s: np.ndarray) -> np.ndarray:
@@ -76,11 +79,11 @@ def order0_suffices(coded: int, size: int, buf: np.ndarray, starts: np.ndarray, 
     than its frame: repeats in at most HIT_SHARE of the probes, and the coded rate within
     ENTROPY_MARGIN of the windows' own order-0 entropy (zstd's literals cost at least that)."""
     hits, hist = slice_stats(buf, starts, length)
-    n = hist.sum(axis=1)
-    total = int(n.sum())
+    n = hist.sum(axis=1).tolist()
+    total = sum(n)
     if total == 0:
         return False
-    # sum over windows of c log2(n / c): the empirical order-0 entropy of each window, in bits
-    bound = float((hist * np.log2(np.maximum(n, 1))[:, None]).sum() - (hist * np.log2(np.maximum(hist, 1))).sum())
-    probes = int(np.maximum(n - KEY + 1, 0).sum())  # the windows' key positions
+    # sum over windows of c log2(n / c): each window's empirical order-0 entropy, in bits
+    bound = sum(k * math.log2(k) for k in n if k) - float(_XLOGX[hist].sum())
+    probes = sum(max(k - KEY + 1, 0) for k in n)  # the windows' key positions
     return 8.0 * coded * total / size <= (1 + ENTROPY_MARGIN) * bound and hits <= HIT_SHARE * probes
