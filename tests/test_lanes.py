@@ -394,12 +394,12 @@ def _screened(monkeypatch):
     from mucsc.codec.wire import structure
 
     seen = []
-    real = structure.order0_suffices
+    real = structure.Screen.order0_suffices
 
-    def spy(*a, **k):
-        seen.append(real(*a, **k))
+    def spy(self, *a, **k):
+        seen.append(real(self, *a, **k))
         return seen[-1]
-    monkeypatch.setattr(structure, "order0_suffices", spy)
+    monkeypatch.setattr(structure.Screen, "order0_suffices", spy)
     return seen
 
 

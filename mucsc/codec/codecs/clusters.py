@@ -316,33 +316,42 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
                 return None
         return Section("IDSL", coded)
     sym, counts = lanes.symbols_counted(ids, k, w)
-    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
+    packed = seen = None
     if auto:
         packed = sym if bits == w else parallel.pack_array(ids, bits)
-        if not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], packed):
-            return None
+        if packed.size > EXACT_ZSTD_BYTES:  # screened before coding, while the bytes are in cache
+            seen = structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)
+    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
+    if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
+        return None
     return Section("IDSL", data)
 
 
-def _lanes_win(coded: int, size: int, part: Any, whole: np.ndarray | None = None) -> bool:
+def _sample_starts(size: int) -> np.ndarray:
+    """Where the SAMPLE_SLICES sample slices of ``size`` packed bytes start: evenly spaced."""
+    return np.arange(SAMPLE_SLICES, dtype=np.int64) * (size // SAMPLE_SLICES)
+
+
+def _lanes_win(coded: int, size: int, part: Any, seen: structure.Screen | None = None) -> bool:
     """Whether ``coded`` IDSL bytes are no more than the IDS_ section the container would store for
     ``size`` packed bytes (``part(a, b)``: bytes [a, b) on the host): the packed bytes, or their zstd
     frame (level 3) when smaller -- exact up to EXACT_ZSTD_BYTES; above, no zstd at all when the
-    sample shows nothing zstd could use beyond order-0 coding (``structure.order0_suffices``), else
-    zstd on the sample first and the whole frame only when the sample says zstd may win.  ``whole``:
-    the packed bytes on the host, when they are (the sample read in place)."""
+    sample shows nothing zstd could use beyond order-0 coding (``seen``: its screen, when taken
+    already), else zstd on the sample first and the whole frame only when the sample says zstd may win."""
     if coded > size:
         return False
     zstd = parallel.zstd_compressor(COMPARE_LEVEL, 1)
     if size > EXACT_ZSTD_BYTES:
-        step = size // SAMPLE_SLICES
-        starts = np.arange(SAMPLE_SLICES, dtype=np.int64) * step
-        if whole is None:  # the slices brought to the host, one after another
-            whole = np.concatenate([part(a, a + SAMPLE_BYTES) for a in starts.tolist()])
-            starts = np.arange(SAMPLE_SLICES, dtype=np.int64) * SAMPLE_BYTES
-        if structure.order0_suffices(coded, size, whole, starts, SAMPLE_BYTES):
+        slices = None
+        if seen is None:  # device IDs: the sample brought to the host once, screened there
+            slices = [part(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
+            seen = structure.screen(np.concatenate(slices), np.arange(SAMPLE_SLICES, dtype=np.int64) * SAMPLE_BYTES,
+                                    SAMPLE_BYTES)
+        if seen.order0_suffices(coded, size):
             return True  # nothing zstd could use beyond order-0 coding: no zstd trial
-        sample = sum(len(zstd.compress(whole[a: a + SAMPLE_BYTES])) for a in starts.tolist())
+        if slices is None:
+            slices = [part(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
+        sample = sum(len(zstd.compress(s)) for s in slices)
         if sample * size >= coded * SAMPLE_SLICES * SAMPLE_BYTES:
             return True  # zstd's rate on the sample is no better than the lanes' mean rate
         zstd = parallel.zstd_compressor(COMPARE_LEVEL, parallel.current())

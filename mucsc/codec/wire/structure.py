@@ -3,7 +3,7 @@ informative): the fixed-Z default's cheap test before its zstd trial.
 
 An order-0 coder (IDSL's rANS) reaches the bytes' order-0 entropy; zstd beats it only through what
 order-0 misses: repeats (LZ matches of 5 bytes or more: runs, tiles, smooth data) or a byte
-distribution that changes along the data (its Huffman tables are per block).  :func:`order0_suffices`
+distribution that changes along the data (its Huffman tables are per block).  :func:`screen`
 looks for both on a few slices: every position of a window against sparse anchors for repeats, the
 lanes' rate against the windows' own order-0 entropy.  One compiled call (``_kernels.byte_screen``);
 the numpy twin here counts the same.
@@ -11,13 +11,14 @@ the numpy twin here counts the same.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from mucsc.codec import kernels
 
-__all__ = ["KEY", "STRIDE", "WINDOW", "MAX_SLICE", "slice_stats", "order0_suffices"]
+__all__ = ["KEY", "STRIDE", "WINDOW", "MAX_SLICE", "Screen", "screen", "slice_stats"]
 
 KEY = 5  # bytes per repeat key: zstd level 3's shortest match
 STRIDE = 16  # an anchor every STRIDE bytes of a slice: a repeat of >= STRIDE + KEY - 1 bytes holds one
@@ -73,17 +74,28 @@ def slice_stats(buf: np.ndarray, starts: np.ndarray, length: int, stride: int = 
     return hits, hist
 
 
-def order0_suffices(coded: int, size: int, buf: np.ndarray, starts: np.ndarray, length: int) -> bool:
-    """Whether the slices ``buf[s, s + length)`` (bytes sampled from ``size`` packed bytes) show none
-    of the structure zstd could use, so that ``coded`` order-0-coded bytes are not meaningfully larger
-    than its frame: repeats in at most HIT_SHARE of the probes, and the coded rate within
-    ENTROPY_MARGIN of the windows' own order-0 entropy (zstd's literals cost at least that)."""
-    hits, hist = slice_stats(buf, starts, length)
-    n = hist.sum(axis=1).tolist()
-    total = sum(n)
-    if total == 0:
-        return False
-    # sum over windows of c log2(n / c): each window's empirical order-0 entropy, in bits
-    bound = sum(k * math.log2(k) for k in n if k) - float(_XLOGX[hist].sum())
-    probes = sum(max(k - KEY + 1, 0) for k in n)  # the windows' key positions
-    return 8.0 * coded * total / size <= (1 + ENTROPY_MARGIN) * bound and hits <= HIT_SHARE * probes
+@dataclasses.dataclass(frozen=True)
+class Screen:
+    """The screen's counts of a sample: its windows' repeat hits (summed) and byte histograms."""
+
+    hits: int
+    hist: np.ndarray  # one row of 256 counts per slice's window
+
+    def order0_suffices(self, coded: int, size: int) -> bool:
+        """Whether the sample (of ``size`` packed bytes) shows none of the structure zstd could use,
+        so that ``coded`` order-0-coded bytes are not meaningfully larger than its frame: repeats in
+        at most HIT_SHARE of the probes, and the coded rate within ENTROPY_MARGIN of the windows' own
+        order-0 entropy (zstd's literals cost at least that)."""
+        n = self.hist.sum(axis=1).tolist()
+        total = sum(n)
+        if total == 0:
+            return False
+        # sum over windows of c log2(n / c): each window's empirical order-0 entropy, in bits
+        bound = sum(k * math.log2(k) for k in n if k) - float(_XLOGX[self.hist].sum())
+        probes = sum(max(k - KEY + 1, 0) for k in n)  # the windows' key positions
+        return 8.0 * coded * total / size <= (1 + ENTROPY_MARGIN) * bound and self.hits <= HIT_SHARE * probes
+
+
+def screen(buf: np.ndarray, starts: np.ndarray, length: int) -> Screen:
+    """The :class:`Screen` of the slices ``buf[s, s + length)`` (as :func:`slice_stats`)."""
+    return Screen(*slice_stats(buf, starts, length))
