@@ -1098,6 +1098,83 @@ done:
     return res;
 }
 
+/* ---- rANS frequency normalisation (numpy twin: rans.normalize) ---------------------------------- */
+
+static const int64_t *norm_f;  /* the frequencies qsort orders by (set under the GIL, read by the sort) */
+
+/* largest frequency first, then the lower symbol (np.argsort(-f, kind="stable")) */
+static int norm_order(const void *a, const void *b)
+{
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    if (norm_f[i] != norm_f[j]) return norm_f[i] > norm_f[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+static const char normalize_doc[] =
+    "normalize(counts i64, S, out i64) -> 0, -1 when more symbols are used than 2^S, -2 when a count is\n"
+    "negative or they sum above 2^40 (the caller's numpy path decides)\n"
+    "rans.normalize's frequencies into out: max((c 2^S + n // 2) // n, c > 0), then the difference to 2^S\n"
+    "given to the largest frequency or taken from the largest ones down to 1 (ties by symbol).";
+
+static PyObject *py_normalize(PyObject *self, PyObject *args)
+{
+    PyObject *co, *oo;
+    int S;
+    if (!PyArg_ParseTuple(args, "OiO", &co, &S, &oo)) return NULL;
+    Py_buffer cb, ob;
+    if (get_buf(co, &cb, 0, "counts") < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&cb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t *order = NULL;
+    if (cb.itemsize != 8 || ob.itemsize != 8 || cb.len != ob.len || S < 0 || S > 30) {
+        PyErr_SetString(PyExc_ValueError, "normalize: bad arguments");
+        goto done;
+    }
+    const int64_t *c = (const int64_t *)cb.buf;
+    int64_t *f = (int64_t *)ob.buf, M = (int64_t)1 << S, n = 0, used = 0, sum = 0;
+    Py_ssize_t A = cb.len / 8;
+    long r = A > 0 ? 0 : -2;
+    for (Py_ssize_t s = 0; s < A && r == 0; s++) {
+        if (c[s] < 0 || c[s] > ((int64_t)1 << 40)) r = -2;
+        n += c[s];
+        used += c[s] > 0;
+        if (n > ((int64_t)1 << 40)) r = -2;
+    }
+    if (r == 0 && used > M) r = -1;
+    if (r == 0) {
+        for (Py_ssize_t s = 0; s < A; s++) {
+            int64_t v = n ? (c[s] * M + n / 2) / n : 0;  /* c M <= 2^62: exact */
+            f[s] = v < (c[s] > 0) ? (c[s] > 0) : v;
+            sum += f[s];
+        }
+        int64_t diff = M - sum;
+        if (diff != 0 && A > 0) {
+            order = (Py_ssize_t *)PyMem_Malloc((size_t)A * sizeof(Py_ssize_t));
+            if (!order) { PyErr_NoMemory(); goto done; }
+            for (Py_ssize_t s = 0; s < A; s++) order[s] = s;
+            norm_f = f;
+            qsort(order, (size_t)A, sizeof(Py_ssize_t), norm_order);
+            for (Py_ssize_t i = 0; diff != 0; i++) {  /* as rans.normalize's loop */
+                Py_ssize_t s = order[i % A];
+                if (diff > 0) {
+                    int64_t step = i < A ? diff : 1;
+                    f[s] += step;
+                    diff -= step;
+                } else if (f[s] > 1) {
+                    int64_t take = -diff < f[s] - 1 ? -diff : f[s] - 1;
+                    f[s] -= take;
+                    diff += take;
+                }
+            }
+        }
+    }
+    res = PyLong_FromLong(r);
+done:
+    PyMem_Free(order);
+    PyBuffer_Release(&cb); PyBuffer_Release(&ob);
+    return res;
+}
+
 /* ---- lane-parallel rANS (spec/FORMAT.md 4.6, section IDSL; numpy twin: lanes.py) ------------------ */
 
 #define LANES_BLOCK 65536
@@ -2408,6 +2485,7 @@ static PyMethodDef methods[] = {
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
+    {"normalize", py_normalize, METH_VARARGS, normalize_doc},
     {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
     {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},
     {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
