@@ -235,13 +235,14 @@ def test_a_symbol_without_frequency_is_refused(backend, n, k, monkeypatch):
 def test_the_vector_coder_writes_the_scalar_bytes(n, k, conc, monkeypatch):
     # full byte-symbol blocks go to the AVX2 coder where the CPU has it (simd=1); simd=0 is the
     # scalar coder: the same streams as it and the numpy reference, also for tables of 9..16 scale
-    # bits and for a single symbol (f = M)
+    # bits, for a single symbol (f = M) and for unused symbols after the last used one (their cum is
+    # M: the default Z = 16 message's table, whose byte 255 is rarely used, goes to the vector coder)
     ids = ids_for(n, k, seed=n + k, conc=conc)
     sym = lanes.symbols(ids, k, lanes.symbol_bits(k))
     lay = lanes.layout(sym.size)
     C = kernels.c_module()
-    for S, single in [(16, False), (12, False), (9, False), (16, True)]:
-        s = np.full(sym.size, sym[-1]) if single else sym
+    for S, variant in [(16, ""), (12, ""), (9, ""), (16, "single"), (16, "capped"), (9, "capped")]:
+        s = {"single": np.full(sym.size, sym[-1]), "capped": np.minimum(sym, sym.max() - 1)}.get(variant, sym)
         f = rans.normalize(lanes.counts_of(s, 256), S)
         cum = np.concatenate(([0], np.cumsum(f)[:-1]))
         got = []
@@ -367,3 +368,82 @@ def test_dithered_keeps_its_own_index_coding():
     assert mucsc.decode(blob).shape == x.shape
     with pytest.raises(mucsc.ParameterError, match="dithered"):
         mucsc.get_codec("mucsc", rounding="dithered", id_coding="lanes")
+
+
+# ---- the default's choice above EXACT_ZSTD_BYTES: the structure screen, then zstd's trial --------
+
+def _structured(kind, n=600_000):
+    g = np.random.default_rng(11)
+    if kind == "tile":  # a random block repeated: zstd's matches, no order-0 trace
+        return np.tile(gauss(1000, 12), n // 1000)
+    if kind == "tile_far":  # repeats 15 KiB of packed IDs apart
+        return np.tile(gauss(30_000, 13), n // 30_000)
+    if kind == "sorted":
+        return np.sort(gauss(n, 14))
+    if kind == "ramp":
+        return np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    if kind == "sine":
+        return np.sin(np.arange(n) / 50.0).astype(np.float32)
+    if kind == "two_scales":  # two layers' scales in one group: the byte distribution drifts
+        return np.concatenate([gauss(n // 2, 15), 0.05 * gauss(n // 2, 16)])
+    return g.laplace(size=n).astype(np.float32) if kind == "laplace" else gauss(n, 17)
+
+
+def _screened(monkeypatch):
+    """The screen's verdicts during the encodes that follow."""
+    from mucsc.codec.wire import structure
+
+    seen = []
+    real = structure.Screen.order0_suffices
+
+    def spy(self, *a, **k):
+        seen.append(real(self, *a, **k))
+        return seen[-1]
+    monkeypatch.setattr(structure.Screen, "order0_suffices", spy)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["tile", "tile_far", "sorted", "ramp", "sine", "two_scales"])
+def test_structured_ids_go_to_the_zstd_trial_and_keep_zstd_where_smaller(kind, monkeypatch):
+    from mucsc.codec.codecs import clusters
+
+    x = _structured(kind)
+    assert x.size // 2 > clusters.EXACT_ZSTD_BYTES  # the sampled path
+    seen = _screened(monkeypatch)
+    blob = mucsc.encode(x, "mucsc")
+    assert seen == [False]  # the screen found structure: zstd's trial decided
+    sizes = [len(mucsc.encode(x, "mucsc", id_coding=c)) for c in ("packed", "lanes")]
+    assert sizes[0] < sizes[1] and len(blob) == sizes[0]  # zstd is smaller here, and kept
+    assert mucsc.inspect(blob).groups[0].params.get("id_coding", "packed") == "packed"
+
+
+@pytest.mark.parametrize("kind, z", [("gauss", 16), ("laplace", 16), ("gauss", 256)])
+def test_unstructured_ids_skip_the_zstd_trial(kind, z, monkeypatch):
+    x = _structured(kind)
+    seen = _screened(monkeypatch)
+    blob = mucsc.encode(x, "mucsc", z=z)
+    assert seen == [True] and mucsc.inspect(blob).groups[0].params["id_coding"] == "lanes"
+    assert len(blob) < len(mucsc.encode(x, "mucsc", z=z, id_coding="packed"))  # rightly so
+
+
+@pytest.mark.skipif(kernels.c_module() is None, reason="compiled kernels not built")
+@pytest.mark.parametrize("seed", range(4))
+def test_the_screen_kernel_counts_as_its_numpy_twin(seed, monkeypatch):
+    from mucsc.codec.wire import structure
+
+    g = np.random.default_rng(seed)
+    block = g.integers(0, 256, g.integers(1, 3000), dtype=np.uint8)
+    bufs = [g.integers(0, 256, 200_000, dtype=np.uint8), np.zeros(70_000, np.uint8),
+            np.tile(block, 200_000 // block.size + 1), (g.integers(0, 3, 150_000) * 85).astype(np.uint8),
+            g.integers(0, 256, 7, dtype=np.uint8)]
+    for buf in bufs:
+        for starts, length, stride, window in (([0], 65536, 16, 4096), ([0, buf.size // 2, buf.size], 65536, 1, 100),
+                                               ([0, 3], 1000, 3, 5), ([buf.size // 3], 50_000, 8, 65536)):
+            starts = np.array(starts, np.int64)
+            c = structure.slice_stats(buf, starts, length, stride, window)
+            monkeypatch.setattr(kernels, "BACKEND", "numpy")
+            n = structure.slice_stats(buf, starts, length, stride, window)
+            monkeypatch.undo()
+            assert c[0] == n[0] and np.array_equal(c[1], n[1])
+    with pytest.raises(ValueError):
+        structure.slice_stats(np.zeros(10, np.uint8), np.array([11], np.int64), 5)

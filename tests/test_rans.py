@@ -47,6 +47,29 @@ def test_lanes_and_scale():
     assert f.sum() == 256 and f[0] == 0 and f.min(initial=1) >= 0 and (f[1:] >= 1).all()
 
 
+@pytest.mark.skipif(kernels.c_module() is None, reason="compiled kernels not built")
+def test_the_compiled_normalisation_gives_numpys_table(monkeypatch):
+    # proportional rounding, the difference given to the largest or taken from the largest ones down
+    # to 1 (ties by symbol), and the refusals: counts sparse, dense, huge, one symbol, all zero
+    g = np.random.default_rng(5)
+    cases = [np.zeros(5, np.int64), np.array([0, 5, 1, 1000]), np.array([7]), np.array([2 ** 41, 5]),
+             np.array([-1, 5]), np.zeros(0, np.int64)]
+    for t in range(600):
+        A = int(g.integers(1, 300))
+        cases.append([g.integers(0, 5, A), (g.random(A) < 0.1) * g.integers(1, 10 ** 6, A),
+                      g.integers(0, 10 ** 9, A), g.poisson(g.uniform(0.1, 50), A)][t % 4].astype(np.int64))
+    for c in cases:
+        for S in (1, 4, 8, 12, 16, 22):
+            got = []
+            for backend in ("c", "numpy"):
+                monkeypatch.setattr(kernels, "BACKEND", backend)
+                try:
+                    got.append(rans.normalize(c, S).tolist())
+                except (ValueError, ZeroDivisionError) as e:
+                    got.append(type(e))
+            assert got[0] == got[1], (c, S)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "c"])
 def test_corrupt_streams_are_rejected(backend, monkeypatch):
     if backend == "c" and kernels.c_module() is None:

@@ -1098,6 +1098,83 @@ done:
     return res;
 }
 
+/* ---- rANS frequency normalisation (numpy twin: rans.normalize) ---------------------------------- */
+
+static const int64_t *norm_f;  /* the frequencies qsort orders by (set under the GIL, read by the sort) */
+
+/* largest frequency first, then the lower symbol (np.argsort(-f, kind="stable")) */
+static int norm_order(const void *a, const void *b)
+{
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    if (norm_f[i] != norm_f[j]) return norm_f[i] > norm_f[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+static const char normalize_doc[] =
+    "normalize(counts i64, S, out i64) -> 0, -1 when more symbols are used than 2^S, -2 when a count is\n"
+    "negative or they sum above 2^40 (the caller's numpy path decides)\n"
+    "rans.normalize's frequencies into out: max((c 2^S + n // 2) // n, c > 0), then the difference to 2^S\n"
+    "given to the largest frequency or taken from the largest ones down to 1 (ties by symbol).";
+
+static PyObject *py_normalize(PyObject *self, PyObject *args)
+{
+    PyObject *co, *oo;
+    int S;
+    if (!PyArg_ParseTuple(args, "OiO", &co, &S, &oo)) return NULL;
+    Py_buffer cb, ob;
+    if (get_buf(co, &cb, 0, "counts") < 0) return NULL;
+    if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&cb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t *order = NULL;
+    if (cb.itemsize != 8 || ob.itemsize != 8 || cb.len != ob.len || S < 0 || S > 30) {
+        PyErr_SetString(PyExc_ValueError, "normalize: bad arguments");
+        goto done;
+    }
+    const int64_t *c = (const int64_t *)cb.buf;
+    int64_t *f = (int64_t *)ob.buf, M = (int64_t)1 << S, n = 0, used = 0, sum = 0;
+    Py_ssize_t A = cb.len / 8;
+    long r = A > 0 ? 0 : -2;
+    for (Py_ssize_t s = 0; s < A && r == 0; s++) {
+        if (c[s] < 0 || c[s] > ((int64_t)1 << 40)) r = -2;
+        n += c[s];
+        used += c[s] > 0;
+        if (n > ((int64_t)1 << 40)) r = -2;
+    }
+    if (r == 0 && used > M) r = -1;
+    if (r == 0) {
+        for (Py_ssize_t s = 0; s < A; s++) {
+            int64_t v = n ? (c[s] * M + n / 2) / n : 0;  /* c M <= 2^62: exact */
+            f[s] = v < (c[s] > 0) ? (c[s] > 0) : v;
+            sum += f[s];
+        }
+        int64_t diff = M - sum;
+        if (diff != 0 && A > 0) {
+            order = (Py_ssize_t *)PyMem_Malloc((size_t)A * sizeof(Py_ssize_t));
+            if (!order) { PyErr_NoMemory(); goto done; }
+            for (Py_ssize_t s = 0; s < A; s++) order[s] = s;
+            norm_f = f;
+            qsort(order, (size_t)A, sizeof(Py_ssize_t), norm_order);
+            for (Py_ssize_t i = 0; diff != 0; i++) {  /* as rans.normalize's loop */
+                Py_ssize_t s = order[i % A];
+                if (diff > 0) {
+                    int64_t step = i < A ? diff : 1;
+                    f[s] += step;
+                    diff -= step;
+                } else if (f[s] > 1) {
+                    int64_t take = -diff < f[s] - 1 ? -diff : f[s] - 1;
+                    f[s] -= take;
+                    diff += take;
+                }
+            }
+        }
+    }
+    res = PyLong_FromLong(r);
+done:
+    PyMem_Free(order);
+    PyBuffer_Release(&cb); PyBuffer_Release(&ob);
+    return res;
+}
+
 /* ---- lane-parallel rANS (spec/FORMAT.md 4.6, section IDSL; numpy twin: lanes.py) ------------------ */
 
 #define LANES_BLOCK 65536
@@ -1488,6 +1565,96 @@ done:
     return res;
 }
 
+/* ---- a screen for structure zstd could use beyond order-0 coding (numpy twin: wire/structure.py) ---- */
+
+#define SCREEN_KEY 5  /* bytes per repeat key: zstd level 3's shortest match */
+#define SCREEN_BITS 14  /* the anchor table: 2^14 slots, the earliest anchor of each hash */
+#define SCREEN_MUL 0x9E3779B97F4A7C15ull
+
+/* The SCREEN_KEY bytes at p (little-endian; one 8-byte load where 8 bytes remain before end). */
+static inline uint64_t screen_key(const uint8_t *p, const uint8_t *end)
+{
+#if PY_LITTLE_ENDIAN
+    if (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return w & (((uint64_t)1 << (8 * SCREEN_KEY)) - 1);
+    }
+#else
+    (void)end;
+#endif
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32;
+}
+
+/* One slice p[0, n) (n <= 2^16): hits of its last `window` bytes' keys against its anchors (the
+ * earliest of each hash), its window's bytes counted in hist.  A slot holds the anchor's position + 1
+ * and 16 more bits of its hash, so that a probe meeting another key rarely loads it. */
+static Py_ssize_t screen_slice(const uint8_t *p, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t window, int64_t *hist)
+{
+    const uint8_t *end = p + n;
+    uint32_t tab[1 << SCREEN_BITS];
+    memset(tab, 0, sizeof(tab));
+    Py_ssize_t nk = n >= SCREEN_KEY ? n - SCREEN_KEY + 1 : 0, hits = 0;
+    for (Py_ssize_t j = nk > 0 ? (nk - 1) / stride * stride : -1; j >= 0; j -= stride) {  /* last first: */
+        uint64_t g = screen_key(p + j, end) * SCREEN_MUL;  /* the earliest anchor of a hash stays */
+        tab[g >> (64 - SCREEN_BITS)] = (uint32_t)(j + 1) | (uint32_t)((g >> 32) & 0xFFFF0000u);
+    }
+    Py_ssize_t p0 = n > window ? n - window : 0;
+    for (Py_ssize_t j = p0; j < nk; j++) {
+        uint64_t k = screen_key(p + j, end), g = k * SCREEN_MUL;
+        uint32_t slot = tab[g >> (64 - SCREEN_BITS)];
+        if ((slot ^ (uint32_t)(g >> 32)) >> 16) continue;  /* empty, or another hash: no load */
+        Py_ssize_t a = (Py_ssize_t)(slot & 0xFFFFu) - 1;
+        hits += a >= 0 && a != j && screen_key(p + a, end) == k;
+    }
+    uint32_t sub[4][256];
+    memset(sub, 0, sizeof(sub));
+    byte_counts(p + p0, n - p0, sub);
+    for (int v = 0; v < 256; v++) hist[v] += (int64_t)sub[0][v] + sub[1][v] + sub[2][v] + sub[3][v];
+    return hits;
+}
+
+static const char byte_screen_doc[] =
+    "byte_screen(buf u8, starts i64, length, stride, window, hist i64) -> hits\n"
+    "For each slice buf[starts[i], starts[i] + length) (length <= 2^16; clipped to buf): keys are the 5\n"
+    "bytes at each position j <= its length - 5, hashed to 14 bits ((key * 0x9E3779B97F4A7C15 mod 2^64)\n"
+    ">> 50); anchors are positions 0, stride, 2 stride, ..., the earliest of each hash kept; the window is\n"
+    "its last `window` bytes.  hits: the windows' key positions whose hash's anchor is another position\n"
+    "with the same key, summed; hist[i, v] += occurrences of v in slice i's window (hist: len(starts) x 256).\n"
+    "The GIL is released.";
+
+static PyObject *py_byte_screen(PyObject *self, PyObject *args)
+{
+    PyObject *bo, *so, *ho;
+    Py_ssize_t length, stride, window;
+    if (!PyArg_ParseTuple(args, "OOnnnO", &bo, &so, &length, &stride, &window, &ho)) return NULL;
+    Py_buffer bb, sb, hb;
+    if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
+    if (get_buf(so, &sb, 0, "starts") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (get_buf(ho, &hb, 1, "hist") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&sb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t ns = sb.len / 8;
+    const int64_t *st = (const int64_t *)sb.buf;
+    int ok = bb.itemsize == 1 && sb.itemsize == 8 && hb.itemsize == 8 && hb.len == ns * 256 * 8 && stride >= 1
+             && window >= 0 && length >= 0 && length <= 65536;
+    for (Py_ssize_t i = 0; ok && i < ns; i++) ok = st[i] >= 0 && st[i] <= bb.len;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "byte_screen: bad arguments");
+        goto done;
+    }
+    Py_ssize_t hits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        Py_ssize_t n = bb.len - st[i] < length ? bb.len - st[i] : length;
+        hits += screen_slice((const uint8_t *)bb.buf + st[i], n, stride, window, (int64_t *)hb.buf + 256 * i);
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(hits);
+done:
+    PyBuffer_Release(&bb); PyBuffer_Release(&sb); PyBuffer_Release(&hb);
+    return res;
+}
+
 static const char lanes_encode_doc[] =
     "lanes_encode(sym u8|u16, f u32, cum u32, S, m, b0, b1, out u8, lens i64[, simd=1]) -> bytes written\n"
     "IDSL lane streams of blocks [b0, b1) of the m symbols sym (FORMAT.md 4.6) into out, lane after lane;\n"
@@ -1545,7 +1712,9 @@ static PyObject *py_lanes_encode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
         int vec;  /* full byte-symbol blocks by the AVX2 coder: a table it can hold, a CPU that has it */
         vec = simd && !wide && S >= 9 && S <= 16 && k <= 256 && have_avx2();
-        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && cum[c] < (1u << S);
+        /* a symbol without frequency may sit at cum = M (those after the last used one): it never
+         * enters the table (enc_tab8_init skips it), so only used symbols need cum < 2^16 */
+        for (Py_ssize_t c = 0; vec && c < k; c++) vec = f[c] <= (1u << S) && (f[c] == 0 || cum[c] < (1u << S));
         if (vec && !(tab8 = (enc_tab8 *)PyMem_RawMalloc(sizeof(enc_tab8)))) { PyErr_NoMemory(); goto done; }
 #else
         (void)simd;
@@ -2316,8 +2485,10 @@ static PyMethodDef methods[] = {
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
+    {"normalize", py_normalize, METH_VARARGS, normalize_doc},
     {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
     {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},
+    {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},

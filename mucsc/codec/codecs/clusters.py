@@ -20,7 +20,7 @@ from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
                                      section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
-from mucsc.codec.wire import bitpack, lanes, rans
+from mucsc.codec.wire import bitpack, lanes, rans, structure
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
@@ -34,9 +34,10 @@ CENTROID_LIMITS = {"float16": 65504.0, "float32": F32_MAX, "float64": float(np.f
 ID_PACKINGS = ("auto", "tight", "aligned")
 ID_CODINGS = ("auto", "packed", "rans", "lanes")
 # The fixed-Z "auto" coding keeps lane-parallel rANS (IDSL) unless zstd on the packed IDs is smaller:
-# packed IDs up to this many bytes are compared exactly; larger ones by zstd on SAMPLE_SLICES evenly
-# spaced slices of SAMPLE_BYTES (i.i.d.-like IDs: zstd's Huffman stage cannot beat rANS' order-0
-# coding; runs and repeats can make it win), and exactly only when the sample says zstd may win.
+# packed IDs up to this many bytes are compared exactly.  Larger ones are screened on SAMPLE_SLICES
+# evenly spaced slices of SAMPLE_BYTES for what zstd could use beyond order-0 coding (repeats, a
+# drifting byte distribution: wire.structure); only where the screen finds some, zstd compresses the
+# same slices, and the whole frame is computed when their rate beats the lanes' mean rate.
 EXACT_ZSTD_BYTES = 1 << 18
 SAMPLE_SLICES, SAMPLE_BYTES = 4, 1 << 16
 COMPARE_LEVEL = 3  # the zstd level of that comparison (FORMAT.md 4.6), whatever the container's level
@@ -315,25 +316,42 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
                 return None
         return Section("IDSL", coded)
     sym, counts = lanes.symbols_counted(ids, k, w)
-    data = lanes.encode_symbols(sym, w, lanes.alphabet(k, w), counts)
+    packed = seen = None
     if auto:
         packed = sym if bits == w else parallel.pack_array(ids, bits)
-        if not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b]):
-            return None
+        if packed.size > EXACT_ZSTD_BYTES:  # screened before coding, while the bytes are in cache
+            seen = structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)
+    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
+    if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
+        return None
     return Section("IDSL", data)
 
 
-def _lanes_win(coded: int, size: int, part: Any) -> bool:
+def _sample_starts(size: int) -> np.ndarray:
+    """Where the SAMPLE_SLICES sample slices of ``size`` packed bytes start: evenly spaced."""
+    return np.arange(SAMPLE_SLICES, dtype=np.int64) * (size // SAMPLE_SLICES)
+
+
+def _lanes_win(coded: int, size: int, part: Any, seen: structure.Screen | None = None) -> bool:
     """Whether ``coded`` IDSL bytes are no more than the IDS_ section the container would store for
     ``size`` packed bytes (``part(a, b)``: bytes [a, b) on the host): the packed bytes, or their zstd
-    frame (level 3) when smaller -- exact up to EXACT_ZSTD_BYTES, else judged on a sample first and
-    computed only when the sample says zstd may win."""
+    frame (level 3) when smaller -- exact up to EXACT_ZSTD_BYTES; above, no zstd at all when the
+    sample shows nothing zstd could use beyond order-0 coding (``seen``: its screen, when taken
+    already), else zstd on the sample first and the whole frame only when the sample says zstd may win."""
     if coded > size:
         return False
     zstd = parallel.zstd_compressor(COMPARE_LEVEL, 1)
     if size > EXACT_ZSTD_BYTES:
-        step = size // SAMPLE_SLICES
-        sample = sum(len(zstd.compress(part(i * step, i * step + SAMPLE_BYTES))) for i in range(SAMPLE_SLICES))
+        slices = None
+        if seen is None:  # device IDs: the sample brought to the host once, screened there
+            slices = [part(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
+            seen = structure.screen(np.concatenate(slices), np.arange(SAMPLE_SLICES, dtype=np.int64) * SAMPLE_BYTES,
+                                    SAMPLE_BYTES)
+        if seen.order0_suffices(coded, size):
+            return True  # nothing zstd could use beyond order-0 coding: no zstd trial
+        if slices is None:
+            slices = [part(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
+        sample = sum(len(zstd.compress(s)) for s in slices)
         if sample * size >= coded * SAMPLE_SLICES * SAMPLE_BYTES:
             return True  # zstd's rate on the sample is no better than the lanes' mean rate
         zstd = parallel.zstd_compressor(COMPARE_LEVEL, parallel.current())

@@ -36,7 +36,7 @@ from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
-           "encode", "encode_symbols", "decode_symbols", "table", "header_size"]
+           "encode", "encode_symbols", "payload", "decode_symbols", "table", "header_size"]
 
 BLOCK = 1 << 16  # symbols per block
 LANES = 32  # lanes of a full block (a GPU warp)
@@ -180,6 +180,12 @@ def counts_of(sym: np.ndarray, size: int) -> np.ndarray:
 def encode_symbols(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None) -> bytes:
     """The IDSL payload of the symbols ``sym`` (uint8 for byte symbols, uint16 for w = 16, values <
     ``size``): histogram, table, then every run of blocks on its own thread."""
+    return payload(sym, w, size, counts).tobytes()
+
+
+def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None) -> np.ndarray:
+    """:func:`encode_symbols`' bytes as a uint8 array written in place: the header, then each run's
+    lane streams coded straight behind it (runs after the first moved down over the unused room)."""
     m = sym.size
     if counts is None:
         counts = counts_of(sym, size)
@@ -187,9 +193,13 @@ def encode_symbols(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None
         raise ValueError("a symbol is out of range")
     S, f = table(counts, m)
     cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
-    lens, streams = code_lanes(sym, f, cum, S)
-    head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
-    return b"".join([head, *streams])
+    lay = layout(m)
+    top = bytes([S, w]) + rans._varints(f)
+    start = len(top) + 2 * lay.total_lanes
+    buf, lens, end = _code_into(sym, f, cum, S, lay, start)
+    buf[: len(top)] = np.frombuffer(top, np.uint8)
+    buf[len(top): start] = lens.astype("<u2").view(np.uint8)
+    return buf[:end]
 
 
 def runs_of(lay: Layout) -> list[tuple[int, int]]:
@@ -198,28 +208,45 @@ def runs_of(lay: Layout) -> list[tuple[int, int]]:
     return [(b, min(b + per, lay.blocks)) for b in range(0, lay.blocks, per)]
 
 
-def code_lanes(sym: np.ndarray, f: np.ndarray, cum: np.ndarray, S: int) -> tuple[np.ndarray, list[bytes]]:
-    """(every lane's length, the runs' joined streams in order) of the symbols with table (f, cum, S)."""
-    lay = layout(sym.size)
-    parts = parallel.run(lambda r: _encode_run(sym, f, cum, S, lay, *r), runs_of(lay))
+def code_lanes(sym: np.ndarray, f: np.ndarray, cum: np.ndarray, S: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(every lane's length, the lanes' streams joined, as one uint8 array in a list) of the symbols
+    with table (f, cum, S)."""
+    buf, lens, end = _code_into(sym, f, cum, S, layout(sym.size), 0)
+    return lens, [buf[:end]]
+
+
+def _code_into(sym, f, cum, S, lay: Layout, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(buffer, every lane's length, end): the lanes' streams written to buffer[start:end], each run
+    of blocks on its own thread into its own room, then the rooms closed up."""
+    runs = runs_of(lay)
+    room = (4 + 3 * lay.count).cumsum()  # a lane's bytes are at most 4 + 3 T
+    caps = [int(room[lay.first_lane[b1] - 1] - (room[lay.first_lane[b0] - 1] if b0 else 0)) for b0, b1 in runs]
+    at = start + np.concatenate(([0], np.cumsum(caps, dtype=np.int64))).astype(np.int64)
+    buf = np.empty(int(at[-1]), np.uint8)
+    parts = parallel.run(lambda i: _encode_run(sym, f, cum, S, lay, *runs[i], buf[at[i]: at[i + 1]]), range(len(runs)))
+    end = start
+    for i, (_, used) in enumerate(parts):
+        if at[i] != end:
+            buf[end: end + used] = buf[at[i]: at[i] + used]  # numpy copies overlapping ranges correctly
+        end += used
     lens = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    return lens, [p[1] for p in parts]
+    return buf, lens, end
 
 
-def _encode_run(sym, f, cum, S, lay: Layout, b0: int, b1: int) -> tuple[np.ndarray, bytes]:
-    """(lane lengths, lane streams joined) of blocks [b0, b1)."""
+def _encode_run(sym, f, cum, S, lay: Layout, b0: int, b1: int, out: np.ndarray) -> tuple[np.ndarray, int]:
+    """(lane lengths, bytes written to ``out``) of blocks [b0, b1), their lane streams one after the other."""
     l0, l1 = int(lay.first_lane[b0]), int(lay.first_lane[b1])
-    cap = int((4 + 3 * lay.count[l0:l1]).sum())
     if kernels.use_c():
-        out = np.empty(cap, np.uint8)
         lens = np.zeros(l1 - l0, np.int64)
         used = kernels.c_module().lanes_encode(sym, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, b0, b1,
                                                out, lens)
         if used < 0:
             raise ValueError("lanes_encode: a symbol has no frequency" if used == -2 else "lanes_encode failed")
-        return lens, out[:used].tobytes()
+        return lens, int(used)
     streams = encode_lane_set(sym, f, cum, S, lay.base[l0:l1], lay.stride[l0:l1], lay.count[l0:l1])
-    return np.array([len(s) for s in streams], np.int64), b"".join(streams)
+    joined = b"".join(streams)
+    out[: len(joined)] = np.frombuffer(joined, np.uint8)
+    return np.array([len(s) for s in streams], np.int64), len(joined)
 
 
 def encode_lane_set(sym, f, cum, S, base, stride, count) -> list[bytes]:

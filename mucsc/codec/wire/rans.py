@@ -52,6 +52,13 @@ def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
     frequencies (ties by symbol index)."""
     counts = np.asarray(counts, np.int64)
     M = 1 << scale_bits
+    if kernels.use_c() and counts.ndim == 1 and 0 <= scale_bits <= 30:  # the same table, compiled
+        f = np.empty(counts.size, np.int64)
+        got = kernels.c_module().normalize(np.ascontiguousarray(counts), scale_bits, f)
+        if got == 0:
+            return f
+        if got == -1:
+            raise ValueError(f"{int(np.count_nonzero(counts > 0))} symbols do not fit a table of {M}")
     n = int(counts.sum())
     used = counts > 0
     if int(np.count_nonzero(used)) > M:
