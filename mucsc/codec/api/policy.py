@@ -153,8 +153,7 @@ class Policy:
             # a message-wide budget (bits=, size=): the API splits it across the coded groups
             return Planned(codec, (i,))
         lossy16 = self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < raw_bytes
-        if lossy16 and n <= FLOOR_MAX_ELEMENTS and _fp16_within(t, x, norm, self.max_error) \
-                and codec.exceeds_within(x, (self.max_error * norm) ** 2, 2 * n - GROUP_OVERHEAD):
+        if lossy16 and self._fp16_beats_any_coding(t, x, codec, norm):
             return "fp16"  # what the search would end in: every coding within the bound is larger
         coded = self._coded(i, x, codec, seed, norm)
         coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
@@ -163,6 +162,13 @@ class Policy:
         if lossless_bytes <= coded_bytes:
             return lossless
         return coded
+
+    def _fp16_beats_any_coding(self, t: Tensor, x: np.ndarray, codec: Codec, norm: float) -> bool:
+        """Whether a tiny tensor that fp16 holds within ``max_error`` is smaller as fp16 than any
+        coding of ``codec`` within the bound (decided by size, without the search)."""
+        n = x.size
+        return (n <= FLOOR_MAX_ELEMENTS and _fp16_within(t, x, norm, self.max_error)
+                and codec.exceeds_within(x, (self.max_error * norm) ** 2, 2 * n - GROUP_OVERHEAD))
 
     def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int, norm: float) -> Planned | None:
         """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach)."""
