@@ -2186,7 +2186,8 @@ PyDoc_STRVAR(context_route_doc,
 "Moves uint32 symbols between index order and context order (the contexts 0 .. count - 1 one after\n"
 "the other, index order within each; element i's context (t[i] * count) >> 53).  to_contexts true:\n"
 "dst (context order) from src (index order), as dither.by_context's stable sort; false: dst (index\n"
-"order) from src (context order).  src and dst have len(t) elements; t below 2^53 (ValueError else).");
+"order) from src (context order).  src and dst have len(t) elements; t below 2^53 (ValueError else).\n"
+"Returns the number of elements in each context (a list of count ints).");
 
 static PyObject *py_context_route(PyObject *self, PyObject *args)
 {
@@ -2211,26 +2212,34 @@ static PyObject *py_context_route(PyObject *self, PyObject *args)
         const uint64_t *t = (const uint64_t *)tb.buf;
         const uint32_t *src = (const uint32_t *)sb.buf;
         uint32_t *dst = (uint32_t *)db.buf;
-        Py_ssize_t cur[64] = {0}, c = count;
+        Py_ssize_t cnt[64] = {0}, cur[64], c = count;
         uint64_t big = 0;
-        for (Py_ssize_t i = 0; i < n; i++) big |= t[i];
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {  /* counted on masked words; a word >= 2^53 is refused below */
+            big |= t[i];
+            cnt[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)c)]++;
+        }
+        Py_END_ALLOW_THREADS
         if (big >> 53) {
             PyErr_SetString(PyExc_ValueError, "context_route: t must be below 2^53");
             goto done;
         }
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) cur[dither_context(t[i], (uint64_t)c)]++;
         Py_ssize_t at = 0;
-        for (Py_ssize_t j = 0; j < c; j++) { Py_ssize_t k = cur[j]; cur[j] = at; at += k; }
+        for (Py_ssize_t j = 0; j < c; j++) { cur[j] = at; at += cnt[j]; }
         if (forward) {
             for (Py_ssize_t i = 0; i < n; i++) dst[cur[dither_context(t[i], (uint64_t)c)]++] = src[i];
         } else {
             for (Py_ssize_t i = 0; i < n; i++) dst[i] = src[cur[dither_context(t[i], (uint64_t)c)]++];
         }
         Py_END_ALLOW_THREADS
+        res = PyList_New(c);
+        for (Py_ssize_t j = 0; res && j < c; j++) {
+            PyObject *v = PyLong_FromSsize_t(cnt[j]);
+            if (!v) { Py_CLEAR(res); break; }
+            PyList_SET_ITEM(res, j, v);
+        }
     }
-    Py_INCREF(Py_None);
-    res = Py_None;
 done:
     PyBuffer_Release(&db);
     PyBuffer_Release(&sb);

@@ -48,15 +48,16 @@ def c_module():
 
 
 def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
-               tmp: np.ndarray | None = None, ramp: np.ndarray | None = None) -> np.ndarray:
+               tmp: np.ndarray | None = None, ramp: np.ndarray | None = None, shift: int = 0) -> np.ndarray:
     """Outputs number start+1 .. start+count of SplitMix64 with state ``key``, i.e.
     mix(key + (j + 1) * GAMMA) for j in [start, start + count), as uint64 (numpy integer arithmetic
     wraps mod 2^64).  ``out``/``tmp``: uint64 work buffers; ``ramp``: precomputed
-    ``arange(1, >= count + 1) * GAMMA`` (all optional, for chunked callers)."""
+    ``arange(1, >= count + 1) * GAMMA`` (all optional, for chunked callers); ``shift``: each output
+    shifted right by this many bits (0..63)."""
     if out is None:
         out = np.empty(count, np.uint64)
     if use_c() and hasattr(_c, "splitmix64"):  # the same numbers in one pass (tmp and ramp unused)
-        _c.splitmix64(key & MASK64, start & MASK64, 0, out[:count])
+        _c.splitmix64(key & MASK64, start & MASK64, shift, out[:count])
         return out[:count]
     if tmp is None:
         tmp = np.empty(count, np.uint64)
@@ -72,4 +73,6 @@ def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
     np.multiply(z, _M2, out=z)
     np.right_shift(z, np.uint64(31), out=t)
     np.bitwise_xor(z, t, out=z)
+    if shift:
+        np.right_shift(z, np.uint64(shift), out=z)
     return z

@@ -50,12 +50,7 @@ def stream(key: int, n: int) -> np.ndarray:
     v_i = t_i 2^-53 is element i's uniform."""
     if n == 0:
         return np.zeros(0, np.uint64)
-    if kernels.use_c() and hasattr(kernels.c_module(), "splitmix64"):
-        w = np.empty(n, np.uint64)
-        kernels.c_module().splitmix64(key & kernels.MASK64, 0, 64 - MANTISSA, w)
-        return w
-    w = kernels.splitmix64(key, 0, n)
-    return np.right_shift(w, np.uint64(64 - MANTISSA), out=w)
+    return kernels.splitmix64(key, 0, n, shift=64 - MANTISSA)
 
 
 def uniforms(t: np.ndarray) -> np.ndarray:
@@ -70,9 +65,10 @@ def contexts(t: np.ndarray, count: int) -> np.ndarray:
     return ((t * np.uint64(count)) >> np.uint64(MANTISSA)).astype(np.intp)
 
 
-def _c_routes(sym: np.ndarray) -> bool:
+def _c_routes(sym: np.ndarray, count: int) -> bool:
     """True where the compiled kernels move these symbols between index and context order."""
-    return kernels.use_c() and hasattr(kernels.c_module(), "context_route") and sym.dtype == np.uint32
+    return (kernels.use_c() and hasattr(kernels.c_module(), "context_route") and sym.dtype == np.uint32
+            and count <= MAX_CONTEXTS)
 
 
 def context_counts(t: np.ndarray, count: int) -> np.ndarray:
@@ -88,11 +84,11 @@ def by_context(sym: np.ndarray, t: np.ndarray, count: int) -> list[np.ndarray]:
     """The symbols of each context 0 .. count - 1, in index order within each (one stable sort)."""
     if count == 1:
         return [sym]
-    if _c_routes(sym) and count <= MAX_CONTEXTS:
+    if _c_routes(sym, count):
         ordered = np.empty_like(sym)
-        kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count,
-                                         np.ascontiguousarray(sym), ordered, True)
-        return np.split(ordered, np.cumsum(context_counts(t, count))[:-1])
+        counts = kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count,
+                                                  np.ascontiguousarray(sym), ordered, True)
+        return np.split(ordered, np.cumsum(counts)[:-1])
     ctx = contexts(t, count).astype(np.uint8)
     ordered = sym[np.argsort(ctx, kind="stable")]
     return np.split(ordered, np.cumsum(np.bincount(ctx, minlength=count))[:-1])
@@ -103,7 +99,7 @@ def from_contexts(ordered: np.ndarray, t: np.ndarray, count: int) -> np.ndarray:
     order (``ordered``, as many as ``t``)."""
     if count == 1:
         return ordered
-    if _c_routes(ordered) and count <= MAX_CONTEXTS:
+    if _c_routes(ordered, count):
         sym = np.empty_like(ordered)
         kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count, ordered, sym, False)
         return sym
