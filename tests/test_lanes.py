@@ -4,6 +4,7 @@ same bytes, threads, the default's choice against zstd, and corrupt sections rej
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -262,6 +263,7 @@ def test_the_vector_coder_writes_the_scalar_bytes(n, k, conc, monkeypatch):
 
 torch = pytest.importorskip("torch")
 from mucsc.codec.backends import torch_lanes, triton_lanes  # noqa: E402
+import tritontools  # noqa: E402
 
 
 @pytest.mark.parametrize("n, k", [(1, 2), (1000, 16), (5000, 300), (lanes.BLOCK * 2 + 4100, 16)])
@@ -300,10 +302,27 @@ def test_torch_tensors_encode_and_decode_as_the_host():
 
 @pytest.fixture
 def interpreter(monkeypatch):
-    """The Triton kernels on CPU tensors through Triton's interpreter."""
+    """The Triton kernels on CPU tensors through Triton's interpreter (skipped where it cannot run them)."""
+    yield from tritontools.interpreter(monkeypatch, triton_lanes,
+                                       lambda: triton_lanes._self_check(torch.device("cpu"), torch.uint8))
+
+
+def test_the_interpreter_fixture_skips_where_it_cannot_run_and_leaves_no_switch_off(monkeypatch):
+    # a numpy or triton release the interpreter does not support: the probe fails, the tests skip with its reason
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("MUCSC_TRITON", "1")
+    fake = types.SimpleNamespace(__name__="fake_kernels", disabled_reason=lambda: "InterpreterError: TypeError('x')")
+    with pytest.raises(pytest.skip.Exception, match="fake_kernels.*InterpreterError"):
+        next(tritontools.interpreter(monkeypatch, fake, lambda: False))
+    # a kernel switch turned off earlier (another test, the interpreter) is on again during and after the test
+    with pytest.warns(RuntimeWarning):
+        triton_lanes.SWITCH.disable("an earlier failure")
+    body = tritontools.interpreter(monkeypatch, triton_lanes, lambda: True)
+    next(body)
+    assert triton_lanes.disabled_reason() is None
+    with pytest.warns(RuntimeWarning):
+        triton_lanes.SWITCH.disable("a failure inside the test")
+    with pytest.raises(StopIteration):
+        next(body)
     assert triton_lanes.disabled_reason() is None
 
 

@@ -20,16 +20,20 @@ pytest.importorskip("triton")
 from mucsc.codec.backends import torch_backend as tb  # noqa: E402  (after the skips)
 from mucsc.codec.backends import triton_round as tr  # noqa: E402
 from mucsc.errors import ParameterError  # noqa: E402
+import tritontools  # noqa: E402
 
 
 @pytest.fixture
 def interpreter(monkeypatch):
     """The kernel on CPU tensors through Triton's interpreter (CPU data encoded on the torch backend,
     as MUCSC_BACKEND=torch selects).  Variants that passed the self-check stay checked."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("MUCSC_TRITON", "1")
     monkeypatch.setattr(kernels, "TORCH", True)
-    assert tr.disabled_reason() is None
+    yield from tritontools.interpreter(monkeypatch, tr, _probe)
+
+
+def _probe() -> bool:
+    """The kernel's self-check for one variant on CPU tensors (float32 data, float32 decision)."""
+    return tr._self_check(torch.device("cpu"), ("cpu", "torch.float32", True, 4))
 
 
 @pytest.fixture
