@@ -31,7 +31,8 @@ SHARE_BAR = 0.25
 
 def sim(args: list[str], out: Path) -> float:
     """Wall seconds of one ``mucsc sim`` run writing to ``out``."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the caller's PYTHONPATH kept after ours: a dependency installed through it must still import in the child
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "mucsc.cli", "sim", *args, "--workers", "1", "-q", "-o", str(out)],
                        capture_output=True, text=True, env=env)
