@@ -13,6 +13,8 @@ import mucsc
 from mucsc.codec.wire import container as fmt
 from mucsc.errors import InputError, ParameterError, UnknownCodecError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 torch = pytest.importorskip("torch")
 
 

@@ -12,6 +12,8 @@ import mucsc
 from mucsc.codec.wire import sparse
 from mucsc.codec.codecs import qsgd, signsgd, terngrad
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def gauss(n, seed=0):
     return np.random.default_rng(seed).normal(size=n).astype(np.float32)

@@ -12,6 +12,8 @@ from mucsc.codec.codecs.base import codec_class, get_codec
 from mucsc.codec.codecs.signsgd import majority_vote
 from mucsc.codec.codecs.terngrad import clip_sigma
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def _x(n=64, seed=0, dtype=np.float32):
     rng = np.random.default_rng(seed)

@@ -11,6 +11,8 @@ from mucsc.codec.numerics import quantize
 from mucsc.codec.wire import sparse
 from mucsc.codec.codecs.base import codec_class, get_codec
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def _x(n, seed=0):
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)

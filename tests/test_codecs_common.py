@@ -13,6 +13,8 @@ from mucsc.codec.wire import sparse
 from mucsc.codec.codecs.base import codec_class, get_codec
 from mucsc.errors import FormatError, ParameterError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 CASES = [
     ("none", {}), ("fp16", {}),
     ("signsgd", {}), ("signsgd", {"scale": "none"}),

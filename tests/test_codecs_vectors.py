@@ -9,6 +9,8 @@ import pytest
 import mucsc
 import mucsc.errors
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 _PATH = Path(__file__).resolve().parent.parent / "spec" / "vector_cases_codecs.py"
 _spec = importlib.util.spec_from_file_location("vector_cases_codecs", _PATH)
 cases_mod = importlib.util.module_from_spec(_spec)

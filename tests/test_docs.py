@@ -102,8 +102,8 @@ def test_reference_covers_every_command_and_public_function():
             assert f"### `mucsc.{name}`" in api_text, name
 
 
-# Where measurement diaries live (commits measured, run-by-run history): every other page is reference.
-DIARIES = ("performance.md", "changelog.md")
+# No page is a diary: the history of the measurements is in the commit messages and CHANGELOG.md.
+USER_PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md"]
 NOT_HASHES = {"ed25519"}  # hex-looking words that are names, not commits
 
 
@@ -136,11 +136,10 @@ def test_readme_is_a_users_page():
         assert machine_specific not in text, machine_specific
 
 
-@pytest.mark.parametrize("doc", [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in DIARIES],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", USER_PAGES, ids=lambda p: p.name)
 def test_reference_pages_carry_no_diary(doc):
-    """The reference pages state results with the machine named; which commit was measured, the
-    tracker's issues and one machine's paths belong in the diaries (docs/performance.md)."""
+    """The pages state results with the machine named; which commit was measured and the tracker's
+    issues belong in the commit messages, and one machine's paths nowhere."""
     text = doc.read_text()
     assert not commit_hashes(text), commit_hashes(text)
     assert not re.findall(r".{0,40}\bissues?\b.{0,40}", text, re.IGNORECASE)
@@ -148,3 +147,48 @@ def test_reference_pages_carry_no_diary(doc):
     assert not absolute, absolute
     for machine_specific in ("/bench.lock", "autogroup", "this branch", "this session", "engineers' jobs"):
         assert machine_specific not in text, machine_specific
+
+
+def test_performance_page_is_current_numbers_not_a_diary():
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert len(text.splitlines()) <= 400
+    dated = [h for h in re.findall(r"^#+ .*$", text, re.M) if re.search(r"\b20\d\d-\d\d-\d\d\b", h)]
+    assert not dated, dated  # dates belong to each row, not to section headings
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation but '-' and '_' dropped,
+    each space a '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)  # no headings inside code
+    return {anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_anchor():
+    assert anchor("The simulator's `--workers` on a shared 2-core machine") == \
+        "the-simulators---workers-on-a-shared-2-core-machine"
+    assert anchor("Device (GPU)") == "device-gpu" and anchor("The README's table") == "the-readmes-table"
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *USER_PAGES], ids=lambda p: p.name)
+def test_relative_links_and_anchors_resolve(doc):
+    """Every relative link of the page names a file of the checkout, and a #section of a Markdown
+    file one of its headings (a page rewritten must not leave other pages pointing at nothing)."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # https:, mailto:
+        path, _, section = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists():
+            broken.append(target)
+        elif section and dest.suffix == ".md" and section not in anchors(dest):
+            broken.append(target)
+    assert not broken, broken

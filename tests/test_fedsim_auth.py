@@ -14,6 +14,12 @@ from simtools import DIGITS, tiny
 pytest.importorskip("cryptography")
 
 
+@pytest.fixture(autouse=True)
+def _results_under_tmp(tmp_path, monkeypatch):
+    """A sweep without -o writes ./mucsc-sim/<date>-<time>/: here, under the test's own folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("alg, tag", [("blake2b", 32), ("ed25519", 64)])
 def test_auth_adds_exactly_the_trailers_and_changes_nothing_else(alg, tag):
     plain_cfg, auth_cfg = tiny(codecs=("mucsc",)), tiny(codecs=("mucsc",), auth=alg)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +22,12 @@ def _run(args):
     return CliRunner().invoke(sim, TINY + args, catch_exceptions=False)
 
 
+@pytest.fixture(autouse=True)
+def _results_under_tmp(tmp_path, monkeypatch):
+    """A sweep without -o writes ./mucsc-sim/<date>-<time>/: here, under the test's own folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_outputs_and_table(tmp_path):
     r = _run(["--codecs", "none,mucsc", "-o", str(tmp_path)])
     assert r.exit_code == 0, r.output
@@ -32,6 +40,7 @@ def test_outputs_and_table(tmp_path):
     assert heads == ["run 1/2 none round 1/2", "run 1/2 none round 2/2", "run 2/2 mucsc round 1/2",
                      "run 2/2 mucsc round 2/2"]
     assert "traffic MiB" in r.stdout and "mucsc" in r.stdout and "100.00%" in r.stdout
+    assert r.stdout.splitlines()[-1] == f"results in {tmp_path}/"
     for codec in ("none", "mucsc"):
         lines = (tmp_path / codec / "rounds.csv").read_text().splitlines()
         assert len(lines) == 3 and lines[0].startswith("round,iteration,lr,accuracy")
@@ -50,9 +59,45 @@ def test_outputs_and_table(tmp_path):
         + 4 * 16 + 0.5 * rows[1]["d"]), rel=1e-7)  # files keep 8 significant digits
 
 
-def test_quiet_prints_only_the_table():
+def test_quiet_prints_only_the_table_and_where():
     r = _run(["--codecs", "none", "-q"])
     assert r.exit_code == 0 and r.stderr == "" and "traffic MiB" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("results in mucsc-sim/")
+
+
+def test_without_out_the_results_stay_on_disk_under_shell_safe_names(tmp_path):
+    """No -o: a new ./mucsc-sim/<date>-<time>/ per sweep (the cwd is tmp_path here), printed after the
+    table; run folders carry no parentheses, commas or '=' (a shell takes them unquoted); the codec
+    spec itself is in summary.json and rounds.json."""
+    dithered = "mucsc(rounding=dithered,bits=6)"
+    r = _run(["--codecs", f"none,{dithered}", "-q"])
+    assert r.exit_code == 0, r.output
+    last = r.stdout.splitlines()[-1]
+    assert re.fullmatch(r"results in mucsc-sim/\d{4}-\d\d-\d\d-\d{6}/", last), last
+    out = tmp_path / last.removeprefix("results in ")
+    for name in ("summary.txt", "summary.json", "summary.csv", "accuracy_vs_rounds.png", "accuracy_vs_traffic.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["mucsc-rounding-dithered-bits-6", "none"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["codec"] for row in summary["runs"]] == ["none", dithered]
+    assert summary["folders"] == {"none": "none", dithered: "mucsc-rounding-dithered-bits-6"}
+    assert json.loads((out / "mucsc-rounding-dithered-bits-6" / "rounds.json").read_text())["codec"] == dithered
+    again = _run(["--codecs", "none", "-q"])  # a second sweep never writes into the first one's folder
+    second = tmp_path / again.stdout.splitlines()[-1].removeprefix("results in ")
+    assert again.exit_code == 0 and second != out and (second / "summary.csv").is_file()
+    assert sorted(p.name for p in (tmp_path / "mucsc-sim").iterdir()) == sorted([out.name, second.name])
+
+
+def test_folder_names_are_shell_safe_and_distinct():
+    from mucsc.fedsim.config import folder_name
+
+    assert folder_name("mucsc(rounding=dithered,bits=1)") == "mucsc-rounding-dithered-bits-1"
+    assert folder_name("mucsc( z = 4 , solver=dp )") == "mucsc-z-4-solver-dp"
+    assert folder_name("stc(keep=0.01)") == "stc-keep-0.01" and folder_name("qsgd") == "qsgd"
+    assert folder_name("mucsc(z=-1)") != folder_name("mucsc(z=1)")
+    r = _run(["--codecs", "mucsc(z=4),mucsc( z=4)"])  # two spellings of one experiment: one folder
+    assert r.exit_code == 2 and "would share the results folder 'mucsc-z-4'" in r.stderr
+    assert not (Path.cwd() / "mucsc-sim").exists()  # a usage error leaves nothing on disk
 
 
 def test_legend_explains_columns_and_traffic_above_nc():

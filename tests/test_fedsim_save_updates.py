@@ -20,6 +20,12 @@ def _run(args):
     return CliRunner().invoke(sim, TINY + args, catch_exceptions=False)
 
 
+@pytest.fixture(autouse=True)
+def _results_under_tmp(tmp_path, monkeypatch):
+    """A sweep without -o writes ./mucsc-sim/<date>-<time>/: here, under the test's own folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_saves_the_selected_rounds_and_clients_with_a_manifest(tmp_path):
     out = tmp_path / "u"
     r = _run(["--codecs", "none,mucsc", "--save-updates", str(out), "--save-rounds", "1,3,9", "--save-clients", "2"])
@@ -70,3 +76,8 @@ def test_refusals_before_any_training(tmp_path, monkeypatch):
 def test_reading_a_directory_without_a_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(mucsc.InputError, match="manifest.json"):
         list(updates.read_updates(tmp_path))
+
+
+def test_run_folders_are_shell_safe():
+    assert updates.run_dir("u", "mucsc(rounding=dithered,bits=1)", 3).name == "mucsc-rounding-dithered-bits-1-seed3"
+    assert updates.run_dir("u", "none", 0).name == "none-seed0"

@@ -9,6 +9,8 @@ import pytest
 
 import mucsc
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def _data():
     rng = np.random.default_rng(0)

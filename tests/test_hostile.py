@@ -21,6 +21,8 @@ from mucsc.codec.wire import sparse
 from mucsc.errors import FormatError, LimitError
 from msgtools import build, peak_bytes, section_offsets, zstd_frame_header
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 MiB = 1 << 20
 
 

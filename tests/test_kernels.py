@@ -21,6 +21,8 @@ from mucsc.codec.numerics import centroids, quantize
 
 from test_centroids import make
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 HAVE_C = kernels.c_module() is not None
 needs_c = pytest.mark.skipif(not HAVE_C, reason="compiled kernels not built")
 

@@ -17,6 +17,8 @@ from mucsc.codec.wire import lanes
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 BACKENDS = ["numpy", "c"] if kernels.c_module() is not None else ["numpy"]
 
 

@@ -7,6 +7,8 @@ import pytest
 from mucsc.codec import kernels
 from mucsc.codec.numerics import levels_floor
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def least_error(x: np.ndarray, k: int) -> float:
     """The exact least squared error of x by at most k values: a dense DP over every split."""

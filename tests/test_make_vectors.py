@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.backends  # the subprocess inherits MUCSC_BACKEND / MUCSC_PURE_NUMPY: vectors per backend
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,6 +12,8 @@ from mucsc.errors import InputError, ParameterError
 
 from test_centroids import DISTS, make
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 R = 1000  # encodings per unbiasedness check
 
 

@@ -7,6 +7,8 @@ from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def ids_for(n, k, seed=0, skew=None):
     rng = np.random.default_rng(seed)

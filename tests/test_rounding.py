@@ -8,6 +8,8 @@ from mucsc.codec.wire import container as fmt
 from mucsc.codec.numerics import dither, nearest
 from mucsc.errors import ParameterError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def gauss(n, seed=0):
     return np.random.default_rng(seed).normal(size=n).astype(np.float32)

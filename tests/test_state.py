@@ -12,6 +12,8 @@ from mucsc import Compressor
 from mucsc.codec.codecs.dgc import DGC_WARMUP
 from mucsc.errors import InputError, ParameterError, UnknownCodecError
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 
 def _g(n=2000, seed=0, dtype=np.float32):
     return np.random.default_rng(seed).standard_normal(n).astype(dtype)

@@ -10,6 +10,8 @@ import pytest
 import mucsc
 import mucsc.errors
 
+pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
+
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 VALID = sorted((VECTORS / "valid").glob("*.json"))
 INVALID = json.loads((VECTORS / "invalid" / "index.json").read_text())

@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -132,6 +133,24 @@ def machine_info() -> dict[str, object]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
+RESULTS = "mucsc-sim"  # without -o, each sweep's results go to a new folder under ./mucsc-sim/
+
+
+def new_results_dir(root: Path = Path(RESULTS)) -> Path:
+    """A new, empty ``root/<date>-<time>`` folder (local time to the second, e.g. ``2026-11-28-074700``;
+    ``-2``, ``-3``, ... appended when a sweep started in the same second already took the name)."""
+    stamp = time.strftime("%Y-%m-%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 1000):
+        path = root / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise click.ClickException(f"no free results folder name under {root}/ for {stamp} (give -o DIR)")
+
+
 @click.command("sim", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="TOML file of settings (flags override it).")
@@ -140,15 +159,17 @@ def machine_info() -> dict[str, object]:
 @click.option("--engine", type=click.Choice(["builtin", "flower"]), default="builtin",
               help="builtin: this process and --workers [default]; flower: Flower's simulation engine (Ray), "
                    "every update a real Flower Message (pip install 'mucsc[flower]'; RAY_ADDRESS selects a cluster).")
-@click.option("-o", "--out", type=click.Path(file_okay=False), help="Write CSV/JSON/PNG results here.")
+@click.option("-o", "--out", type=click.Path(file_okay=False),
+              help=f"Write CSV/JSON/PNG results here [default: a new {RESULTS}/<date>-<time>/].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output on stderr.")
 def sim(config_file, out, quiet, params, engine, **flags):
-    """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table.
+    """Simulate FedAvg with every update sent through a codec as real bytes; print the paper's table
+    and where the results (summary.csv, per-run CSV/JSON, plots) are.
 
     With no arguments: the built-in digits experiment across none, mucsc, bmucsc, qsgd, signsgd,
-    stc and dgc (a few minutes on 2 cores).
+    stc and dgc (a few minutes on 2 cores), its results in a new ./mucsc-sim/<date>-<time>/.
     """
-    _require_sim_dependencies(flags.get("dataset"), out, engine)
+    _require_sim_dependencies(flags.get("dataset"), engine)
     from mucsc.fedsim.config import make_config, parse_param
 
     try:
@@ -174,13 +195,12 @@ def _sim_options() -> list[click.Option]:
 sim.params[1:1] = _sim_options()  # after --config, in SimConfig's field order
 
 
-def _require_sim_dependencies(dataset: str | None, out: str | None, engine: str = "builtin") -> None:
+def _require_sim_dependencies(dataset: str | None, engine: str = "builtin") -> None:
     """One clear line (exit 1) instead of an ImportError when the simulator's extras are missing."""
     needed = ["torch"]
     if dataset in (None, "digits"):
         needed.append("sklearn")  # the built-in digits data set ships with scikit-learn
-    if out:
-        needed.append("matplotlib")  # the PNG plots
+    needed.append("matplotlib")  # the PNG plots (results are always written: -o, or ./mucsc-sim/)
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise click.ClickException(f"mucsc sim needs {', '.join(missing)}: pip install 'mucsc[sim]'")
@@ -212,10 +232,9 @@ def _run_sweep(cfg, out: Path | None, quiet: bool, engine: str = "builtin") -> N
     failure = sweep.run(runner)
     text = sweep.report(machine)
     click.echo(text)
-    if out and sweep.show:
-        click.echo(f"results in {out}/", err=True)
+    click.echo(f"results in {sweep.out}/")
     if failure:
-        raise click.ClickException(failure + (f"; results so far are in {out}/" if out else ""))
+        raise click.ClickException(f"{failure}; results so far are in {sweep.out}/")
 
 
 def _check_codecs(cfg) -> None:
@@ -272,7 +291,7 @@ def _machine(runner, where, engine: str) -> dict[str, object]:
 class _Sweep:
     """One ``mucsc sim`` sweep: its runs (codec x seed), their progress and result files, the table."""
 
-    def __init__(self, cfg, out: Path | None, quiet: bool, seeds, cfgs, setups, specs) -> None:
+    def __init__(self, cfg, out: Path, quiet: bool, seeds, cfgs, setups, specs) -> None:
         self.cfg, self.out, self.quiet = cfg, out, quiet
         self.seeds, self.cfgs, self.setups, self.specs = seeds, cfgs, setups, specs
         self.many = len(seeds) > 1
@@ -285,7 +304,8 @@ class _Sweep:
 
     @classmethod
     def prepare(cls, cfg, out: Path | None, quiet: bool) -> _Sweep:
-        """Data, partition and Z groups per seed, and the run specs (bad data: exit 1)."""
+        """Data, partition and Z groups per seed, the run specs (bad data: exit 1), and the results
+        folder: ``out``, or a new one under ./mucsc-sim/ (made only once the data loaded)."""
         from mucsc.fedsim import simulation
 
         seeds = cfg.seed_list()
@@ -298,7 +318,7 @@ class _Sweep:
                  for name in cfg.codecs]
         if cfg.save_updates:
             _check_save_updates(cfg, specs)
-        return cls(cfg, out, quiet, seeds, cfgs, setups, specs)
+        return cls(cfg, out or new_results_dir(), quiet, seeds, cfgs, setups, specs)
 
     def run_dir(self, spec) -> Path:
         return self.out / f"seed{spec.cfg.seed}" if self.many else self.out
@@ -319,19 +339,16 @@ class _Sweep:
     def on_start(self, i: int, name: str) -> None:
         from mucsc.fedsim import report
 
-        if self.out:
-            self.writers[i] = report.RunWriter(self.run_dir(self.specs[i]), name, self.specs[i].cfg)
+        self.writers[i] = report.RunWriter(self.run_dir(self.specs[i]), name, self.specs[i].cfg)
         self.progress.start_run(i)
 
     def on_round(self, i: int, rec) -> None:
-        if self.out:
-            self.writers[i].add(rec)
+        self.writers[i].add(rec)
         self.progress.round(i, rec)
 
     def on_done(self, i: int, res) -> None:
         self.progress.end_run(i)
-        if self.out:
-            self.writers.pop(i).close(res)
+        self.writers.pop(i).close(res)
         self.done[i] = res
 
     def run(self, runner) -> str | None:
@@ -356,7 +373,7 @@ class _Sweep:
         return failure
 
     def report(self, machine: dict[str, object]) -> str:
-        """The tables (per seed, and across seeds), written under --out too."""
+        """The tables (per seed, and across seeds), also written to the results folder."""
         from mucsc.fedsim import report
 
         tables, all_rows = [], []
@@ -367,16 +384,14 @@ class _Sweep:
             table = report.format_table(rows, c) if rows else "(no run completed)"
             tables.append((f"seed {s}\n" if self.many else "") + table)
             all_rows.append(rows)
-            if self.out:
-                where = self.run_dir(self.specs[k * len(self.cfg.codecs)])
-                report.write_summary(where, rows, c, table, machine, self.data_infos[k])
-                if results:
-                    report.plot(where, results, c)
+            where = self.run_dir(self.specs[k * len(self.cfg.codecs)])
+            report.write_summary(where, rows, c, table, machine, self.data_infos[k])
+            if results:
+                report.plot(where, results, c)
         text = "\n\n".join(tables)
         if self.many:
             text += "\n\n" + across_seeds(self.cfg.codecs, self.seeds, all_rows)
-            if self.out:
-                (self.out / "summary.txt").write_text(text + "\n")
+            (self.out / "summary.txt").write_text(text + "\n")
         return text
 
 

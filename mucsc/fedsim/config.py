@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import tomllib
 import types
 import typing
@@ -216,9 +217,18 @@ class SimConfig:
         _check(len(self.codecs) >= 1, "give at least one codec")
         _check(len(self.save_rounds) >= 1, "save rounds must be >= 1 (rounds count from 1)")
         _check(len(set(self.codecs)) == len(self.codecs), "a codec is listed twice")
+        self._check_folder_names()
         _check(len(self.z_up) >= 1, "give at least one uplink Z")
         for p in self.params:
             _check(len(p) == 4 and p[1] in ("up", "down", "both"), f"bad codec parameter {p!r}")
+
+    def _check_folder_names(self) -> None:
+        """Two ``--codecs`` entries must not share a results folder (one run would overwrite the other)."""
+        seen: dict[str, str] = {}
+        for spec in self.codecs:
+            other = seen.setdefault(folder_name(spec), spec)
+            _check(other == spec, f"codecs {other!r} and {spec!r} would share the results folder "
+                                  f"{folder_name(spec)!r}")
 
     def seed_list(self) -> tuple[int, ...]:
         """The seeds a sweep runs: ``seeds``, or just ``seed``."""
@@ -319,6 +329,17 @@ def split_experiment(spec: str) -> tuple[str, dict[str, str]]:
             raise InputError(f"codec {spec!r}: {item!r} is not KEY=VALUE")
         params[key.strip()] = value.strip()
     return name.strip(), params
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def folder_name(spec: str) -> str:
+    """A ``--codecs`` entry as a file name a shell takes unquoted: whitespace dropped, every other
+    character outside ``A-Z a-z 0-9 . _ -`` made ``-``, none at the ends
+    (``mucsc(rounding=dithered,bits=1)`` -> ``mucsc-rounding-dithered-bits-1``).  The spec itself is
+    kept in the run's rounds.json and in summary.json."""
+    return _UNSAFE.sub("-", "".join(spec.split())).strip("-")
 
 
 def split_list(value: str) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import mucsc
-from mucsc.fedsim.config import SimConfig
+from mucsc.fedsim.config import SimConfig, folder_name
 from mucsc.fedsim.simulation import RoundRecord, RunResult
 from mucsc.texttable import text_table
 
@@ -37,10 +37,10 @@ TIMING_FIELDS = ("round", "train_s", "encode_s", "decode_s", "comp_s")
 
 class RunWriter:
     """Appends one CSV row per round (flushed, so a crash keeps what was measured) and, at the end,
-    the run's JSON with every message length per client."""
+    the run's JSON with every message length per client, in ``out/<folder_name(codec)>/``."""
 
     def __init__(self, out: Path, codec: str, cfg: SimConfig) -> None:
-        self.dir = out / codec
+        self.dir = out / folder_name(codec)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.codec, self.cfg = codec, cfg
         self._f = open(self.dir / "rounds.csv", "w", newline="")
@@ -280,11 +280,13 @@ def _pct(x: float | None) -> str:
 
 def write_summary(out: Path, rows: list[SummaryRow], cfg: SimConfig, table: str,
                   machine: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
-    """summary.txt (the table), summary.json (settings, the data loaded, machine and device, rows), .csv."""
+    """summary.txt (the table), summary.json (settings, the data loaded, machine and device, rows, and
+    each codec spec's run folder), .csv."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(table + "\n")
     dicts = [{k: rounded(v) for k, v in r.as_dict().items()} for r in rows]
-    doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": dicts}
+    doc = {"config": cfg.to_dict(), "data": data, "machine": machine, "runs": dicts,
+           "folders": {spec: folder_name(spec) for spec in cfg.codecs}}
     (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str))
     if rows:
         with open(out / "summary.csv", "w", newline="") as f:

@@ -32,6 +32,7 @@ import numpy as np
 
 from mucsc import tensorfiles
 from mucsc.errors import InputError
+from mucsc.fedsim.config import folder_name
 
 FORMAT = "mucsc-sim-updates/1"
 MANIFEST = "manifest.json"
@@ -39,8 +40,9 @@ MAX_BYTES = 4 << 30  # a sweep may save at most this much (4 GiB)
 
 
 def run_dir(root: str | os.PathLike, codec: str, seed: int) -> Path:
-    """Where one run's updates go: ``root/<codec>-seed<seed>``."""
-    return Path(root) / f"{codec}-seed{seed}"
+    """Where one run's updates go: ``root/<codec>-seed<seed>``, the codec spec as a shell-safe
+    :func:`~mucsc.fedsim.config.folder_name` (the spec itself is in the manifest)."""
+    return Path(root) / f"{folder_name(codec)}-seed{seed}"
 
 
 def file_name(rnd: int, slot: int, client: int) -> str:
