@@ -5,12 +5,13 @@ Everything above the codecs (the CLI, the simulator, other systems) goes through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import numbers
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -772,6 +773,21 @@ def _decode_dtype(msg: fmt.Message, gi: int, group: fmt.Group, cls: type[Codec])
 
 
 def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
+    cls, n, dtype, sections = open_group(msg, gi, group)
+    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    with malformed_as_format_error(gi, group):
+        if on_device:
+            flat = cls.decode_torch(n, group.params, sections, dtype, device)
+        else:
+            flat = cls.decode_array(n, group.params, sections, dtype)
+    if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
+        raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+    check_all_read(gi, group, sections)
+    return flat
+
+
+def open_group(msg: fmt.Message, gi: int, group: fmt.Group) -> tuple[type[Codec], int, np.dtype, Any]:
+    """(codec class, element count, decoded dtype, sections) of group ``gi``, its header checked."""
     try:
         cls = codec_class(group.codec)
     except UnknownCodecError:
@@ -779,24 +795,26 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = Non
     n = sum(msg.header.records[i].size for i in group.records)
     dtype = _decode_dtype(msg, gi, group, cls)
     # every section of this group is bounded by its element count before it is decompressed
-    sections = msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
-    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    return cls, n, dtype, msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
+
+
+@contextlib.contextmanager
+def malformed_as_format_error(gi: int, group: fmt.Group) -> Iterator[None]:
+    """A codec's decoder failing on untrusted data with a Python error: a FormatError naming the group."""
     try:
-        if on_device:
-            flat = cls.decode_torch(n, group.params, sections, dtype, device)
-        else:
-            flat = cls.decode_array(n, group.params, sections, dtype)
+        yield
     except MucscError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError, KeyError) as exc:
         raise FormatError(f"group {gi} ({group.codec}): malformed data ({exc})") from None
-    if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
-        raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+
+
+def check_all_read(gi: int, group: fmt.Group, sections: Any) -> None:
+    """FORMAT.md 2.3: a critical section the decoder did not read (does not understand) rejects the message."""
     unread = sections.unread()
-    if unread:  # FORMAT.md 2.3: a critical section the decoder does not understand rejects the message
+    if unread:
         raise FormatError(f"group {gi} ({group.codec}): unknown critical section(s) "
                           f"{', '.join(map(repr, unread))}")
-    return flat
 
 
 # ---------------------------------------------------------------------------------------------- inspect
