@@ -135,11 +135,8 @@ def test_mod_replaces_reply_with_one_mucsc_array_and_strategy_matches_fedavg():
         want = sum(w * m[k].astype(np.float64) for w, m in zip(weights, expected_models)) / weights.sum()
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
     assert got["steps"][0] == 4  # non-float arrays travel losslessly (FedAvg itself averages them as floats)
-    # plain FedAvg on the same decoded replies (the wrapper sorts them by node) gives the same arrays
-    by_node = sorted(replies, key=lambda r: r.metadata.src_node_id)      # replies now hold decoded models
-    agg2, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, by_node)
-    for k in model:
-        np.testing.assert_array_equal(agg2[k].numpy(), got[k])
+    # FedAvg: the updates were summed by a mucsc.Aggregator, no reply was decoded into a model
+    assert strategy.sums_updates and all(is_compressed(r.content["arrays"]) for r in replies)
     # bytes from the real messages
     rows = strategy.traffic.rounds()
     assert rows[0]["round"] == 1 and rows[0]["down_recipients"] == 3
@@ -601,3 +598,34 @@ def test_sim_engine_flower_started_by_path_with_a_bare_PATH(tmp_path):
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert (tmp_path / "out" / "mucsc" / "rounds.csv").exists()
+
+
+def test_a_strategy_with_its_own_aggregation_gets_the_decoded_models():
+    """A FedAvg subclass that overrides aggregate_train (and any other strategy) is handed every reply
+    decoded into ``global + update``: plain FedAvg on those replies gives the wrapper's arrays exactly;
+    FedAvg itself (summing the updates) agrees up to float rounding."""
+
+    class Recording(FedAvg):
+        def aggregate_train(self, server_round, replies):
+            self.seen = [{k: a.numpy() for k, a in r.content["arrays"].items()} for r in replies]
+            return super().aggregate_train(server_round, replies)
+
+    nodes = [11, 12, 13]
+    model = _model()
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in model.items()})
+    results = {}
+    for inner in (Recording(fraction_evaluate=0.0, min_available_nodes=3),
+                  FedAvg(fraction_evaluate=0.0, min_available_nodes=3)):
+        strategy = MucscStrategy(inner, codec="mucsc", seed=4, z=16)
+        messages = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+        replies = _deliver(messages, {n: _context(n) for n in nodes}, _client_app())
+        got, _ = strategy.aggregate_train(1, replies)
+        results[type(inner).__name__] = {k: a.numpy() for k, a in got.items()}
+        if isinstance(inner, Recording):
+            assert not strategy.sums_updates and len(inner.seen) == 3
+            by_node = sorted(replies, key=lambda r: r.metadata.src_node_id)  # replies now hold decoded models
+            plain, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, by_node)
+            for k in model:
+                np.testing.assert_array_equal(plain[k].numpy(), results["Recording"][k])
+    for k in model:
+        np.testing.assert_allclose(results["FedAvg"][k], results["Recording"][k], rtol=1e-5, atol=1e-6)

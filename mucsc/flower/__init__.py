@@ -8,8 +8,9 @@
   Codec and parameters come from the ConfigRecord the server sends; the compressor's state and the
   model version the node holds persist in ``context.state`` (ClientApps are ephemeral).
 - :class:`MucscStrategy`, a wrapper around any Flower strategy (FedAvg, FedAdam, ...): injects the codec
-  config in ``configure_train``, decodes every ``mucsc/2`` reply into ``global + update`` under the same
-  key in ``aggregate_train`` and delegates; with ``downlink=`` it also sends the next global model as a
+  config in ``configure_train``, and in ``aggregate_train`` sums the ``mucsc/2`` replies' updates in O(d)
+  memory when the wrapped strategy aggregates as FedAvg does, else decodes every reply into
+  ``global + update`` under the same key and delegates; with ``downlink=`` it also sends the next global model as a
   compressed update to nodes holding the previous version (the full model otherwise), for train and
   evaluate messages alike.  It counts the bytes of the real Messages (:class:`Traffic`) and returns
   each round's bytes and ratios in the aggregated MetricRecord (Flower logs them and keeps them in
@@ -46,7 +47,7 @@ try:
                           RecordDict)
     from flwr.clientapp.typing import ClientAppCallable
     from flwr.serverapp import Grid
-    from flwr.serverapp.strategy import Strategy
+    from flwr.serverapp.strategy import FedAvg, Strategy
 except ImportError as exc:  # an optional extra: say how to get it
     raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
 
@@ -444,6 +445,14 @@ class MucscStrategy(Strategy):
     ``keys`` (a mapping key id -> key, or a callable): every uplink message must carry a tag that
     verifies over its run, round and node (:func:`uplink_context`); replies that fail are left out of
     the aggregate and listed in ``rejected`` (round, node, reason).  The downlink is not signed.
+
+    Aggregation: when the wrapped strategy aggregates as FedAvg does (FedAvg, or a subclass that does
+    not override ``aggregate_train``: ``sums_updates`` is True) the replies' updates are added one by one
+    to a :class:`mucsc.Aggregator` weighted by FedAvg's ``weighted_by_key``, and the new model is
+    ``global + weighted mean of the updates``: O(d) memory on the server whatever the number of
+    replies, the same model as FedAvg over the decoded models up to float rounding.  Any other strategy
+    (FedAdam, FedMedian, your own ``aggregate_train``) gets every reply decoded into ``global + update``
+    and aggregates them itself (K decoded models in memory at once).
     """
 
     def __init__(self, strategy: Strategy, codec: str = "mucsc", *, error_feedback: bool | None = None,
@@ -473,6 +482,10 @@ class MucscStrategy(Strategy):
         self._down_blob: bytes | None = None                 # update from version - 1 to version
         self._sent: dict[int, int] = {}                      # node -> version sent this round
         self._holds: dict[int, int] = {}                     # node -> version it confirmed holding
+        # FedAvg's aggregation (FedAvg, or a subclass that keeps its aggregate_train, e.g. FedProx):
+        # the updates are summed as they are read (mucsc.Aggregator), never all decoded at once
+        self.sums_updates = (isinstance(strategy, FedAvg)
+                             and type(strategy).aggregate_train is FedAvg.aggregate_train)
 
     def summary(self) -> None:
         self.strategy.summary()
@@ -566,18 +579,70 @@ class MucscStrategy(Strategy):
         timing = self.timing.setdefault(server_round, {"encode_s": [], "decode_s": 0.0, "down_encode_s": 0.0})
         timing["encode_s"] = [float(m.content[R_INFO]["encode-s"]) for m in replies
                               if m.has_content() and R_INFO in m.content.config_records]
+        if self.sums_updates:
+            done = self._aggregate_updates(server_round, replies, timing)
+            if done is not None:
+                return self._with_downlink(server_round, *done, timing)
         t0 = time.perf_counter()
         decoded = []
         for m in replies:
             try:
                 decoded.append(self.decode_reply(m, server_round))
             except mucsc.AuthError as exc:  # forged, altered, replayed or unsigned: not aggregated
-                node = m.metadata.src_node_id
-                self.rejected.append((server_round, node, str(exc)))
-                self._holds.pop(node, None)
-                LOG.warning("mucsc: round %d: reply of node %d rejected (not aggregated): %s", server_round, node, exc)
+                self._reject(server_round, m.metadata.src_node_id, exc)
         timing["decode_s"] = time.perf_counter() - t0
         arrays, metrics = self.strategy.aggregate_train(server_round, decoded)
+        return self._with_downlink(server_round, arrays, metrics, timing)
+
+    def _reject(self, server_round: int, node: int, exc: Exception) -> None:
+        """A reply whose tag does not verify (forged, altered, replayed or unsigned): not aggregated."""
+        self.rejected.append((server_round, node, str(exc)))
+        self._holds.pop(node, None)
+        LOG.warning("mucsc: round %d: reply of node %d rejected (not aggregated): %s", server_round, node, exc)
+
+    def _aggregate_updates(self, server_round: int, replies: list[Message],
+                           timing: dict[str, Any]) -> tuple[ArrayRecord | None, MetricRecord | None] | None:
+        """FedAvg's ``aggregate_train`` (its reply checks, weights and metrics) with the model as
+        ``global + weighted mean of the updates``, summed by one :class:`mucsc.Aggregator` as the
+        replies are read (O(d) memory, not K decoded models); None (the caller decodes every reply
+        and asks the wrapped strategy) when a valid reply is not one compressed ArrayRecord."""
+        strategy = self.strategy
+        valid, _ = strategy._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        if not all(len(m.content.array_records) == 1 and is_compressed(next(iter(m.content.array_records.values())))
+                   for m in valid):
+            return None
+        if self._current is None:
+            raise FlowerIntegrationError("a compressed reply before any model was sent")
+        t0 = time.perf_counter()
+        agg, kept = mucsc.Aggregator(), []
+        for m in valid:  # in node order (sorted by the caller): the same sums whatever the timing
+            if R_INFO in m.content.config_records:
+                del m.content[R_INFO]
+            rec = next(iter(m.content.array_records.values()))
+            weight = float(next(iter(m.content.metric_records.values()))[strategy.weighted_by_key])
+            node = m.metadata.src_node_id
+            try:
+                if self.keys is None:
+                    agg.add(rec[ARRAY_KEY].data, weight=weight)
+                else:
+                    agg.add(rec[ARRAY_KEY].data, weight=weight, keys=self.keys,
+                            context=uplink_context(m.metadata.run_id, server_round, node))
+            except mucsc.AuthError as exc:
+                self._reject(server_round, node, exc)
+                continue
+            kept.append(m.content)
+        timing["decode_s"] = time.perf_counter() - t0
+        if not kept:
+            return None, None
+        mean = agg.result()
+        model = apply_update(self._current, mean if isinstance(mean, dict) else {"": mean})
+        return numpy_to_record(model), strategy.train_metrics_aggr_fn(kept, strategy.weighted_by_key)
+
+    def _with_downlink(self, server_round: int, arrays: ArrayRecord | None, metrics: MetricRecord | None,
+                       timing: dict[str, Any]) -> tuple[Any, Any]:
+        """The round's traffic in the metrics, and with a downlink codec the model the clients rebuild."""
         metrics = self._with_traffic(metrics, server_round, "train")
         if arrays is None:
             return arrays, metrics

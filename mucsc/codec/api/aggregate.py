@@ -98,13 +98,22 @@ class Aggregator:
     def result(self) -> Any:
         """The weighted mean: an array for messages of one array, else a dict in the first message's
         order.  Raises :class:`InputError` before any message (or with a total weight of 0)."""
-        if self._acc is None or self._records is None:
-            raise InputError("Aggregator.result(): no message was added")
-        if not self._total > 0:
+        if not self._total > 0 and self._acc is not None:
             raise InputError("Aggregator.result(): the weights add up to 0, so there is no weighted mean")
+        return self._tensors("result", self._total)
+
+    def weighted_sum(self) -> Any:
+        """The weighted sum itself (sum of weight x decoded message), structured as :meth:`result`:
+        for weights that are already normalised (they add up to 1 only up to rounding), or a sum."""
+        return self._tensors("weighted_sum", 1.0)
+
+    def _tensors(self, what: str, divisor: float) -> Any:
+        if self._acc is None or self._records is None:
+            raise InputError(f"Aggregator.{what}(): no message was added")
         out = {}
         for rec in self._records:
-            part = self._acc[self._offset[rec.name]: self._offset[rec.name] + rec.size] / self._total
+            part = self._acc[self._offset[rec.name]: self._offset[rec.name] + rec.size]
+            part = part / divisor if divisor != 1.0 else part.copy()  # never a view of the sum
             if rec.dtype not in _FLOATS:
                 part = np.rint(part)
             out[rec.name] = from_record(part, rec.dtype, rec.shape, as_torch=False)
