@@ -408,8 +408,9 @@ class Traffic:
         return "\n".join(lines) or "mucsc: no messages"
 
     def rounds(self) -> list[dict[str, int]]:
-        """Per round (train Messages): bytes_up / bytes_down (payloads), their serialised totals, down
-        recipients."""
+        """Per round (train Messages): bytes_up / bytes_down (payloads), the same Messages' bytes with
+        uncompressed models (bytes_up_uncompressed / bytes_down_uncompressed), their serialised totals,
+        down recipients."""
         out = []
         for rnd in sorted({m.round for m in self.messages}):
             ms = self.round(rnd)
@@ -417,6 +418,8 @@ class Traffic:
             down = [m for m in ms if m.direction == "down"]
             out.append({"round": rnd, "bytes_up": sum(m.payload_bytes for m in up),
                         "bytes_down": sum(m.payload_bytes for m in down),
+                        "bytes_up_uncompressed": sum(m.model_bytes for m in up),
+                        "bytes_down_uncompressed": sum(m.model_bytes for m in down),
                         "message_bytes_up": sum(m.message_bytes for m in up),
                         "message_bytes_down": sum(m.message_bytes for m in down),
                         "down_recipients": len(down), "down_compressed": sum(m.compressed for m in down)})
