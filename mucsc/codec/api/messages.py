@@ -112,7 +112,7 @@ def tensor_dict(t: TensorStats) -> dict[str, Any]:
             "bits_per_element": t.bits_per_element, "rel_error": t.rel_error, "abs_error": t.abs_error}
 
 
-def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
+def encode(data: Any, codec: Any = "mucsc", *, seed: int | None = None, shared: bool = True,
            compress: str | int = "auto", meta: Mapping[str, str] | None = None,
            policy: Policy | None = None, key: Any = None, key_id: str | None = None,
            context: bytes | str | None = None, threads: int = 1, progress: Progress | None = None,
@@ -137,9 +137,29 @@ def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bo
     as work finishes, in elements: each tensor's elements count once per pass over them (a
     ``policy``'s trial encodings are a pass, the message's groups another); the last call has
     ``done == total``.  For a progress bar; the bytes never depend on it.
+
+    ``codec`` may also be a :class:`mucsc.Settings` (codec, parameters, seed, shared, compress,
+    threads, key): then it is the whole configuration, and only ``seed`` (this message's), ``meta``,
+    ``policy``, ``context`` and ``progress`` may be given next to it.
     """
-    return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   threads, want_stats=False, progress=progress)[0]
+    if hasattr(codec, "encode_kwargs"):  # a mucsc.Settings (imported lazily: it builds on this module)
+        codec, seed, shared, compress, threads, key, key_id = _from_settings(
+            codec, seed, shared, compress, threads, key, key_id, params)
+    return _encode(data, codec, 0 if seed is None else seed, shared, compress, meta, params, policy,
+                   _signer(key, key_id, context), threads, want_stats=False, progress=progress)[0]
+
+
+def _from_settings(settings: Any, seed: Any, shared: Any, compress: Any, threads: Any, key: Any, key_id: Any,
+                   params: Mapping[str, Any]) -> tuple:
+    """encode's arguments from a Settings; a SettingsError when others were given next to it."""
+    from mucsc.errors import SettingsError
+
+    if params or (shared, compress, threads, key, key_id) != (True, "auto", 1, None, None):
+        raise SettingsError("encode(data, settings): codec parameters, shared, compress, threads and the key "
+                            "come from the Settings; change them there (settings.replace(...))")
+    kw = settings.encode_kwargs()
+    return (kw["codec"], settings.seed if seed is None else seed, kw["shared"], kw["compress"], kw["threads"],
+            kw.get("key"), kw.get("key_id"))
 
 
 def encode_with_stats(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
