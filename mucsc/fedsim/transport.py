@@ -44,6 +44,10 @@ class LinkCodec:
         options = mucsc.codec_class(self.codec).memory_options
         return {k: v for k, v in self.params if k in options}
 
+    def settings(self) -> mucsc.Settings:
+        """This link as :class:`mucsc.Settings` (validated: a :class:`mucsc.SettingsError` when bad)."""
+        return mucsc.Settings(self.codec, self.params, compress=self.compress, error_feedback=self.error_feedback)
+
     def codec_object(self) -> mucsc.Codec:
         """The codec (UnknownCodecError / ParameterError on a bad name or parameter)."""
         return mucsc.get_codec(self.codec, **self.kwargs)
@@ -68,9 +72,8 @@ class Sender:
 
     def __init__(self, link: LinkCodec) -> None:
         self.link = link
-        self.error_feedback = link.uses_error_feedback()
-        self._compressor = mucsc.Compressor(link.codec_object(), error_feedback=self.error_feedback,
-                                            compress=link.compress, **link.memory_options)
+        self._compressor = mucsc.Compressor(link.settings())
+        self.error_feedback = self._compressor.error_feedback
 
     def send(self, update: Mapping[str, np.ndarray], seed: int, rnd: int = 0) -> tuple[bytes, float]:
         """Encode ``update`` (name -> float32 array) in global round ``rnd`` -> (bytes, encode seconds).

@@ -157,9 +157,19 @@ class CodecSpec:
     compress: str | int = "auto"
     shared: bool = True
 
+    def settings(self) -> mucsc.Settings:
+        """These as :class:`mucsc.Settings` (validated: a :class:`mucsc.SettingsError` when bad)."""
+        return mucsc.Settings(self.codec, self.params, compress=self.compress, shared=self.shared,
+                              error_feedback=self.error_feedback)
+
+    @classmethod
+    def from_settings(cls, settings: mucsc.Settings) -> CodecSpec:
+        """What a client is asked to encode with, from :class:`mucsc.Settings` (its seed, threads, key
+        and limits are not sent: seeds are per message, keys the client's own)."""
+        return cls(settings.codec, settings.params, settings.error_feedback, settings.compress, settings.shared)
+
     def compressor(self) -> Any:
-        return mucsc.Compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
-                                compress=self.compress, **dict(self.params))
+        return mucsc.Compressor(self.settings())
 
     def to_config(self) -> dict[str, Any]:
         ef = "auto" if self.error_feedback is None else ("on" if self.error_feedback else "off")
@@ -438,7 +448,8 @@ class MucscStrategy(Strategy):
     """Wrap a Flower strategy so that training replies travel as mucsc messages (uplink) and,
     optionally, the global model as a compressed update (downlink).
 
-    ``codec`` / ``params`` / ``error_feedback`` / ``compress`` / ``shared``: the clients' encoder (a
+    ``codec`` / ``params`` / ``error_feedback`` / ``compress`` / ``shared``: the clients' encoder, or
+    ``codec`` a :class:`mucsc.Settings` holding them and the seed (a
     train message's ConfigRecord may already name its own ``mucsc.*`` keys, which are kept: per-client
     codecs).  Each uplink message's seed is ``derived_seed(seed, round, node_id)`` unless the message's
     config sets ``mucsc.seed``.  ``downlink``: a codec name for the server's update, with
@@ -458,14 +469,18 @@ class MucscStrategy(Strategy):
     and aggregates them itself (K decoded models in memory at once).
     """
 
-    def __init__(self, strategy: Strategy, codec: str = "mucsc", *, error_feedback: bool | None = None,
+    def __init__(self, strategy: Strategy, codec: Any = "mucsc", *, error_feedback: bool | None = None,
                  compress: str | int = "auto", shared: bool = True, seed: int = 0, downlink: str | None = None,
                  downlink_params: Mapping[str, Any] | None = None, downlink_error_feedback: bool | None = None,
                  downlink_seed: Callable[[int], int] | None = None, keys: Any = None, **params: Any) -> None:
         if not isinstance(strategy, Strategy):
             raise mucsc.ParameterError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         self.strategy = strategy
-        self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
+        if isinstance(codec, mucsc.Settings):  # the clients' whole encoder configuration (and the seed)
+            self.spec = CodecSpec.from_settings(codec)
+            seed = codec.seed
+        else:
+            self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
         self.spec.compressor()  # validates codec, parameters and memory options now
         self.seed = int(seed)
         self.keys = keys
