@@ -118,3 +118,9 @@ def test_flower_strategy_takes_it():
     assert strategy.spec.settings() == s.replace(seed=0)
     with pytest.raises(SettingsError, match="z"):
         MucscStrategy(FedAvg(), "mucsc", z=1)
+    from mucsc.flower import make_mucsc_mod
+
+    key = mucsc.generate_key()
+    assert make_mucsc_mod(Settings(key=key, key_id="n1")).__name__ == "mucsc_mod"
+    with pytest.raises(SettingsError, match="key_id"):
+        make_mucsc_mod(key=key)

@@ -259,9 +259,12 @@ def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord,
 def make_mucsc_mod(key: Any = None, key_id: str | None = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
     """A :func:`mucsc_mod` that signs its messages with ``key`` under ``key_id`` (see
     :func:`mucsc.sign`).  Without a key, the node config's ``mucsc-key-file`` (read with
-    :func:`mucsc.load_key`) and ``mucsc-key-id`` (default: the partition id or node id) are used when set."""
+    :func:`mucsc.load_key`) and ``mucsc-key-id`` (default: the partition id or node id) are used when set.
+    ``key`` may be a :class:`mucsc.Settings`: its key and key_id (the codec is the server's to choose)."""
+    if isinstance(key, mucsc.Settings):  # the node's signing key from its settings (the codec is the server's)
+        key, key_id = key.key, key.key_id
     if (key is None) != (key_id is None):
-        raise mucsc.ParameterError("give both key and key_id, or neither")
+        raise mucsc.SettingsError("give both key and key_id, or neither")
 
     def mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
         return _mod(msg, ctxt, call_next, key, key_id)
