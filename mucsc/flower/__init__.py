@@ -628,7 +628,10 @@ class MucscStrategy(Strategy):
         replies are read (O(d) memory, not K decoded models); None (the caller decodes every reply
         and asks the wrapped strategy) when a valid reply is not one compressed ArrayRecord."""
         strategy = self.strategy
-        valid, _ = strategy._check_and_log_replies(replies, is_train=True)
+        check = getattr(strategy, "_check_and_log_replies", None)  # FedAvg's own (Flower 1.42); else decode all
+        if check is None:
+            return None
+        valid, _ = check(replies, is_train=True)
         if not valid:
             return None, None
         if not all(len(m.content.array_records) == 1 and is_compressed(next(iter(m.content.array_records.values())))
