@@ -130,12 +130,15 @@ def command(name: str) -> str:
 
 
 class Processes:
-    """The processes this script started, each in its own session; ``stop`` ends them (and what they
-    spawned) by pid, and ``left`` lists any still alive."""
+    """The processes this script started, each in its own session, and everything they spawn (Flower's
+    SuperExec starts its app processes in sessions of their own): ``stop`` ends them all by pid, and
+    ``left`` lists any still alive."""
 
     def __init__(self, folder: Path, env: dict[str, str]) -> None:
         self.folder, self.env = folder, env
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.seen: dict[int, int] = {}  # pid -> start time of every descendant seen so far
+        self.sessions: set[int] = set()
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "wb")
@@ -150,18 +153,14 @@ class Processes:
         return [p.pid for _, p in self.procs]
 
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to each started process's group, then to every process left in their sessions (a
-        SuperExec or app process in a group of its own), SIGKILL to whatever is alive after ``grace``."""
+        """SIGTERM to each started process's group and to every process of theirs (descendants, and the
+        sessions those opened), SIGKILL to whatever is alive after ``grace``."""
+        self.left()  # the tree as it is now, before parents die and orphans lose their link
         for _, p in self.procs:
             _signal_group(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for _, p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for pid in self.left():
             _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
         while self.left() and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in self.left():
@@ -174,16 +173,23 @@ class Processes:
             time.sleep(0.2)
 
     def left(self) -> list[int]:
-        """Processes of ours still alive: a started pid, or any process of one of their sessions."""
-        alive = [pid for pid in self.pids if _alive(pid)]
-        sessions = set(self.pids)
-        try:
-            out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
-            alive += [int(a) for a, b in (line.split() for line in out.splitlines())
-                      if int(b) in sessions and _alive(int(a))]
-        except (OSError, subprocess.CalledProcessError, ValueError):
-            pass
-        return sorted(set(alive))
+        """Processes of ours still alive: the started ones, their descendants (remembered across calls,
+        so an orphan still counts), and any process in a session one of them opened."""
+        table = _process_table()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _sid, _start) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [pid for pid in self.pids if pid in table]
+        while todo:
+            pid = todo.pop()
+            if pid not in self.seen:
+                self.seen[pid] = table[pid][2]
+                self.sessions.add(table[pid][1])
+            todo += [c for c in children.get(pid, []) if c not in self.seen]
+        for pid, (_ppid, sid, start) in table.items():
+            if sid in self.sessions and pid not in self.seen:
+                self.seen[pid] = start
+        return sorted(pid for pid, start in self.seen.items() if pid in table and table[pid][2] == start)
 
     def tail(self, name: str, lines: int = 15) -> str:
         try:
@@ -191,6 +197,22 @@ class Processes:
         except OSError:
             return "(no log)"
         return "\n".join(text[-lines:])
+
+
+def _process_table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, session id, start time) of every live (not zombie) process, from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":  # state, ppid, pgrp, session, ..., starttime (field 22)
+            out[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[19]))
+    return out
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -205,14 +227,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"  # a zombie has ended
-    except OSError:
-        return False
 
 
 def wait_healthy(address: str, ca: Path, proc: subprocess.Popen, procs: Processes, timeout: float) -> None:
@@ -261,7 +275,10 @@ def wait_online(n: int, env: dict[str, str], cwd: Path, procs: Processes, timeou
 
 # ---- the deployment ------------------------------------------------------------------------------
 
-def deploy(supernodes: int, rounds: int, folder: Path, timeout: float, auth: bool) -> dict[str, Any]:
+def deploy(supernodes: int, rounds: int, folder: Path, timeout: float, auth: bool,
+           result: dict[str, Any]) -> None:
+    """The deployment; ``result`` (the report) is filled as it goes, so that it holds the pids and what
+    was left behind also when a step fails."""
     certs = make_certificates(folder)
     home = folder / "flwr-home"
     home.mkdir()
@@ -277,7 +294,7 @@ def deploy(supernodes: int, rounds: int, folder: Path, timeout: float, auth: boo
         f'root-certificates = "{certs["ca"]}"\n', encoding="utf-8")
     procs = Processes(folder, env)
     t0 = time.monotonic()
-    result: dict[str, Any] = {"tls": True, "supernode_auth": auth, "superlink": address, "pids": procs.pids}
+    result.update(tls=True, supernode_auth=auth, superlink=address, pids=procs.pids)
     try:
         link = procs.start("superlink", [
             command("flower-superlink"), "--ssl-certfile", str(certs["cert"]), "--ssl-keyfile", str(certs["key"]),
@@ -300,25 +317,35 @@ def deploy(supernodes: int, rounds: int, folder: Path, timeout: float, auth: boo
         run_config = (f"num-server-rounds={rounds} fraction-train=1.0 fraction-evaluate=0.0 "
                       f"traffic-json={json.dumps(str(traffic))}")
         left = max(30.0, timeout - (time.monotonic() - t0))
-        try:
-            run = subprocess.run([command("flwr"), "run", str(APP), "local", "--stream", "-c", run_config],
-                                 env=env, capture_output=True, text=True, timeout=left, cwd=folder)
-        except subprocess.TimeoutExpired:
-            raise DeployError(f"flwr run did not end within {left:.0f} s:\n{procs.tail('superlink')}") from None
-        (folder / "flwr-run.log").write_text(run.stdout + run.stderr, encoding="utf-8")
-        if run.returncode != 0 or not traffic.exists():
-            raise DeployError(f"flwr run exited with {run.returncode}"
-                              f"{'' if traffic.exists() else ' without the rounds bytes'}:\n"
-                              f"{(run.stdout + run.stderr)[-3000:]}")
+        code, output = run_app(run_config, env, folder, procs, left)
+        if code != 0 or not traffic.exists():
+            raise DeployError(f"flwr run exited with {code}"
+                              f"{'' if traffic.exists() else ' without the rounds bytes'}:\n{output[-3000:]}")
         result["rounds"] = json.loads(traffic.read_text(encoding="utf-8"))
-        text = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # Flower's log colours
+        text = re.sub(r"\x1b\[[0-9;]*m", "", output)  # Flower's log colours
         result["summary"] = [line[line.index("mucsc "):] for line in text.splitlines()
                              if "mucsc train uplink" in line or "mucsc train downlink" in line]
     finally:
         procs.stop()
         result["left_behind"] = procs.left()
         result["seconds"] = round(time.monotonic() - t0, 1)
-    return result
+
+
+def run_app(run_config: str, env: dict[str, str], folder: Path, procs: Processes, timeout: float) -> tuple[int, str]:
+    """``flwr run APP local --stream`` -> (exit status, output); the process tree is noted every
+    second meanwhile (so that app processes whose parents exit are still ours to stop)."""
+    log = folder / "flwr-run.log"
+    with open(log, "wb") as sink:
+        run = subprocess.Popen([command("flwr"), "run", str(APP), "local", "--stream", "-c", run_config],
+                               env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+        procs.procs.append(("flwr-run", run))
+        deadline = time.monotonic() + timeout
+        while run.poll() is None:
+            procs.left()
+            if time.monotonic() > deadline:
+                raise DeployError(f"flwr run did not end within {timeout:.0f} s:\n{procs.tail('superlink')}")
+            time.sleep(1.0)
+    return run.returncode, log.read_text(encoding="utf-8", errors="replace")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,13 +361,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--supernodes and --rounds must be >= 1")
     folder = Path(tempfile.mkdtemp(prefix="mucsc-deploy-"))
     code = 0
+    result: dict[str, Any] = {"tls": True}
     try:
-        result = deploy(args.supernodes, args.rounds, folder, args.timeout, args.auth)
+        deploy(args.supernodes, args.rounds, folder, args.timeout, args.auth, result)
     except (DeployError, OSError, subprocess.SubprocessError) as exc:
         print(f"deploy_local: error: {exc}", file=sys.stderr)
-        result, code = {"tls": True, "error": str(exc)}, 1
+        result["error"], code = str(exc), 1
     except KeyboardInterrupt:
-        result, code = {"tls": True, "error": "interrupted"}, 130
+        result["error"], code = "interrupted", 130
     finally:
         if args.keep:
             print(f"deploy_local: files kept in {folder}", file=sys.stderr)
