@@ -34,6 +34,7 @@ from mucsc.errors import (
     LimitError,
     MucscError,
     ParameterError,
+    SettingsError,
     TruncatedError,
     UnknownCodecError,
     VersionError,
@@ -59,11 +60,13 @@ __all__ = [
 # writes against (Section, EncodedGroup, Memory, ...) is mucsc.plugin.
 from mucsc.codec.api import rates  # noqa: E402
 from mucsc.codec.api.state import Compressor  # noqa: E402
+from mucsc.codec.api.aggregate import Aggregator  # noqa: E402
+from mucsc.codec.api.settings import Settings  # noqa: E402
 from mucsc.codec.codecs.base import Z_RANGE, codec_class  # noqa: E402
 from mucsc.errors import SizeError  # noqa: E402
 from mucsc import plugin  # noqa: E402
 
-__all__ += ["Compressor", "SizeError", "Z_RANGE", "codec_class", "plugin", "rates"]
+__all__ += ["Aggregator", "Compressor", "Settings", "SettingsError", "SizeError", "Z_RANGE", "codec_class", "plugin", "rates"]
 
 # names that moved to mucsc.plugin: still importable from mucsc, with a DeprecationWarning, for one release
 _MOVED_TO_PLUGIN = ("EncodedGroup", "Memory", "PaperSetup", "ResidualMemory", "Section", "ceil_log2")

@@ -86,7 +86,9 @@ class MucscHookState:
     runs inside the hook once the worker is done; False runs every bucket inside the hook (the future
     is already complete).
     ``compress`` (default zstd level 1) and, unless given, ``id_coding="packed"`` are the hook's
-    per-step choices (see the module's docstring).  ``keep_heap`` (default) calls
+    per-step choices (see the module's docstring).  ``codec`` may be a :class:`mucsc.Settings` instead
+    (codec, parameters, seed, compress, error feedback; taken as they are); bad settings raise
+    :class:`mucsc.SettingsError`.  ``keep_heap`` (default) calls
     :func:`mucsc.heap.keep_freed_memory` for the training process, so that each step's encode does
     not page-fault its temporaries in again (``heap_kept``: whether the C library took it).
     """
@@ -94,19 +96,23 @@ class MucscHookState:
     def __init__(self, process_group: Any = None, codec: str = "mucsc", seed: int = 0, start_iter: int = 2,
                  *, error_feedback: bool | None = None, compress: str | int = 1, overlap: bool = True,
                  keep_heap: bool = True, **params: Any) -> None:
-        params = _hook_defaults(codec, params)
-        # validates the codec, its parameters and its memory's options (e.g. DGC's momentum) now
-        probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, **params)
+        if isinstance(codec, mucsc.Settings):  # the whole configuration (the hook's defaults do not apply)
+            settings = codec
+            codec, params = settings.codec, dict(settings.params)
+            seed, compress, error_feedback = settings.seed, settings.compress, settings.error_feedback
+            probe = mucsc.Compressor(settings)
+        else:
+            params = _hook_defaults(codec, params)
+            # the codec, its parameters, its memory's options (e.g. DGC's momentum), the seed and the zstd
+            # level, checked as every API checks them (mucsc.Settings: a SettingsError)
+            probe = mucsc.Compressor(codec, error_feedback=error_feedback, compress=compress, seed=seed, **params)
+        self.settings = probe.settings
         self.error_feedback = probe.error_feedback
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise mucsc.ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise mucsc.ParameterError(f"start_iter must be a non-negative integer, got {start_iter!r}")
         if self.error_feedback and start_iter < 2:
             raise mucsc.ParameterError("with error feedback start_iter must be >= 2: DDP rebuilds its buckets "
                                        "after the first iteration, so residuals kept per bucket would not match")
-        if compress not in ("auto", "off") and (isinstance(compress, bool) or not isinstance(compress, int)):
-            raise mucsc.ParameterError(f"compress must be 'auto', 'off' or a zstd level, got {compress!r}")
         self.process_group = process_group
         self.codec, self.params, self.seed, self.start_iter = codec, dict(params), seed, start_iter
         self.compress = compress

@@ -38,6 +38,11 @@ class ParameterError(MucscError, ValueError):
     """A codec parameter is missing, of the wrong type or out of range."""
 
 
+class SettingsError(ParameterError):
+    """Encoding settings that cannot be used (:class:`mucsc.Settings`): a codec, parameter, seed,
+    compress level, thread count, key or limit out of range -- whichever API or integration took them."""
+
+
 class InputError(MucscError, ValueError):
     """The data given to an encoder cannot be encoded (NaN/Inf, non-float dtype, bad container, ...)."""
 

@@ -59,17 +59,14 @@ class Mucsc(_NumcodecsCodec):
         if dt.kind != "f" or dt.newbyteorder("=").name not in _FLOAT_DTYPES:
             raise mucsc.ParameterError(f"the mucsc numcodecs codec compresses float16/32/64 data, not {dt}"
                                        " (it is lossy: store integers with a lossless codec)")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise mucsc.ParameterError(f"seed must be a non-negative integer or None, got {seed!r}")
         clash = sorted(set(params) & set(_OWN_KEYS))
         if clash:
             raise mucsc.ParameterError(f"{', '.join(clash)} cannot be a codec parameter here")
-        # Validates the name and parameters now; the resolved config records every default, so a
-        # stored array keeps encoding the same way if a default changes in a later version.
-        resolved = mucsc.get_codec(codec, **params).get_config()
-        if compress not in ("auto", "off") and (isinstance(compress, bool) or not isinstance(compress, int)
-                                                or not 1 <= compress <= 22):
-            raise mucsc.ParameterError(f"compress must be 'auto', 'off' or a zstd level 1..22, got {compress!r}")
+        # The name, parameters, seed (None: per chunk) and zstd level, checked as every API checks them
+        # (mucsc.Settings: a SettingsError); the resolved config records every default, so a stored
+        # array keeps encoding the same way if a default changes in a later version.
+        settings = mucsc.Settings(codec, params, seed=0 if seed is None else seed, compress=compress)
+        resolved = settings.codec_object().get_config()
         self.dtype = dt.str
         self.codec = resolved.pop("codec")
         self.seed = seed

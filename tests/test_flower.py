@@ -135,11 +135,8 @@ def test_mod_replaces_reply_with_one_mucsc_array_and_strategy_matches_fedavg():
         want = sum(w * m[k].astype(np.float64) for w, m in zip(weights, expected_models)) / weights.sum()
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
     assert got["steps"][0] == 4  # non-float arrays travel losslessly (FedAvg itself averages them as floats)
-    # plain FedAvg on the same decoded replies (the wrapper sorts them by node) gives the same arrays
-    by_node = sorted(replies, key=lambda r: r.metadata.src_node_id)      # replies now hold decoded models
-    agg2, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, by_node)
-    for k in model:
-        np.testing.assert_array_equal(agg2[k].numpy(), got[k])
+    # FedAvg: the updates were summed by a mucsc.Aggregator, no reply was decoded into a model
+    assert strategy.sums_updates and all(is_compressed(r.content["arrays"]) for r in replies)
     # bytes from the real messages
     rows = strategy.traffic.rounds()
     assert rows[0]["round"] == 1 and rows[0]["down_recipients"] == 3
@@ -552,3 +549,83 @@ http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), H).se
         assert len(ports) == 2 and link.address == f"127.0.0.1:{ports[1]}"
         assert link.address in (tmp_path / "home" / "config.toml").read_text()
     assert link.proc.poll() is not None  # stopped on exit
+
+
+def test_superlink_that_cannot_start_names_the_cause(tmp_path):
+    """A SuperLink that dies at start (here: the traceback Flower prints when ``flower-superexec`` is not
+    on PATH): the error quotes the exception's line from its stderr, not only its log's tail."""
+    import sys
+
+    from mucsc.fedsim.engines.flower import _SuperLink
+
+    fake = tmp_path / "fake-superlink"
+    fake.write_text(f"""#!{sys.executable}
+import sys
+print("INFO flwr | Starting Flower SuperLink", file=sys.stderr)
+print("Traceback (most recent call last):", file=sys.stderr)
+print('  File "flower_superlink.py", line 263, in _start_superexec_if_needed', file=sys.stderr)
+print("FileNotFoundError: [Errno 2] No such file or directory: 'flower-superexec'", file=sys.stderr)
+sys.exit(3)
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "home"))
+    with pytest.raises(RuntimeError, match="did not start") as info:
+        with _SuperLink(str(fake), tmp_path, env):
+            pass
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'flower-superexec'" in str(info.value)
+    assert "File \"flower_superlink.py\"" not in str(info.value)  # the cause, not the frames
+
+
+@pytest.mark.slow
+def test_sim_engine_flower_started_by_path_with_a_bare_PATH(tmp_path):
+    """`/venv/bin/mucsc sim --engine flower` from a cron job or a service unit (PATH without the venv):
+    Flower's processes find their commands beside this Python, and the run completes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("ray", reason="Flower's simulation engine needs ray (pip install 'mucsc[flower]')")
+    pytest.importorskip("torch")
+    exe = Path(sys.executable).parent / "mucsc"
+    if not exe.exists():
+        pytest.skip("no mucsc console script beside this Python")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "PYTHONPATH": root,
+           "FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    args = [str(exe), "sim", "--engine", "flower", "--model", "logreg", "-N", "3", "-K", "2", "-E", "1",
+            "--rounds", "1", "--target", "0", "--eval-every", "1", "--samples-per-client", "20",
+            "--codecs", "mucsc", "-o", str(tmp_path / "out")]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "out" / "mucsc" / "rounds.csv").exists()
+
+
+def test_a_strategy_with_its_own_aggregation_gets_the_decoded_models():
+    """A FedAvg subclass that overrides aggregate_train (and any other strategy) is handed every reply
+    decoded into ``global + update``: plain FedAvg on those replies gives the wrapper's arrays exactly;
+    FedAvg itself (summing the updates) agrees up to float rounding."""
+
+    class Recording(FedAvg):
+        def aggregate_train(self, server_round, replies):
+            self.seen = [{k: a.numpy() for k, a in r.content["arrays"].items()} for r in replies]
+            return super().aggregate_train(server_round, replies)
+
+    nodes = [11, 12, 13]
+    model = _model()
+    arrays = ArrayRecord({k: flwr.app.Array(v) for k, v in model.items()})
+    results = {}
+    for inner in (Recording(fraction_evaluate=0.0, min_available_nodes=3),
+                  FedAvg(fraction_evaluate=0.0, min_available_nodes=3)):
+        strategy = MucscStrategy(inner, codec="mucsc", seed=4, z=16)
+        messages = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid(nodes)))
+        replies = _deliver(messages, {n: _context(n) for n in nodes}, _client_app())
+        got, _ = strategy.aggregate_train(1, replies)
+        results[type(inner).__name__] = {k: a.numpy() for k, a in got.items()}
+        if isinstance(inner, Recording):
+            assert not strategy.sums_updates and len(inner.seen) == 3
+            by_node = sorted(replies, key=lambda r: r.metadata.src_node_id)  # replies now hold decoded models
+            plain, _ = FedAvg(fraction_evaluate=0.0).aggregate_train(1, by_node)
+            for k in model:
+                np.testing.assert_array_equal(plain[k].numpy(), results["Recording"][k])
+    for k in model:
+        np.testing.assert_allclose(results["FedAvg"][k], results["Recording"][k], rtol=1e-5, atol=1e-6)

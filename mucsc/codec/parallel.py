@@ -345,6 +345,43 @@ def unpack_take(buf: Any, width: int, n: int, table: np.ndarray,
     return out
 
 
+def unpack_add(packed: np.ndarray, width: int, n: int, table: np.ndarray, acc: np.ndarray,
+               step: int = 1 << 16) -> None:
+    """``acc += table[bitpack.unpack(packed, width, n)]`` (``table`` and ``acc`` float64), in parallel
+    over the fixed chunks of ``acc``, without the ID array or the gathered vector: ``step`` values at a
+    time (a multiple of 8) are gathered into a small buffer, then added.  The caller has checked the
+    packed bytes (length, padding) and the IDs (< ``len(table)``), as :func:`unpack_take` would."""
+    from mucsc.codec.wire import bitpack
+
+    if n == 0:
+        return
+    lookup = _ByteTable(table, width) if width in (1, 2, 4, 8) else None
+    gather = _compiled_gather(lookup)
+
+    def one(s: int, e: int) -> None:
+        buf = np.empty(min(step, e - s), table.dtype)
+        for a in range(s, e, step):  # a is a multiple of 8: its IDs start on a byte
+            b = min(a + step, e)
+            t = buf[: b - a]
+            if lookup is None:
+                ids = bitpack.unpack(packed[a * width // 8: bitpack.packed_size(b, width)], width, b - a)
+                np.take(table, ids, out=t, mode="clip")
+            else:
+                per = lookup.per
+                whole = (b - a) // per
+                pb = packed[a // per: a // per + whole]
+                if gather is not None:
+                    gather(pb, lookup.bytes, t[: whole * per])
+                else:
+                    np.take(lookup.rows, pb, out=t[: whole * per].view(lookup.rows.dtype), mode="clip")
+                if whole * per < b - a:  # the last byte holds fewer IDs
+                    tail = a + whole * per
+                    t[whole * per:] = table[bitpack.unpack(packed[tail * width // 8:], width, b - tail)]
+            np.add(acc[a:b], t, out=acc[a:b])
+
+    run_spans(one, n)
+
+
 def _unpack_whole(buf: Any, width: int, n: int, table: np.ndarray, check: Callable[[int], Exception]) -> np.ndarray:
     """:func:`unpack_take` in one piece (no IDs, no table, or a length ``bitpack.unpack`` reports)."""
     from mucsc.codec.wire import bitpack

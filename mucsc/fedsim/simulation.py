@@ -31,7 +31,7 @@ from mucsc.fedsim.config import SimConfig
 from mucsc.fedsim.datasets import Dataset, load_dataset
 from mucsc.fedsim.models import build_model, macs_per_sample, num_params
 from mucsc.fedsim.training import ClientTask, LocalTrainer
-from mucsc.fedsim.transport import Authenticator, LinkCodec, Sender, check_codec, receive, seal
+from mucsc.fedsim.transport import Authenticator, LinkCodec, Sender, ServerSum, check_codec, receive, seal
 from mucsc.fedsim.updates import UpdateSaver
 
 # Independent random streams, so that e.g. a codec's randomness never shifts the batches.
@@ -288,7 +288,14 @@ class _Run:
         cfg, rnd, selected = self.cfg, self.rnd, self.selected
         updates, up_bytes, per_client_time, auth_up = [], [], [], 0
         train_s = enc_s = server_dec = 0.0
-        for task, (update, t_train) in zip(tasks, trained):
+        if cfg.sampling == "weighted":
+            q = np.full(len(selected), 1.0 / len(selected))           # unbiased under Assumption 4
+        else:
+            q = self.sizes[selected] / self.sizes[selected].sum()     # eq. 4: weights by local data size
+        # host updates are summed as they arrive (O(d) server memory, mucsc.Aggregator); device-resident
+        # ones (a GPU client's) are decoded onto the server's device and summed there
+        summed = ServerSum() if trained and self._resident_device(trained[0][0]) is None else None
+        for i, (task, (update, t_train)) in enumerate(zip(tasks, trained)):
             if self.saver is not None and self.saver.wants(rnd + 1, task.slot):  # before any encoding
                 self.saver.save(rnd + 1, task.slot, task.client, update, float(task.lrs[0]),
                                 int(self.sizes[task.client]))
@@ -297,18 +304,16 @@ class _Run:
                 sender = self.senders[task.client] = Sender(self.ups[task.client])
             msg = encode_update(sender, update, task, codec_seed(cfg.seed, _S_UP, rnd, task.slot), t_train)
             sent = seal(self.auth, msg.blob, f"client-{task.client}", rnd, "up")  # --auth: verified first
-            # device-resident updates (a GPU client's) are decoded onto the server's device
-            decoded, t_dec = receive(sent.blob, device=self._resident_device(update), **sent.check)
-            updates.append(decoded)
+            if summed is not None:
+                t_dec = summed.add(sent.blob, float(q[i]), **sent.check)
+            else:
+                decoded, t_dec = receive(sent.blob, device=self._resident_device(update), **sent.check)
+                updates.append(decoded)
             up_bytes.append(len(sent.blob))
             per_client_time.append(msg.train_s + msg.encode_s + sent.seconds)
             train_s += msg.train_s; enc_s += msg.encode_s + sent.seconds; server_dec += t_dec
             auth_up += sent.added_bytes
-        if cfg.sampling == "weighted":
-            q = np.full(len(selected), 1.0 / len(selected))           # unbiased under Assumption 4
-        else:
-            q = self.sizes[selected] / self.sizes[selected].sum()     # eq. 4: weights by local data size
-        agg = self._aggregate(q, updates)
+        agg = self._aggregate(q, updates) if summed is None else summed.total()
         down_blob, t_senc = self.server.send(agg, codec_seed(cfg.seed, _S_DOWN, rnd), rnd)
         sent_down = seal(self.auth, down_blob, "server", rnd, "down")
         down_blob, t_senc = sent_down.blob, t_senc + sent_down.seconds

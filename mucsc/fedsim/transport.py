@@ -3,7 +3,7 @@
 Every update crosses the public API as one message whose length is what the simulator counts.
 Encoding goes through :class:`mucsc.Compressor`, which keeps the codec's error-feedback memory
 (a residual for biased codecs; DGC's momentum correction, masking, clipping and warm-up are DGC's
-memory).  Decoding is ``mucsc.decode``.  With ``mucsc sim --auth`` every message also carries an
+memory).  Decoding is ``mucsc.decode``; the server sums the uplink with ``mucsc.Aggregator``.  With ``mucsc sim --auth`` every message also carries an
 authentication tag (:class:`Authenticator`) that the receiver checks before decoding.
 """
 
@@ -44,6 +44,10 @@ class LinkCodec:
         options = mucsc.codec_class(self.codec).memory_options
         return {k: v for k, v in self.params if k in options}
 
+    def settings(self) -> mucsc.Settings:
+        """This link as :class:`mucsc.Settings` (validated: a :class:`mucsc.SettingsError` when bad)."""
+        return mucsc.Settings(self.codec, self.params, compress=self.compress, error_feedback=self.error_feedback)
+
     def codec_object(self) -> mucsc.Codec:
         """The codec (UnknownCodecError / ParameterError on a bad name or parameter)."""
         return mucsc.get_codec(self.codec, **self.kwargs)
@@ -68,9 +72,8 @@ class Sender:
 
     def __init__(self, link: LinkCodec) -> None:
         self.link = link
-        self.error_feedback = link.uses_error_feedback()
-        self._compressor = mucsc.Compressor(link.codec_object(), error_feedback=self.error_feedback,
-                                            compress=link.compress, **link.memory_options)
+        self._compressor = mucsc.Compressor(link.settings())
+        self.error_feedback = self._compressor.error_feedback
 
     def send(self, update: Mapping[str, np.ndarray], seed: int, rnd: int = 0) -> tuple[bytes, float]:
         """Encode ``update`` (name -> float32 array) in global round ``rnd`` -> (bytes, encode seconds).
@@ -149,3 +152,23 @@ def receive(blob: bytes, device: Any = None, **auth: object) -> tuple[dict[str, 
 
             torch.cuda.synchronize(device)
     return out, time.perf_counter() - t0
+
+
+
+class ServerSum:
+    """The server's running sum of a round's uplink messages (:class:`mucsc.Aggregator`: O(d) memory
+    whatever the number of clients): sum_i q_i U~_i in float64, in the order the messages are added."""
+
+    def __init__(self) -> None:
+        self._agg = mucsc.Aggregator()
+
+    def add(self, blob: bytes, weight: float, **auth: object) -> float:
+        """Add ``weight`` times a message (verifying its tag when given ``keys``/``context``, as
+        :func:`receive`) -> seconds."""
+        t0 = time.perf_counter()
+        self._agg.add(blob, weight=weight, **auth)
+        return time.perf_counter() - t0
+
+    def total(self) -> dict[str, np.ndarray]:
+        """The weighted sum (the weights are normalised: no division), name -> float32 array."""
+        return self._agg.weighted_sum()

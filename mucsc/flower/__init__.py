@@ -8,8 +8,9 @@
   Codec and parameters come from the ConfigRecord the server sends; the compressor's state and the
   model version the node holds persist in ``context.state`` (ClientApps are ephemeral).
 - :class:`MucscStrategy`, a wrapper around any Flower strategy (FedAvg, FedAdam, ...): injects the codec
-  config in ``configure_train``, decodes every ``mucsc/2`` reply into ``global + update`` under the same
-  key in ``aggregate_train`` and delegates; with ``downlink=`` it also sends the next global model as a
+  config in ``configure_train``, and in ``aggregate_train`` sums the ``mucsc/2`` replies' updates in O(d)
+  memory when the wrapped strategy aggregates as FedAvg does, else decodes every reply into
+  ``global + update`` under the same key and delegates; with ``downlink=`` it also sends the next global model as a
   compressed update to nodes holding the previous version (the full model otherwise), for train and
   evaluate messages alike.  It counts the bytes of the real Messages (:class:`Traffic`) and returns
   each round's bytes and ratios in the aggregated MetricRecord (Flower logs them and keeps them in
@@ -46,7 +47,7 @@ try:
                           RecordDict)
     from flwr.clientapp.typing import ClientAppCallable
     from flwr.serverapp import Grid
-    from flwr.serverapp.strategy import Strategy
+    from flwr.serverapp.strategy import FedAvg, Strategy
 except ImportError as exc:  # an optional extra: say how to get it
     raise ImportError("mucsc.flower needs Flower >= 1.42: pip install 'mucsc[flower]'") from exc
 
@@ -156,9 +157,19 @@ class CodecSpec:
     compress: str | int = "auto"
     shared: bool = True
 
+    def settings(self) -> mucsc.Settings:
+        """These as :class:`mucsc.Settings` (validated: a :class:`mucsc.SettingsError` when bad)."""
+        return mucsc.Settings(self.codec, self.params, compress=self.compress, shared=self.shared,
+                              error_feedback=self.error_feedback)
+
+    @classmethod
+    def from_settings(cls, settings: mucsc.Settings) -> CodecSpec:
+        """What a client is asked to encode with, from :class:`mucsc.Settings` (its seed, threads, key
+        and limits are not sent: seeds are per message, keys the client's own)."""
+        return cls(settings.codec, settings.params, settings.error_feedback, settings.compress, settings.shared)
+
     def compressor(self) -> Any:
-        return mucsc.Compressor(self.codec, error_feedback=self.error_feedback, shared=self.shared,
-                                compress=self.compress, **dict(self.params))
+        return mucsc.Compressor(self.settings())
 
     def to_config(self) -> dict[str, Any]:
         ef = "auto" if self.error_feedback is None else ("on" if self.error_feedback else "off")
@@ -248,9 +259,12 @@ def _restore_global(msg: Message, ctxt: Context, cfg: ConfigRecord,
 def make_mucsc_mod(key: Any = None, key_id: str | None = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
     """A :func:`mucsc_mod` that signs its messages with ``key`` under ``key_id`` (see
     :func:`mucsc.sign`).  Without a key, the node config's ``mucsc-key-file`` (read with
-    :func:`mucsc.load_key`) and ``mucsc-key-id`` (default: the partition id or node id) are used when set."""
+    :func:`mucsc.load_key`) and ``mucsc-key-id`` (default: the partition id or node id) are used when set.
+    ``key`` may be a :class:`mucsc.Settings`: its key and key_id (the codec is the server's to choose)."""
+    if isinstance(key, mucsc.Settings):  # the node's signing key from its settings (the codec is the server's)
+        key, key_id = key.key, key.key_id
     if (key is None) != (key_id is None):
-        raise mucsc.ParameterError("give both key and key_id, or neither")
+        raise mucsc.SettingsError("give both key and key_id, or neither")
 
     def mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
         return _mod(msg, ctxt, call_next, key, key_id)
@@ -407,8 +421,9 @@ class Traffic:
         return "\n".join(lines) or "mucsc: no messages"
 
     def rounds(self) -> list[dict[str, int]]:
-        """Per round (train Messages): bytes_up / bytes_down (payloads), their serialised totals, down
-        recipients."""
+        """Per round (train Messages): bytes_up / bytes_down (payloads), the same Messages' bytes with
+        uncompressed models (bytes_up_uncompressed / bytes_down_uncompressed), their serialised totals,
+        down recipients."""
         out = []
         for rnd in sorted({m.round for m in self.messages}):
             ms = self.round(rnd)
@@ -416,6 +431,8 @@ class Traffic:
             down = [m for m in ms if m.direction == "down"]
             out.append({"round": rnd, "bytes_up": sum(m.payload_bytes for m in up),
                         "bytes_down": sum(m.payload_bytes for m in down),
+                        "bytes_up_uncompressed": sum(m.model_bytes for m in up),
+                        "bytes_down_uncompressed": sum(m.model_bytes for m in down),
                         "message_bytes_up": sum(m.message_bytes for m in up),
                         "message_bytes_down": sum(m.message_bytes for m in down),
                         "down_recipients": len(down), "down_compressed": sum(m.compressed for m in down)})
@@ -434,7 +451,8 @@ class MucscStrategy(Strategy):
     """Wrap a Flower strategy so that training replies travel as mucsc messages (uplink) and,
     optionally, the global model as a compressed update (downlink).
 
-    ``codec`` / ``params`` / ``error_feedback`` / ``compress`` / ``shared``: the clients' encoder (a
+    ``codec`` / ``params`` / ``error_feedback`` / ``compress`` / ``shared``: the clients' encoder, or
+    ``codec`` a :class:`mucsc.Settings` holding them and the seed (a
     train message's ConfigRecord may already name its own ``mucsc.*`` keys, which are kept: per-client
     codecs).  Each uplink message's seed is ``derived_seed(seed, round, node_id)`` unless the message's
     config sets ``mucsc.seed``.  ``downlink``: a codec name for the server's update, with
@@ -444,16 +462,28 @@ class MucscStrategy(Strategy):
     ``keys`` (a mapping key id -> key, or a callable): every uplink message must carry a tag that
     verifies over its run, round and node (:func:`uplink_context`); replies that fail are left out of
     the aggregate and listed in ``rejected`` (round, node, reason).  The downlink is not signed.
+
+    Aggregation: when the wrapped strategy aggregates as FedAvg does (FedAvg, or a subclass that does
+    not override ``aggregate_train``: ``sums_updates`` is True) the replies' updates are added one by one
+    to a :class:`mucsc.Aggregator` weighted by FedAvg's ``weighted_by_key``, and the new model is
+    ``global + weighted mean of the updates``: O(d) memory on the server whatever the number of
+    replies, the same model as FedAvg over the decoded models up to float rounding.  Any other strategy
+    (FedAdam, FedMedian, your own ``aggregate_train``) gets every reply decoded into ``global + update``
+    and aggregates them itself (K decoded models in memory at once).
     """
 
-    def __init__(self, strategy: Strategy, codec: str = "mucsc", *, error_feedback: bool | None = None,
+    def __init__(self, strategy: Strategy, codec: Any = "mucsc", *, error_feedback: bool | None = None,
                  compress: str | int = "auto", shared: bool = True, seed: int = 0, downlink: str | None = None,
                  downlink_params: Mapping[str, Any] | None = None, downlink_error_feedback: bool | None = None,
                  downlink_seed: Callable[[int], int] | None = None, keys: Any = None, **params: Any) -> None:
         if not isinstance(strategy, Strategy):
             raise mucsc.ParameterError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         self.strategy = strategy
-        self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
+        if isinstance(codec, mucsc.Settings):  # the clients' whole encoder configuration (and the seed)
+            self.spec = CodecSpec.from_settings(codec)
+            seed = codec.seed
+        else:
+            self.spec = CodecSpec(codec, tuple(sorted(params.items())), error_feedback, compress, shared)
         self.spec.compressor()  # validates codec, parameters and memory options now
         self.seed = int(seed)
         self.keys = keys
@@ -473,6 +503,10 @@ class MucscStrategy(Strategy):
         self._down_blob: bytes | None = None                 # update from version - 1 to version
         self._sent: dict[int, int] = {}                      # node -> version sent this round
         self._holds: dict[int, int] = {}                     # node -> version it confirmed holding
+        # FedAvg's aggregation (FedAvg, or a subclass that keeps its aggregate_train, e.g. FedProx):
+        # the updates are summed as they are read (mucsc.Aggregator), never all decoded at once
+        self.sums_updates = (isinstance(strategy, FedAvg)
+                             and type(strategy).aggregate_train is FedAvg.aggregate_train)
 
     def summary(self) -> None:
         self.strategy.summary()
@@ -566,18 +600,73 @@ class MucscStrategy(Strategy):
         timing = self.timing.setdefault(server_round, {"encode_s": [], "decode_s": 0.0, "down_encode_s": 0.0})
         timing["encode_s"] = [float(m.content[R_INFO]["encode-s"]) for m in replies
                               if m.has_content() and R_INFO in m.content.config_records]
+        if self.sums_updates:
+            done = self._aggregate_updates(server_round, replies, timing)
+            if done is not None:
+                return self._with_downlink(server_round, *done, timing)
         t0 = time.perf_counter()
         decoded = []
         for m in replies:
             try:
                 decoded.append(self.decode_reply(m, server_round))
             except mucsc.AuthError as exc:  # forged, altered, replayed or unsigned: not aggregated
-                node = m.metadata.src_node_id
-                self.rejected.append((server_round, node, str(exc)))
-                self._holds.pop(node, None)
-                LOG.warning("mucsc: round %d: reply of node %d rejected (not aggregated): %s", server_round, node, exc)
+                self._reject(server_round, m.metadata.src_node_id, exc)
         timing["decode_s"] = time.perf_counter() - t0
         arrays, metrics = self.strategy.aggregate_train(server_round, decoded)
+        return self._with_downlink(server_round, arrays, metrics, timing)
+
+    def _reject(self, server_round: int, node: int, exc: Exception) -> None:
+        """A reply whose tag does not verify (forged, altered, replayed or unsigned): not aggregated."""
+        self.rejected.append((server_round, node, str(exc)))
+        self._holds.pop(node, None)
+        LOG.warning("mucsc: round %d: reply of node %d rejected (not aggregated): %s", server_round, node, exc)
+
+    def _aggregate_updates(self, server_round: int, replies: list[Message],
+                           timing: dict[str, Any]) -> tuple[ArrayRecord | None, MetricRecord | None] | None:
+        """FedAvg's ``aggregate_train`` (its reply checks, weights and metrics) with the model as
+        ``global + weighted mean of the updates``, summed by one :class:`mucsc.Aggregator` as the
+        replies are read (O(d) memory, not K decoded models); None (the caller decodes every reply
+        and asks the wrapped strategy) when a valid reply is not one compressed ArrayRecord."""
+        strategy = self.strategy
+        check = getattr(strategy, "_check_and_log_replies", None)  # FedAvg's own (Flower 1.42); else decode all
+        if check is None:
+            return None
+        valid, _ = check(replies, is_train=True)
+        if not valid:
+            return None, None
+        if not all(len(m.content.array_records) == 1 and is_compressed(next(iter(m.content.array_records.values())))
+                   for m in valid):
+            return None
+        if self._current is None:
+            raise FlowerIntegrationError("a compressed reply before any model was sent")
+        t0 = time.perf_counter()
+        agg, kept = mucsc.Aggregator(), []
+        for m in valid:  # in node order (sorted by the caller): the same sums whatever the timing
+            if R_INFO in m.content.config_records:
+                del m.content[R_INFO]
+            rec = next(iter(m.content.array_records.values()))
+            weight = float(next(iter(m.content.metric_records.values()))[strategy.weighted_by_key])
+            node = m.metadata.src_node_id
+            try:
+                if self.keys is None:
+                    agg.add(rec[ARRAY_KEY].data, weight=weight)
+                else:
+                    agg.add(rec[ARRAY_KEY].data, weight=weight, keys=self.keys,
+                            context=uplink_context(m.metadata.run_id, server_round, node))
+            except mucsc.AuthError as exc:
+                self._reject(server_round, node, exc)
+                continue
+            kept.append(m.content)
+        timing["decode_s"] = time.perf_counter() - t0
+        if not kept:
+            return None, None
+        mean = agg.result()
+        model = apply_update(self._current, mean if isinstance(mean, dict) else {"": mean})
+        return numpy_to_record(model), strategy.train_metrics_aggr_fn(kept, strategy.weighted_by_key)
+
+    def _with_downlink(self, server_round: int, arrays: ArrayRecord | None, metrics: MetricRecord | None,
+                       timing: dict[str, Any]) -> tuple[Any, Any]:
+        """The round's traffic in the metrics, and with a downlink codec the model the clients rebuild."""
         metrics = self._with_traffic(metrics, server_round, "train")
         if arrays is None:
             return arrays, metrics

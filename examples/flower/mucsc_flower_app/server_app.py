@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 from logging import INFO
+from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
@@ -35,3 +38,7 @@ def main(grid: Grid, context: Context) -> None:
                    train_config=ConfigRecord({"lr": float(cfg["lr"])}), num_rounds=int(cfg["num-server-rounds"]),
                    evaluate_fn=central_eval)
     log(INFO, "%s", strategy.traffic.summary())
+    if str(cfg.get("traffic-json", "")):  # deploy_local.py: the rounds' bytes, for its report
+        out = Path(str(cfg["traffic-json"]))
+        out.with_suffix(".part").write_text(json.dumps(strategy.traffic.rounds()), encoding="utf-8")
+        os.replace(out.with_suffix(".part"), out)

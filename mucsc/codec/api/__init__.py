@@ -2,7 +2,7 @@
 
 ``messages`` (encode / encode_with_stats / decode / inspect / verify: tensors in, one message out and
 back), ``policy`` (which tensor goes to which group and codec), ``state`` (Compressor: a codec with
-its error-feedback memory), ``rates`` (the paper's formulas and exact message sizes), ``fingerprint``
+its error-feedback memory), ``aggregate`` (Aggregator: the weighted mean of many messages in O(d)), ``rates`` (the paper's formulas and exact message sizes), ``fingerprint``
 (a digest of a set of tensors).
 
 May import every codec layer below (wire, numerics, backends, codecs, ratecontrol) and the leaf

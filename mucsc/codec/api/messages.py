@@ -5,12 +5,13 @@ Everything above the codecs (the CLI, the simulator, other systems) goes through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import numbers
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,7 +112,7 @@ def tensor_dict(t: TensorStats) -> dict[str, Any]:
             "bits_per_element": t.bits_per_element, "rel_error": t.rel_error, "abs_error": t.abs_error}
 
 
-def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
+def encode(data: Any, codec: Any = "mucsc", *, seed: int | None = None, shared: bool = True,
            compress: str | int = "auto", meta: Mapping[str, str] | None = None,
            policy: Policy | None = None, key: Any = None, key_id: str | None = None,
            context: bytes | str | None = None, threads: int = 1, progress: Progress | None = None,
@@ -136,9 +137,29 @@ def encode(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bo
     as work finishes, in elements: each tensor's elements count once per pass over them (a
     ``policy``'s trial encodings are a pass, the message's groups another); the last call has
     ``done == total``.  For a progress bar; the bytes never depend on it.
+
+    ``codec`` may also be a :class:`mucsc.Settings` (codec, parameters, seed, shared, compress,
+    threads, key): then it is the whole configuration, and only ``seed`` (this message's), ``meta``,
+    ``policy``, ``context`` and ``progress`` may be given next to it.
     """
-    return _encode(data, codec, seed, shared, compress, meta, params, policy, _signer(key, key_id, context),
-                   threads, want_stats=False, progress=progress)[0]
+    if hasattr(codec, "encode_kwargs"):  # a mucsc.Settings (imported lazily: it builds on this module)
+        codec, seed, shared, compress, threads, key, key_id = _from_settings(
+            codec, seed, shared, compress, threads, key, key_id, params)
+    return _encode(data, codec, 0 if seed is None else seed, shared, compress, meta, params, policy,
+                   _signer(key, key_id, context), threads, want_stats=False, progress=progress)[0]
+
+
+def _from_settings(settings: Any, seed: Any, shared: Any, compress: Any, threads: Any, key: Any, key_id: Any,
+                   params: Mapping[str, Any]) -> tuple:
+    """encode's arguments from a Settings; a SettingsError when others were given next to it."""
+    from mucsc.errors import SettingsError
+
+    if params or (shared, compress, threads, key, key_id) != (True, "auto", 1, None, None):
+        raise SettingsError("encode(data, settings): codec parameters, shared, compress, threads and the key "
+                            "come from the Settings; change them there (settings.replace(...))")
+    kw = settings.encode_kwargs()
+    return (kw["codec"], settings.seed if seed is None else seed, kw["shared"], kw["compress"], kw["threads"],
+            kw.get("key"), kw.get("key_id"))
 
 
 def encode_with_stats(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
@@ -772,6 +793,21 @@ def _decode_dtype(msg: fmt.Message, gi: int, group: fmt.Group, cls: type[Codec])
 
 
 def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
+    cls, n, dtype, sections = open_group(msg, gi, group)
+    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    with malformed_as_format_error(gi, group):
+        if on_device:
+            flat = cls.decode_torch(n, group.params, sections, dtype, device)
+        else:
+            flat = cls.decode_array(n, group.params, sections, dtype)
+    if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
+        raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+    check_all_read(gi, group, sections)
+    return flat
+
+
+def open_group(msg: fmt.Message, gi: int, group: fmt.Group) -> tuple[type[Codec], int, np.dtype, Any]:
+    """(codec class, element count, decoded dtype, sections) of group ``gi``, its header checked."""
     try:
         cls = codec_class(group.codec)
     except UnknownCodecError:
@@ -779,24 +815,26 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = Non
     n = sum(msg.header.records[i].size for i in group.records)
     dtype = _decode_dtype(msg, gi, group, cls)
     # every section of this group is bounded by its element count before it is decompressed
-    sections = msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
-    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    return cls, n, dtype, msg.group_sections(gi, max_raw=SECTION_BYTES_PER_ELEMENT * n + SECTION_SLACK_BYTES)
+
+
+@contextlib.contextmanager
+def malformed_as_format_error(gi: int, group: fmt.Group) -> Iterator[None]:
+    """A codec's decoder failing on untrusted data with a Python error: a FormatError naming the group."""
     try:
-        if on_device:
-            flat = cls.decode_torch(n, group.params, sections, dtype, device)
-        else:
-            flat = cls.decode_array(n, group.params, sections, dtype)
+        yield
     except MucscError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError, KeyError) as exc:
         raise FormatError(f"group {gi} ({group.codec}): malformed data ({exc})") from None
-    if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
-        raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+
+
+def check_all_read(gi: int, group: fmt.Group, sections: Any) -> None:
+    """FORMAT.md 2.3: a critical section the decoder did not read (does not understand) rejects the message."""
     unread = sections.unread()
-    if unread:  # FORMAT.md 2.3: a critical section the decoder does not understand rejects the message
+    if unread:
         raise FormatError(f"group {gi} ({group.codec}): unknown critical section(s) "
                           f"{', '.join(map(repr, unread))}")
-    return flat
 
 
 # ---------------------------------------------------------------------------------------------- inspect

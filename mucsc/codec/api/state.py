@@ -20,9 +20,10 @@ import numpy as np
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.api.messages import decode, encode
-from mucsc.codec.codecs.base import Codec, codec_class
+from mucsc.codec.api.settings import Settings
+from mucsc.codec.codecs.base import Codec
 from mucsc.codec.codecs.memory import Memory
-from mucsc.errors import ParameterError
+from mucsc.errors import MucscError, ParameterError, SettingsError
 
 
 def _to_array(t: Any) -> Any:
@@ -69,29 +70,41 @@ class Compressor:
     options of its memory (``codec.memory_options``, e.g. DGC's ``momentum``).  ``seed`` seeds round
     r's encoding as ``SeedSequence([seed, r])`` unless ``compress`` is given an explicit ``seed``.
     ``shared``, ``compress`` and ``threads`` are passed to :func:`mucsc.encode` (``threads`` also to
-    the memory's :func:`mucsc.decode`; bytes never depend on it).
+    the memory's :func:`mucsc.decode`; bytes never depend on it).  ``codec`` may be a
+    :class:`mucsc.Settings` holding all of these; bad settings raise :class:`mucsc.SettingsError`.
     """
 
-    def __init__(self, codec: str | Codec, *, error_feedback: bool | None = None, memory: Memory | None = None,
-                 seed: int = 0, shared: bool = True, compress: str | int = "auto", threads: int = 1,
-                 **params: Any) -> None:
-        self.threads = parallel.resolve(threads)
-        if isinstance(codec, Codec):
-            options = params
+    def __init__(self, codec: str | Codec | Settings, *, error_feedback: bool | None = None,
+                 memory: Memory | None = None, seed: int = 0, shared: bool = True, compress: str | int = "auto",
+                 threads: int = 1, **params: Any) -> None:
+        if isinstance(codec, Settings):
+            if params or (error_feedback, seed, shared, compress, threads) != (None, 0, True, "auto", 1):
+                raise SettingsError("Compressor(settings): the codec, its parameters, error feedback, seed, shared, "
+                                    "compress and threads come from the Settings; change them there")
+            settings = codec
         else:
-            cls = codec_class(codec)
-            options = {k: v for k, v in params.items() if k in cls.memory_options}
-            # validates the parameters now, not at the first round
-            codec = cls(**{k: v for k, v in params.items() if k not in options})
-        self.codec: Codec = codec
-        own = codec.memory(**options)  # validates the memory options even when feedback is off
-        self.error_feedback = codec.biased if error_feedback is None else bool(error_feedback)
+            if isinstance(codec, Codec):  # only the memory's options may come next to a codec object
+                try:
+                    codec.memory(**params)
+                except MucscError as exc:
+                    raise SettingsError(str(exc)) from None
+                params = {**codec.get_config(), **params}
+                codec = params.pop("codec")
+            # every setting checked now (SettingsError), not at the first round
+            settings = Settings(codec, params, seed=seed, compress=compress, shared=shared, threads=threads,
+                                error_feedback=error_feedback)
+        self.settings = settings
+        self.threads = parallel.resolve(settings.threads)
+        self.codec: Codec = settings.codec_object()
+        own = self.codec.memory(**settings.memory_options)
+        ef = settings.error_feedback
+        self.error_feedback = self.codec.biased if ef is None else bool(ef)
         if memory is not None:
             self.error_feedback = True
         self.memory: Memory = memory if memory is not None else own if self.error_feedback else Memory()
-        self.seed = int(seed)
-        self.shared = shared
-        self.compress_mode = compress
+        self.seed = int(settings.seed)
+        self.shared = settings.shared
+        self.compress_mode = settings.compress
         self.rounds = 0
 
     @property

@@ -236,6 +236,32 @@ class Codec(ABC):
     ) -> np.ndarray:
         """Rebuild the length-``n`` vector of ``dtype`` from header ``params`` and raw ``sections``."""
 
+    @classmethod
+    def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                    dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
+        """For a server's running sum (:class:`mucsc.Aggregator`): read and check the group as
+        :meth:`decode_array` does, and return ``add(acc, weight)`` that adds ``float64(value) * weight``
+        of each of the ``n`` decoded values to the float64 array ``acc`` -- the same sums as adding the
+        decode.  Every check happens here, so ``add`` cannot fail: a message is added whole or not at all.
+        The default keeps the decoded vector; a codec that can add its values straight from its
+        sections (no decoded float vector) overrides it."""
+        x = cls.decode_array(n, params, sections, dtype)
+        return lambda acc, weight: add_scaled(acc, weight, x)
+
+
+ACCUMULATE_CHUNK = 1 << 16  # elements per step of a running sum: a 512 KiB float64 buffer, in cache
+
+
+def add_scaled(acc: np.ndarray, weight: float, x: np.ndarray) -> None:
+    """``acc += float64(x) * weight`` in place, chunk by chunk (no float64 copy of ``x``)."""
+    w = np.float64(weight)
+    buf = np.empty(min(ACCUMULATE_CHUNK, x.size), np.float64)
+    for s in range(0, x.size, ACCUMULATE_CHUNK):
+        e = min(s + ACCUMULATE_CHUNK, x.size)
+        t = buf[: e - s]
+        np.multiply(x[s:e], w, out=t, dtype=np.float64)
+        np.add(acc[s:e], t, out=acc[s:e])
+
 
 # Rate control's planner of a lone group (mucsc.codec.ratecontrol installs it when imported, and
 # ``import mucsc`` imports it): what a goal codec's encode_array, called directly rather than through

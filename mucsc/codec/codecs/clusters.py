@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,8 +17,8 @@ import numpy as np
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import device_rounding, torch_backend, torch_lanes
 from mucsc.codec.codecs import _dithered as dithered
-from mucsc.codec.codecs.base import (F32_MAX, Z_RANGE, Codec, Section, array_from, ceil_log2, param_int, param_str,
-                                     section, section_stream)
+from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, Z_RANGE, Codec, Section, add_scaled, array_from,
+                                     ceil_log2, param_int, param_str, section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
 from mucsc.codec.wire import bitpack, lanes, rans, structure
 from mucsc.errors import FormatError, ParameterError, SizeError
@@ -406,6 +406,61 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
     # checked against k
     return parallel.unpack_take(payload, width, n, cent.astype(dtype),
                                 lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
+
+
+def cluster_accumulator(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                        dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
+    """:meth:`Codec.accumulator` of a mucsc group without the decoded vector: the sections are read
+    and checked as :func:`decode_clusters` checks them (IDs < k included), then ``add`` looks the IDs
+    up in the centroids (as ``dtype``, then float64) times the weight, chunk by chunk into a small
+    buffer added to ``acc``: the same sums as adding the decode.  The IDs stay as they came (packed
+    bits, or rANS-decoded symbols of 1-2 bytes).  A dithered group has no centroids: decoded."""
+    if params.get("rounding") == "dithered":
+        x = dithered.decode(n, params, sections, dtype)
+        return lambda acc, weight: add_scaled(acc, weight, x)
+    cent, width, payload = _cluster_sections(n, params, sections)
+    k = cent.size
+    values = cent.astype(dtype).astype(np.float64)
+    if width == "lanes":
+        sym, w = lanes.decode_symbols(payload, n, k)
+        if w == lanes.WIDE:  # one symbol per ID, from a table of k symbols: ids < k
+            return lambda acc, weight: _add_taken(acc, values * np.float64(weight), sym)
+        width, payload = w, sym
+    elif width is None:  # rANS: every ID comes from a table of k symbols, so ids < k
+        ids = rans.decode(payload, n, k)
+        return lambda acc, weight: _add_taken(acc, values * np.float64(weight), ids)
+    if n == 0:
+        return lambda acc, weight: None
+    bitpack.check_packed(payload, width, n)
+    packed = np.frombuffer(payload, np.uint8)
+    if (1 << width) > k:  # IDs >= k can be written: checked before anything is added
+        _check_ids(packed, width, n, k)
+    return lambda acc, weight: parallel.unpack_add(packed, width, n, values * np.float64(weight), acc)
+
+
+def _check_ids(packed: np.ndarray, width: int, n: int, k: int) -> None:
+    """FormatError unless every packed ID is < k (checked padding bits are zero: IDs 0)."""
+    if 8 % width == 0:  # whole bytes: a byte is bad when one of the 8 / width IDs it holds is
+        ids = (np.arange(256)[:, None] >> (np.arange(8 // width) * width)) & ((1 << width) - 1)
+        if not (ids >= k).any(axis=1)[packed].any():
+            return
+    for s, e in _chunks(n):
+        top = int(bitpack.unpack(packed[s * width // 8: bitpack.packed_size(e, width)], width, e - s).max())
+        if top >= k:
+            raise FormatError(f"cluster id {top} out of range for {k} centroids")
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    return [(s, min(s + ACCUMULATE_CHUNK, n)) for s in range(0, n, ACCUMULATE_CHUNK)]
+
+
+def _add_taken(acc: np.ndarray, table: np.ndarray, ids: np.ndarray) -> None:
+    """``acc += table[ids]`` chunk by chunk (``ids`` < len(table), checked by their decoder)."""
+    buf = np.empty(min(ACCUMULATE_CHUNK, ids.size), np.float64)
+    for s, e in _chunks(ids.size):
+        t = buf[: e - s]
+        np.take(table, ids[s:e], out=t, mode="clip")
+        np.add(acc[s:e], t, out=acc[s:e])
 
 
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

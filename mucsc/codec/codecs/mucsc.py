@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -26,7 +26,8 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
                                          GoalTarget, check_id_coding, check_levels, cluster_resolved,
                                          cluster_section_sizes,
-                                         decode_clusters, decode_clusters_torch, encode_clusters, format_minor,
+                                         cluster_accumulator, decode_clusters, decode_clusters_torch, encode_clusters,
+                                         format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids, levels_floor
 from mucsc.errors import ParameterError, SizeError
@@ -221,6 +222,11 @@ class Mucsc(Codec):
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         return decode_clusters(n, params, sections, dtype)
+
+    @classmethod
+    def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                    dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
+        return cluster_accumulator(n, params, sections, dtype)
 
     @classmethod
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

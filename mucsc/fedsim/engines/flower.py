@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -163,8 +164,11 @@ clientapp = "mucsc.fedsim.engines.flower_app:client"
 
 
 def _environment(job: Path) -> dict[str, str]:
-    """Flower's processes import this very mucsc, keep their state under ``job``, stay quiet and offline."""
+    """Flower's processes import this very mucsc, keep their state under ``job``, stay quiet and offline,
+    and find Flower's own commands: the SuperLink starts ``flower-superexec`` through ``PATH``, so this
+    Python's ``bin`` folder goes first (a venv's ``mucsc`` started by its path, without activation)."""
     env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, [env.get("PATH")])])
     root = str(Path(mucsc.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env["FLWR_HOME"] = str(job / "flwr")
@@ -215,8 +219,7 @@ class _SuperLink:
         for _ in range(_START_ATTEMPTS):
             if self._start(_free_port()):
                 return self
-        raise RuntimeError(f"Flower's SuperLink did not start ({_START_ATTEMPTS} ports tried): "
-                           f"{_tail(self.job / 'superlink.log')}")
+        raise RuntimeError(f"Flower's SuperLink did not start ({_START_ATTEMPTS} ports tried): {self._cause()}")
 
     def _start(self, port: int) -> bool:
         """Start on ``port``; True once healthy, False if it exited at start; an error past the deadline."""
@@ -226,18 +229,22 @@ class _SuperLink:
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "mucsc"\n\n[superlink.mucsc]\naddress = "{self.address}"\ninsecure = true\n',
             encoding="utf-8")
-        self.proc = subprocess.Popen(self._args(port), env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        with open(self.job / "superlink.err", "ab") as err:  # tracebacks go here, not to --log-file
+            self.proc = subprocess.Popen(self._args(port), env=self.env, stdout=subprocess.DEVNULL,
+                                         stderr=err, start_new_session=True)
         deadline = time.monotonic() + _STARTUP_S
         while not _healthy(self.address):
             if self.proc.poll() is not None:
                 return False
             if time.monotonic() > deadline:
                 self.__exit__()
-                raise RuntimeError(f"Flower's SuperLink did not start in {_STARTUP_S:.0f} s: "
-                                   f"{_tail(self.job / 'superlink.log')}")
+                raise RuntimeError(f"Flower's SuperLink did not start in {_STARTUP_S:.0f} s: {self._cause()}")
             time.sleep(0.2)
         return True
+
+    def _cause(self) -> str:
+        """The lines of the SuperLink's output that name why it stopped, else the tail of its log."""
+        return _error_lines(self.job / "superlink.err") or _tail(self.job / "superlink.log")
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -315,6 +322,20 @@ def _read_result(job: Path) -> dict[str, Any]:
             raise kind(err["message"])
         raise RuntimeError(f"Flower run failed: {err['type']}: {err['message']}")
     return result
+
+
+_CAUSE = re.compile(r"^\S*(Error|Exception)\b|\bERROR\b|\bfailed\b")
+
+
+def _error_lines(path: Path, lines: int = 5) -> str:
+    """The last distinct lines of ``path`` that name an error (an exception's last line, an ERROR log
+    line), without the traceback frames around them; "" when there is none."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = list(dict.fromkeys(line.strip() for line in text if _CAUSE.search(line.strip())))
+    return "\n".join(found[-lines:])
 
 
 def _tail(path: Path, lines: int = 20) -> str:
