@@ -30,13 +30,25 @@ RANS_L = rans.RANS_L
 def symbols_of(ids, k: int, w: int):
     """The IDSL symbols of device IDs (a tensor, or a ``device_rounding.Rounding``): packed bytes at w bits
     (the fused round + pack kernel's output for a rounding, where it runs), or the IDs (w = 16)."""
+    return symbols_counted(ids, k, w)[0]
+
+
+def symbols_counted(ids, k: int, w: int):
+    """(symbols, their histogram of ``lanes.alphabet(k, w)`` or more counts) on the IDs' device: the
+    fused kernel's packed bytes where it runs, else the ids packed as int64 words, counted, then
+    narrowed to bytes (no separate widening copy for the histogram)."""
     torch = tb._torch()
+    size = lanes.alphabet(k, w)
     if w == lanes.WIDE:
-        t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
-        return t.to(torch.int32)
+        sym = (ids.ids() if isinstance(ids, device_rounding.Rounding) else ids).to(torch.int32)
+        return sym, torch.bincount(sym, minlength=size)
     if isinstance(ids, device_rounding.Rounding):
-        return ids.packed(w).tensor
-    return tb.pack_tensor(ids, w)
+        fused = ids.fused(w)
+        if fused is not None:
+            return fused, torch.bincount(fused.to(torch.int64), minlength=size)
+        ids = ids.ids()
+    words = ids.to(torch.int64) if w == 8 else tb.pack_words(ids, w)
+    return words.to(torch.uint8), torch.bincount(words, minlength=size)
 
 
 class LaneBytes(tb.DeviceBytes):
@@ -47,22 +59,47 @@ class LaneBytes(tb.DeviceBytes):
         self.symbols = symbols
 
 
-def encode_ids(ids, k: int, w: int) -> LaneBytes:
-    """The IDSL section of device IDs < k (``lanes.encode``'s bytes) as a payload left on the device."""
+class Coded:
+    """An IDSL section of device IDs: ``payload`` (host bytes from the host coder, or a
+    :class:`LaneBytes` left on the device), its length, and ``part(a, b)``: packed symbol bytes
+    [a, b) on the host (the zstd comparison's), from the copy that brought the counts over where
+    it brought them."""
+
+    def __init__(self, payload, nbytes: int, part):
+        self.payload, self.nbytes, self.part = payload, nbytes, part
+
+
+def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
+    """The IDSL section of device IDs < k (``lanes.encode``'s bytes).  The histogram crosses to the
+    host in one copy with, for the host's compiled coder (CPU tensors), the symbols themselves (it
+    codes them in place), else the symbol bytes of ``spans`` ((a, b) pairs, the zstd comparison's
+    sample) -- the lanes then coded on the device and left there."""
     torch = tb._torch()
-    sym = symbols_of(ids, k, w)
-    size = lanes.alphabet(k, w)
-    counts = torch.bincount(sym.to(torch.int64) if sym.dtype == torch.uint8 else sym, minlength=size)
-    counts = counts.cpu().numpy().astype(np.int64)
-    if counts.size > size:
+    sym, counts = symbols_counted(ids, k, w)
+    size, m, nc = lanes.alphabet(k, w), sym.numel(), counts.numel()
+    if nc > size:
         raise ValueError("a symbol is out of range")
-    S, f = lanes.table(counts, sym.numel())
+    ndt = np.uint8 if sym.dtype == torch.uint8 else np.int32
+    host_coder = sym.device.type == "cpu" and not triton_lanes.wanted(sym)
+    if host_coder:
+        got = torch.cat((counts.view(torch.uint8), sym.view(torch.uint8))).numpy(force=True)
+        host = got[8 * nc:].view(ndt)
+        data = lanes.payload(host if ndt == np.uint8 else host.astype(np.uint16), w, size, got[:8 * nc].view(np.int64))
+        return Coded(data, len(data), lambda a, b: host[a:b])
+    spans = [(a, min(b, m)) for a, b in spans if a < m]
+    got = torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]).numpy(force=True)
+    fetched, at = {}, 8 * nc
+    for a, b in spans:
+        fetched[(a, b)], at = got[at:at + b - a], at + b - a
+    S, f = lanes.table(got[:8 * nc].view(np.int64), m)
     cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
-    geo = Geometry(lanes.layout(sym.numel()), sym.device)
+    geo = Geometry(lanes.layout(m), sym.device)
     streams, lens = encode_lanes(sym, f, cum, S, geo)
     head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
     prefix = torch.from_numpy(np.frombuffer(head, np.uint8).copy()).to(sym.device)
-    return LaneBytes(torch.cat((prefix, streams)), sym)
+    section = LaneBytes(torch.cat((prefix, streams)), sym)
+    return Coded(section, section.nbytes,
+                 lambda a, b: fetched[(a, b)] if (a, b) in fetched else tb.to_host(sym[a:b]))
 
 
 def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):

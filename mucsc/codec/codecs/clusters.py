@@ -307,14 +307,19 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
     if isinstance(ids, device_rounding.Rounding) or torch_backend.is_torch(ids):
-        coded = torch_lanes.encode_ids(ids, k, w)
+        m = lanes.symbol_count(len(ids), w)
+        spans = _sample_spans(m) if auto and bits == w else ()
+        coded = torch_lanes.encode_ids(ids, k, w, spans)  # the sample comes over with the counts
         if auto:
-            packed = coded.symbols if bits == w else (
-                ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
-                else torch_backend.pack_tensor(ids, bits))
-            if not _lanes_win(coded.nbytes, packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])):
+            if bits == w:
+                size, part = m, coded.part
+            else:
+                packed = (ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
+                          else torch_backend.pack_tensor(ids, bits))
+                size, part = packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])
+            if not _lanes_win(coded.nbytes, size, part):
                 return None
-        return Section("IDSL", coded)
+        return Section("IDSL", coded.payload)
     sym, counts = lanes.symbols_counted(ids, k, w)
     packed = seen = None
     if auto:
@@ -325,6 +330,14 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
         return None
     return Section("IDSL", data)
+
+
+def _sample_spans(size: int) -> list[tuple[int, int]]:
+    """The byte ranges of ``size`` packed bytes that :func:`_lanes_win` reads first: all of them up
+    to EXACT_ZSTD_BYTES, else the sample slices."""
+    if size <= EXACT_ZSTD_BYTES:
+        return [(0, size)]
+    return [(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
 
 
 def _sample_starts(size: int) -> np.ndarray:
@@ -365,7 +378,7 @@ def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
     dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
     if x.numel() == 0:
         return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
-    src = torch_backend.TorchSource(x)
+    src = torch_backend.solver_source(x, p.fixed_z, p.solver)  # one copy to the host
     bounds = src.bounds()
     c = centroids.solve(src, p.fixed_z, p.solver, rng, bounds=bounds)
     wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
