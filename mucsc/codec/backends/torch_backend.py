@@ -106,7 +106,7 @@ def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str
     else:
         flat = torch.cat([as_tensor(t).to(device=dev, dtype=dt) for t in ts])
     if flat.numel():
-        big = float(torch.linalg.vector_norm(flat, float("inf")))  # max |x|; NaN when any is NaN
+        big = torch.linalg.vector_norm(flat, float("inf")).tolist()  # max |x| (NaN when any is): one read
         if not math.isfinite(big) or (limit is not None and big > limit):
             _check_parts(parts, dt, dev, limit, codec)  # raises, naming the first offending part
     return flat
@@ -237,7 +237,7 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     ids = torch.empty(n, dtype=narrow, device=dev)
     J = torch.zeros((), dtype=torch.float64, device=dev)
     for s in range(0, n, CHUNK):
-        xw = x[s:s + CHUNK].to(levels.c.dtype)
+        xw = x[s:s + CHUNK].to(levels.dtype)
         k = levels.bracket(xw)
         ids[s:s + CHUNK] = k + levels.up(xw, k, key, s)
         x64 = x[s:s + CHUNK].to(torch.float64)
@@ -276,12 +276,13 @@ class Levels:
         if self.scaled:
             gw = gw * cw.dtype.type(2.0 ** -bits)
         self.interior = torch.from_numpy(cw[1:-1].copy()).to(dev)
-        self.c = torch.from_numpy(cw).to(dev)
-        self.g = torch.from_numpy(gw).to(dev)
+        # (c[k], gap k) side by side: one copy over, one gather per element for both
+        self.table = torch.from_numpy(np.stack((cw[:-1], gw), axis=1)).to(dev)
+        self.dtype = self.table.dtype
 
     def round(self, x, key: int, start: int):
         """Eq. 7's ids (int64) of the elements start .. of ``x`` (a slice of the vector)."""
-        xw = x.to(self.c.dtype)
+        xw = x.to(self.dtype)
         k = self.bracket(xw)
         return k.add_(self.up(xw, k, key, start))
 
@@ -292,10 +293,11 @@ class Levels:
     def up(self, xw, k, key: int, start: int):
         """Where u * (c[k+1] - c[k]) < x - c[k] (FORMAT.md 4.3): each arithmetic step a separate op in
         the working precision, so no fused multiply-add can change a decision."""
-        u = uniform_ints(key, start, xw.numel(), self.f32, xw.device).to(self.c.dtype)
+        u = uniform_ints(key, start, xw.numel(), self.f32, xw.device).to(self.dtype)
         if not self.scaled:
             u.mul_(2.0 ** -UNIFORM_BITS[self.f32])
-        return u.mul_(self.g[k]) < (xw - self.c[k])
+        ck, gk = self.table[k].unbind(1)
+        return u.mul_(gk) < (xw - ck)
 
 
 def working_levels(c: np.ndarray, f32: bool, dev):

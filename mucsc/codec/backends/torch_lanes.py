@@ -47,8 +47,13 @@ def symbols_counted(ids, k: int, w: int):
         if fused is not None:
             return fused, torch.bincount(fused.to(torch.int64), minlength=size)
         ids = ids.ids()
-    words = ids.to(torch.int64) if w == 8 else tb.pack_words(ids, w)
+    words = symbol_words(ids, w)
     return words.to(torch.uint8), torch.bincount(words, minlength=size)
+
+
+def symbol_words(ids, w: int):
+    """The byte symbols of IDs (a tensor) at w = 1, 2, 4 or 8 bits as int64 values."""
+    return ids.to(tb._torch().int64) if w == 8 else tb.pack_words(ids, w)
 
 
 class LaneBytes(tb.DeviceBytes):
@@ -75,17 +80,25 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     codes them in place), else the symbol bytes of ``spans`` ((a, b) pairs, the zstd comparison's
     sample) -- the lanes then coded on the device and left there."""
     torch = tb._torch()
+    size = lanes.alphabet(k, w)
+    dev = ids.x.device if isinstance(ids, device_rounding.Rounding) else ids.device
+    if dev.type == "cpu" and not triton_lanes.wanted(ids.x if isinstance(ids, device_rounding.Rounding) else ids):
+        # the host's compiled coder codes the symbols in place: they come over as the int64 words the
+        # packing made, behind their counts, in one copy (no narrowing or dtype views on the device)
+        t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
+        words = t.to(torch.int64) if w == lanes.WIDE else symbol_words(t, w)
+        counts = torch.bincount(words, minlength=size)
+        nc = counts.numel()
+        got = torch.cat((counts, words)).numpy(force=True)
+        if nc > size:
+            raise ValueError("a symbol is out of range")
+        host = got[nc:].astype(np.uint16 if w == lanes.WIDE else np.uint8)
+        data = lanes.payload(host, w, size, got[:nc])
+        return Coded(data, len(data), lambda a, b: host[a:b])
     sym, counts = symbols_counted(ids, k, w)
-    size, m, nc = lanes.alphabet(k, w), sym.numel(), counts.numel()
+    m, nc = sym.numel(), counts.numel()
     if nc > size:
         raise ValueError("a symbol is out of range")
-    ndt = np.uint8 if sym.dtype == torch.uint8 else np.int32
-    host_coder = sym.device.type == "cpu" and not triton_lanes.wanted(sym)
-    if host_coder:
-        got = torch.cat((counts.view(torch.uint8), sym.view(torch.uint8))).numpy(force=True)
-        host = got[8 * nc:].view(ndt)
-        data = lanes.payload(host if ndt == np.uint8 else host.astype(np.uint16), w, size, got[:8 * nc].view(np.int64))
-        return Coded(data, len(data), lambda a, b: host[a:b])
     spans = [(a, min(b, m)) for a, b in spans if a < m]
     got = torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]).numpy(force=True)
     fetched, at = {}, 8 * nc
