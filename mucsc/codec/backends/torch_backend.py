@@ -754,6 +754,28 @@ def top_k_positions(x, k: int) -> np.ndarray | None:
     return torch.nonzero(a >= t).reshape(-1).cpu().numpy().astype(np.int64)
 
 
+def select_top_k(x, k: int):
+    """B-MUCSC's selection on x's device in one copy to the host: (sorted positions as host int64,
+    the kept values on the device, the same values on the host) of the k elements of largest |x|,
+    when that set is ``sparse.top_k``'s without a choice -- 0 < k < n, the k-th magnitude above the
+    (k+1)-th (no tie to break) and above 0 (k non-zeros at least); None otherwise (the caller's exact
+    path decides, as :func:`top_k_positions` does).  One top-k of |x| (k + 1 values, sorted), the
+    positions sorted, the values gathered; the two magnitudes that decide uniqueness come over in the
+    same copy as the positions and values (float64 carries all of them exactly)."""
+    torch = _torch()
+    n = x.numel()
+    if not 0 < k < n:
+        return None
+    top = x.abs().topk(k + 1)
+    pos = top.indices[:k].sort().values
+    kept = x[pos]
+    f64 = torch.float64
+    got = torch.cat((top.values[k - 1:].to(f64), pos.to(f64), kept.to(f64))).numpy(force=True)
+    if got[0] == 0 or got[0] == got[1]:
+        return None
+    return got[2:2 + k].astype(np.int64), kept, got[2 + k:].astype(TorchSource(kept).dtype)
+
+
 def scatter(n: int, pos: np.ndarray, vals: np.ndarray, dtype: np.dtype, device):
     """A length-``n`` tensor of ``dtype`` on ``device``: zeros, ``vals`` at the host positions ``pos``
     (the decoders of the top-k family; only the k positions and values are copied over)."""
@@ -822,7 +844,7 @@ class TorchSource:
         return bool(torch.equal(p[k], self.x))
 
 
-def solver_source(x, z: int, solver: str) -> "DeviceSummary":
+def solver_source(x, z: int, solver: str, host: np.ndarray | None = None) -> "DeviceSummary":
     """What ``centroids.solve`` reads of the device vector ``x`` for ``z`` levels, brought to the host
     in ONE copy: the whole vector when the solver reads all of it (small inputs, solvers other than
     the optimal one), else the optimal solver's summary -- the stratified subsample, the strided
@@ -830,11 +852,14 @@ def solver_source(x, z: int, solver: str) -> "DeviceSummary":
     their ends are min x and max x, NaN first among the largest), from which the host takes the
     elements beyond the subsample's thresholds.  Anything the summary cannot answer exactly (more
     tail elements than K, a zero in a tail: see :meth:`DeviceSummary.outside`) is asked of the device
-    as :class:`TorchSource` asks it."""
+    as :class:`TorchSource` asks it.  ``host``: x's values on the host when the caller brought them
+    over already (B-MUCSC's kept values come with their positions): then nothing more is copied."""
     from mucsc.codec.numerics import centroids
 
     torch = _torch()
     d = x.numel()
+    if host is not None:
+        return DeviceSummary(x, host=host)
     if d <= centroids.FULL_SORT_MAX or solver != "optimal":
         return DeviceSummary(x, host=x.numpy(force=True))
     step = max(1, d // max(4096, 2 * z))  # centroids._distinct_if_at_most's probe
@@ -883,20 +908,32 @@ class DeviceSummary(TorchSource):
         return float(self.low[0]), float(self.high[0])
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
+        if self.host is not None:
+            return self.host[idx]
         if self.sub is not None and idx is self.sub[0]:
             return self.sub[1]
         return super().gather(idx)
 
     def strided(self, step: int) -> np.ndarray:
+        if self.host is not None:
+            return self.host[::step]
         if self.probe is not None and step == self.probe[0]:
             return self.probe[1]
         return super().strided(step)
+
+    def equals_levels(self, probe: np.ndarray) -> bool:
+        if self.host is not None:
+            k = np.minimum(np.searchsorted(probe, self.host), probe.size - 1)
+            return bool(np.array_equal(probe[k], self.host))
+        return super().equals_levels(probe)
 
     def outside(self, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
         """The elements below ``t_lo`` and above ``t_hi`` from the K smallest and K largest: complete
         when the K-th smallest is >= t_lo (and the K-th largest <= t_hi) or K is every element.  A
         tail holding a zero comes from the device in index order (the solver's sort then places
         -0.0 and +0.0 as the host path's does)."""
+        if self.host is not None:  # in index order, as the device's answer
+            return self.host[self.host < t_lo], self.host[self.host > t_hi]
         if self.low is None:
             return super().outside(t_lo, t_hi)
         every = self.low.size == self.size
