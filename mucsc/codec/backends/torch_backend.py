@@ -72,6 +72,17 @@ def as_tensor(x):
         return torch.from_numpy(np.ascontiguousarray(x).reshape(-1))
 
 
+def fetch(t) -> np.ndarray:
+    """A tensor's values on the host (a view of a CPU tensor, a copy from elsewhere): one of the device
+    path's few counted round-trips (tests lift ``torch.cuda.set_sync_debug_mode`` here only)."""
+    return t.numpy(force=True)
+
+
+def fetch_list(t):
+    """A small tensor's values as Python numbers: a round-trip like :func:`fetch`, without a host array."""
+    return t.tolist()
+
+
 def device(spec):
     """``spec`` ("cuda", "cuda:1", "cpu" or a torch.device) as a torch.device; a clear error when
     that device is not available here."""
@@ -106,7 +117,7 @@ def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str
     else:
         flat = torch.cat([as_tensor(t).to(device=dev, dtype=dt) for t in ts])
     if flat.numel():
-        big = torch.linalg.vector_norm(flat, float("inf")).tolist()  # max |x| (NaN when any is): one read
+        big = fetch_list(torch.linalg.vector_norm(flat, float("inf")))  # max |x| (NaN when any is): one read
         if not math.isfinite(big) or (limit is not None and big > limit):
             _check_parts(parts, dt, dev, limit, codec)  # raises, naming the first offending part
     return flat
@@ -770,7 +781,7 @@ def select_top_k(x, k: int):
     pos = top.indices[:k].sort().values
     kept = x[pos]
     f64 = torch.float64
-    got = torch.cat((top.values[k - 1:].to(f64), pos.to(f64), kept.to(f64))).numpy(force=True)
+    got = fetch(torch.cat((top.values[k - 1:].to(f64), pos.to(f64), kept.to(f64))))
     if got[0] == 0 or got[0] == got[1]:
         return None
     return got[2:2 + k].astype(np.int64), kept, got[2 + k:].astype(TorchSource(kept).dtype)
@@ -861,17 +872,20 @@ def solver_source(x, z: int, solver: str, host: np.ndarray | None = None) -> "De
     if host is not None:
         return DeviceSummary(x, host=host)
     if d <= centroids.FULL_SORT_MAX or solver != "optimal":
-        return DeviceSummary(x, host=x.numpy(force=True))
+        return DeviceSummary(x, host=fetch(x))
     step = max(1, d // max(4096, 2 * z))  # centroids._distinct_if_at_most's probe
     sub = centroids._subsample_index(d)
     index = _summary_index(x.device, d, step, sub)
-    K = min(d, 4 * (d * (centroids.TAIL_RANK + 1) // centroids.SUBSAMPLE) + 4096)
+    K = min(d, TAIL_ROOM * (d * (centroids.TAIL_RANK + 1) // centroids.SUBSAMPLE) + TAIL_SLACK)
     low, high = x.topk(K, largest=False).values, x.topk(K).values
-    got = torch.cat((low, high, x[index])).numpy(force=True)
+    got = fetch(torch.cat((low, high, x[index])))
     return DeviceSummary(x, low=got[:K], high=got[K:2 * K], sub=(sub, got[2 * K:2 * K + sub.size]),
                          probe=(step, got[2 * K + sub.size:]))
 
 
+# the top-k tails hold TAIL_ROOM times the expected tail beyond the subsample's thresholds, plus TAIL_SLACK
+# (as the C kernel's first pass sizes its buffers); a longer tail is asked of the device (exact, a copy more)
+TAIL_ROOM, TAIL_SLACK = 4, 4096
 _summary_indexes: dict = {}
 
 

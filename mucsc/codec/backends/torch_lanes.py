@@ -89,7 +89,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
         words = t.to(torch.int64) if w == lanes.WIDE else symbol_words(t, w)
         counts = torch.bincount(words, minlength=size)
         nc = counts.numel()
-        got = torch.cat((counts, words)).numpy(force=True)
+        got = tb.fetch(torch.cat((counts, words)))
         if nc > size:
             raise ValueError("a symbol is out of range")
         host = got[nc:].astype(np.uint16 if w == lanes.WIDE else np.uint8)
@@ -100,7 +100,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     if nc > size:
         raise ValueError("a symbol is out of range")
     spans = [(a, min(b, m)) for a, b in spans if a < m]
-    got = torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]).numpy(force=True)
+    got = tb.fetch(torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]))
     fetched, at = {}, 8 * nc
     for a, b in spans:
         fetched[(a, b)], at = got[at:at + b - a], at + b - a
@@ -162,7 +162,7 @@ def compact(out, ptr, geo: Geometry):
     torch = tb._torch()
     L, cap = out.shape
     lens_t = cap - ptr
-    lens = lens_t.cpu().numpy().astype(np.int64)
+    lens = tb.fetch(lens_t).astype(np.int64)
     total = int(lens.sum())
     ends = torch.cumsum(lens_t, 0)
     joined = torch.empty(total, dtype=torch.uint8, device=out.device)
