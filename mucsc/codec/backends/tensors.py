@@ -136,7 +136,7 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
         big = FLOAT_MAX.get(dtype)
         if big is not None and array.is_floating_point() and torch.finfo(array.dtype).max > big:
             array = array.clamp(-big, big)
-        return array.reshape(shape).to(getattr(torch, dtype))
+        return (array if tuple(array.shape) == tuple(shape) else array.reshape(shape)).to(getattr(torch, dtype))
     array = saturate(array, dtype)
     if dtype == "bfloat16":
         if as_torch:

@@ -177,23 +177,39 @@ def compact(out, ptr, geo: Geometry):
 
 def decode_ids(payload, n: int, k: int, device):
     """The n IDs (int64 tensor on ``device``) of an IDSL payload (host bytes), decoded there; the
-    section is validated as ``lanes.decode_symbols`` validates it (same errors)."""
+    section is validated as ``lanes.decode_symbols`` validates it (same errors).  For CPU tensors the
+    host's compiled decoder reads the payload where it is and only the symbols move (no copy back to
+    check them); an ID >= k is looked for only where the width allows one (2^w > k)."""
     torch = tb._torch()
     b = np.frombuffer(payload, np.uint8)
     p = lanes.parse(b, n, k)
-    geo = Geometry(p.layout, device)
-    buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
-    sym, bad = decode_lanes(buf, p, geo)
-    if bad:
-        raise FormatError(lanes.CORRUPT)
-    if p.w == lanes.WIDE:
-        return sym.to(torch.int64)
-    sym = sym.to(torch.uint8)
-    if sym.numel():  # IDS_'s rules for the bytes: zero padding bits, every ID < k
-        bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w, "IDSL symbols")
+    m = p.layout.m
+    kind = torch.device(device).type
+    if kind == "cpu" and not triton_lanes.wanted_on(kind):
+        out = np.empty(m, np.uint8 if p.w != lanes.WIDE else np.uint16)
+        if lanes.decode_lanes(b, p, out):
+            raise FormatError(lanes.CORRUPT)
+        if p.w == lanes.WIDE:
+            return torch.from_numpy(out.astype(np.int64))
+        if m:  # IDS_'s rules for the bytes: zero padding bits
+            bitpack.check_padding(out, n * p.w, "IDSL symbols")
+        sym = torch.from_numpy(out)
+    else:
+        geo = Geometry(p.layout, device)
+        buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
+        sym, bad = decode_lanes(buf, p, geo)
+        if bad:
+            raise FormatError(lanes.CORRUPT)
+        if p.w == lanes.WIDE:
+            return sym.to(torch.int64)
+        sym = sym.to(torch.uint8)
+        if m:  # the last byte's used bits: the padding after them must be zero
+            bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w - 8 * (m - 1), "IDSL symbols")
     ids = unpack_device(sym, p.w, n)
-    if n and int(ids.max()) >= k:
-        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    if n and (1 << p.w) > k:  # every ID < k (a w-bit ID below 2^w <= k needs no look)
+        top = int(ids.max())
+        if top >= k:
+            raise FormatError(f"cluster id {top} out of range for {k} centroids")
     return ids
 
 
@@ -202,9 +218,8 @@ def unpack_device(sym, w: int, n: int):
     torch = tb._torch()
     if w == 8:
         return sym.to(torch.int64)
-    per = 8 // w
-    shifts = torch.arange(0, 8, w, dtype=torch.uint8, device=sym.device)
-    return ((sym.unsqueeze(1) >> shifts) & ((1 << w) - 1)).reshape(-1)[:n].to(torch.int64)
+    ids = ((sym.unsqueeze(1) >> tb._bit_offsets(sym.device, w)) & ((1 << w) - 1)).view(-1)  # int64
+    return ids if ids.numel() == n else ids[:n]
 
 
 def decode_lanes(buf, p: lanes.Parsed, geo: Geometry):
