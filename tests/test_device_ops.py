@@ -136,7 +136,9 @@ def test_device_path_syncs_only_at_its_fetches(monkeypatch, codec):
                 torch.cuda.set_sync_debug_mode(mode)
         return g
 
-    for name in ("fetch", "fetch_list", "copy_out", "to_host"):
+    # the fetches, the writer's copy of the finished sections, and B-MUCSC's float64 sums in numpy's
+    # order (pairwise_sum64: its buffer sums read once per sum)
+    for name in ("fetch", "fetch_list", "copy_out", "to_host", "pairwise_sum64"):
         monkeypatch.setattr(torch_backend, name, lifted(getattr(torch_backend, name)))
     torch.cuda.set_sync_debug_mode("error")
     try:

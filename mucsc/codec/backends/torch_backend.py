@@ -78,6 +78,34 @@ def fetch(t) -> np.ndarray:
     return t.numpy(force=True)
 
 
+def to_dev(a: np.ndarray, dev):
+    """A small host array (levels, tables) on ``dev``, queued without waiting for the device (a
+    pageable source is staged by the driver before the call returns; nothing synchronises)."""
+    return _torch().from_numpy(a).to(dev, non_blocking=True)
+
+
+def histogram(v, size: int):
+    """Counts of the values of the int64 tensor ``v`` (all in [0, size)), ``size`` of them, on v's
+    device: ``bincount`` on the CPU; elsewhere a scatter-add into zeros, since CUDA's bincount reads
+    the input's min and max back to the host (two synchronisations) to size its output."""
+    torch = _torch()
+    if v.device.type == "cpu":
+        return torch.bincount(v, minlength=size)
+    out = torch.zeros(size, dtype=torch.int64, device=v.device)
+    return out.scatter_add_(0, v, _one(v.device).expand(v.numel()))
+
+
+_ones: dict = {}
+
+
+def _one(dev):
+    """A 1-element int64 tensor of 1 on ``dev`` (made once per device; expanded, never written)."""
+    t = _ones.get(dev)
+    if t is None:
+        t = _ones[dev] = _torch().ones(1, dtype=_torch().int64, device=dev)
+    return t
+
+
 def fetch_list(t):
     """A small tensor's values as Python numbers: a round-trip like :func:`fetch`, without a host array."""
     return t.tolist()
@@ -112,7 +140,7 @@ def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str
     ts = [a if is_torch(a) else as_tensor(a) for _, a in parts]
     if len(ts) == 1:
         flat = as_tensor(ts[0]).to(device=dev, dtype=dt)
-    elif hasattr(torch, "_chunk_cat") and all(t.dtype == dt and t.device == dev and t.dim() >= 1 for t in ts):
+    elif hasattr(torch, "_chunk_cat") and all(t.dtype == dt and t.device == dev and t.numel() for t in ts):
         flat = torch._chunk_cat(ts, 0, 1).view(-1)  # one launch: each part flattened into its place
     else:
         flat = torch.cat([as_tensor(t).to(device=dev, dtype=dt) for t in ts])
@@ -286,9 +314,9 @@ class Levels:
         self.scaled = bool(gw.min() * 2.0 ** -bits >= np.finfo(cw.dtype).tiny)
         if self.scaled:
             gw = gw * cw.dtype.type(2.0 ** -bits)
-        self.interior = torch.from_numpy(cw[1:-1].copy()).to(dev)
+        self.interior = to_dev(cw[1:-1].copy(), dev)
         # (c[k], gap k) side by side: one copy over, one gather per element for both
-        self.table = torch.from_numpy(np.stack((cw[:-1], gw), axis=1)).to(dev)
+        self.table = to_dev(np.stack((cw[:-1], gw), axis=1), dev)
         self.dtype = self.table.dtype
 
     def round(self, x, key: int, start: int):
@@ -654,7 +682,7 @@ def pack_words(ids, width: int):
     per, n = 8 // width, ids.numel()
     if n % per:  # the last byte's high ids are zero bits
         ids = torch.cat((ids, torch.zeros((-n) % per, dtype=ids.dtype, device=ids.device)))
-    return (ids.view(-1, per) << _bit_offsets(ids.device, width)).sum(1)
+    return (ids.reshape(-1, per) << _bit_offsets(ids.device, width)).sum(1)
 
 
 _offsets: dict = {}
@@ -887,20 +915,21 @@ def solver_source(x, z: int, solver: str, host: np.ndarray | None = None) -> "De
 # (as the C kernel's first pass sizes its buffers); a longer tail is asked of the device (exact, a copy more)
 TAIL_ROOM, TAIL_SLACK = 4, 4096
 _summary_indexes: dict = {}
+_cache_lock = threading.Lock()
 
 
 def _summary_index(dev, d: int, step: int, sub: np.ndarray):
     """The subsample's positions followed by the probe's (0, step, 2 step, ...) as an int64 tensor on
     ``dev``, made once per (device, d, step) and kept (a handful: an FL client sends the same shapes
     every round)."""
-    torch = _torch()
     key = (dev, d, step)
     t = _summary_indexes.get(key)
     if t is None:
-        if len(_summary_indexes) >= 8:
-            del _summary_indexes[next(iter(_summary_indexes))]
-        both = np.concatenate((sub, np.arange(0, d, step, dtype=np.int64)))
-        t = _summary_indexes[key] = torch.from_numpy(both).to(dev)
+        t = to_dev(np.concatenate((sub, np.arange(0, d, step, dtype=np.int64))), dev)
+        with _cache_lock:  # groups encode on several threads
+            if len(_summary_indexes) >= 8:
+                _summary_indexes.pop(next(iter(_summary_indexes)))
+            _summary_indexes[key] = t
     return t
 
 

@@ -40,15 +40,15 @@ def symbols_counted(ids, k: int, w: int):
     torch = tb._torch()
     size = lanes.alphabet(k, w)
     if w == lanes.WIDE:
-        sym = (ids.ids() if isinstance(ids, device_rounding.Rounding) else ids).to(torch.int32)
-        return sym, torch.bincount(sym, minlength=size)
+        t = (ids.ids() if isinstance(ids, device_rounding.Rounding) else ids)
+        return t.to(torch.int32), tb.histogram(t.to(torch.int64), size)
     if isinstance(ids, device_rounding.Rounding):
         fused = ids.fused(w)
         if fused is not None:
-            return fused, torch.bincount(fused.to(torch.int64), minlength=size)
+            return fused, tb.histogram(fused.to(torch.int64), size)
         ids = ids.ids()
     words = symbol_words(ids, w)
-    return words.to(torch.uint8), torch.bincount(words, minlength=size)
+    return words.to(torch.uint8), tb.histogram(words, size)
 
 
 def symbol_words(ids, w: int):
@@ -87,7 +87,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
         # packing made, behind their counts, in one copy (no narrowing or dtype views on the device)
         t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
         words = t.to(torch.int64) if w == lanes.WIDE else symbol_words(t, w)
-        counts = torch.bincount(words, minlength=size)
+        counts = tb.histogram(words, size)
         nc = counts.numel()
         got = tb.fetch(torch.cat((counts, words)))
         if nc > size:
@@ -109,7 +109,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     geo = Geometry(lanes.layout(m), sym.device)
     streams, lens = encode_lanes(sym, f, cum, S, geo)
     head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
-    prefix = torch.from_numpy(np.frombuffer(head, np.uint8).copy()).to(sym.device)
+    prefix = tb.to_dev(np.frombuffer(head, np.uint8).copy(), sym.device)
     section = LaneBytes(torch.cat((prefix, streams)), sym)
     return Coded(section, section.nbytes,
                  lambda a, b: fetched[(a, b)] if (a, b) in fetched else tb.to_host(sym[a:b]))
