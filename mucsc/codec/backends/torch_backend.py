@@ -904,16 +904,18 @@ def solver_source(x, z: int, solver: str, host: np.ndarray | None = None) -> "De
     step = max(1, d // max(4096, 2 * z))  # centroids._distinct_if_at_most's probe
     sub = centroids._subsample_index(d)
     index = _summary_index(x.device, d, step, sub)
-    K = min(d, TAIL_ROOM * (d * (centroids.TAIL_RANK + 1) // centroids.SUBSAMPLE) + TAIL_SLACK)
+    K = min(d, int(TAIL_ROOM * (d * (centroids.TAIL_RANK + 1) // centroids.SUBSAMPLE)) + TAIL_SLACK)
     low, high = x.topk(K, largest=False).values, x.topk(K).values
     got = fetch(torch.cat((low, high, x[index])))
     return DeviceSummary(x, low=got[:K], high=got[K:2 * K], sub=(sub, got[2 * K:2 * K + sub.size]),
                          probe=(step, got[2 * K + sub.size:]))
 
 
-# the top-k tails hold TAIL_ROOM times the expected tail beyond the subsample's thresholds, plus TAIL_SLACK
-# (as the C kernel's first pass sizes its buffers); a longer tail is asked of the device (exact, a copy more)
-TAIL_ROOM, TAIL_SLACK = 4, 4096
+# the top-k tails hold TAIL_ROOM times the expected tail beyond the subsample's thresholds, plus TAIL_SLACK;
+# a longer tail is asked of the device (exact, a copy more).  The threshold is the subsample's 257th value,
+# so the tail's share varies by ~1/sqrt(257) = 6%: 1.25x + 512 is > 7 standard deviations at d = 1.3e6.
+# (A CPU top-k costs about its k: 72 ms for k = 14.5k of 1.33M elements, 20 ms for 3.8k, one thread.)
+TAIL_ROOM, TAIL_SLACK = 1.25, 512
 _summary_indexes: dict = {}
 _cache_lock = threading.Lock()
 
