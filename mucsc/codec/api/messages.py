@@ -761,9 +761,11 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
         flats[gi] = None
         offset = 0
         lossless = codec_class(group.codec).lossless  # known: _decode_group found it
-        for ri in group.records:
+        # decoded on a device: the records' views in one op (a slice each would be an op each)
+        parts = None if isinstance(flat, np.ndarray) else flat.split([header.records[ri].size for ri in group.records])
+        for j, ri in enumerate(group.records):
             rec = header.records[ri]
-            part = flat[offset: offset + rec.size]
+            part = flat[offset: offset + rec.size] if parts is None else parts[j]
             offset += rec.size
             if lossless and rec.dtype == "bfloat16":  # a lossless group decodes bfloat16 as its bits
                 part = (part.astype(np.uint32) << 16).view(np.float32)

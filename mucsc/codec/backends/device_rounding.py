@@ -27,7 +27,7 @@ class Rounding:
     def ids(self):
         """The cluster ids as a tensor on x's device (:func:`~mucsc.codec.backends.torch_backend.stochastic_round`)."""
         if self._ids is None:
-            self._ids = tb.stochastic_round(self.x, self.c, self.key)[0]
+            self._ids = tb.round_ids(self.x, self.c, self.key)  # int64, as the rounding made them
         return self._ids
 
     def sample(self, step: int):
@@ -37,6 +37,11 @@ class Rounding:
             return self._ids[::step]
         idx = tb._torch().arange(0, len(self), step, dtype=tb._torch().int64, device=self.x.device)
         return tb.round_at(self.x, self.c, self.key, idx)
+
+    def fused(self, width: int):
+        """The ids packed ``width`` bits wide by the fused Triton round + pack kernel (a uint8 tensor),
+        while the ids are not computed and where the kernel runs; else None."""
+        return None if self._ids is not None else triton_round.round_pack(self.x, self.c, self.key, width)
 
     def packed(self, width: int) -> tb.DeviceBytes:
         """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as :func:`~mucsc.codec.backends.torch_backend.pack` leaves them."""

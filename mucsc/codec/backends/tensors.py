@@ -93,7 +93,9 @@ def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
     if t.is_quantized:
         raise InputError(f"{name_label(name)}: quantized tensors cannot be encoded; .dequantize() it first")
     try:
-        t = t.detach().resolve_conj().resolve_neg()  # lazy conj/neg views: materialised where they live
+        if t.requires_grad:  # detach() is an op of its own (one per tensor of a message): only when needed
+            t = t.detach()
+        t = t.resolve_conj().resolve_neg()  # lazy conj/neg views: materialised where they live
         # MUCSC_BACKEND=torch keeps CPU tensors as torch too, which is how the device path is tested here
         stays = keep_device and (t.device.type != "cpu" or kernels.TORCH)
         if stays:
@@ -134,7 +136,7 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
         big = FLOAT_MAX.get(dtype)
         if big is not None and array.is_floating_point() and torch.finfo(array.dtype).max > big:
             array = array.clamp(-big, big)
-        return array.reshape(shape).to(getattr(torch, dtype))
+        return (array if tuple(array.shape) == tuple(shape) else array.reshape(shape)).to(getattr(torch, dtype))
     array = saturate(array, dtype)
     if dtype == "bfloat16":
         if as_torch:

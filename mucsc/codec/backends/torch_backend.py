@@ -19,6 +19,8 @@ large ones.  torch is imported only when this module is used.
 from __future__ import annotations
 
 import functools
+import math
+import sys
 import threading
 import warnings
 
@@ -64,10 +66,49 @@ def as_tensor(x):
     """``x`` as a 1-D torch tensor (numpy arrays are wrapped without a copy; never written)."""
     torch = _torch()
     if is_torch(x):
-        return x.reshape(-1)
+        return x if x.dim() == 1 else x.reshape(-1)  # a 1-D tensor as it is: no view op
     with warnings.catch_warnings():  # read-only views of the caller's buffers: we only read them
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(np.ascontiguousarray(x).reshape(-1))
+
+
+def fetch(t) -> np.ndarray:
+    """A tensor's values on the host (a view of a CPU tensor, a copy from elsewhere): one of the device
+    path's few counted round-trips (tests lift ``torch.cuda.set_sync_debug_mode`` here only)."""
+    return t.numpy(force=True)
+
+
+def to_dev(a: np.ndarray, dev):
+    """A small host array (levels, tables) on ``dev``, queued without waiting for the device (a
+    pageable source is staged by the driver before the call returns; nothing synchronises)."""
+    return _torch().from_numpy(a).to(dev, non_blocking=True)
+
+
+def histogram(v, size: int):
+    """Counts of the values of the int64 tensor ``v`` (all in [0, size)), ``size`` of them, on v's
+    device: ``bincount`` on the CPU; elsewhere a scatter-add into zeros, since CUDA's bincount reads
+    the input's min and max back to the host (two synchronisations) to size its output."""
+    torch = _torch()
+    if v.device.type == "cpu":
+        return torch.bincount(v, minlength=size)
+    out = torch.zeros(size, dtype=torch.int64, device=v.device)
+    return out.scatter_add_(0, v, _one(v.device).expand(v.numel()))
+
+
+_ones: dict = {}
+
+
+def _one(dev):
+    """A 1-element int64 tensor of 1 on ``dev`` (made once per device; expanded, never written)."""
+    t = _ones.get(dev)
+    if t is None:
+        t = _ones[dev] = _torch().ones(1, dtype=_torch().int64, device=dev)
+    return t
+
+
+def fetch_list(t):
+    """A small tensor's values as Python numbers: a round-trip like :func:`fetch`, without a host array."""
+    return t.tolist()
 
 
 def device(spec):
@@ -88,13 +129,34 @@ def device(spec):
 def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str = ""):
     """One flat torch vector of the (name, tensor or array) ``parts`` in ``float_dtype``, on the device
     of the first device tensor, checked finite and within ``limit`` (the codec's ``input_limit``)
-    there (InputError names the tensor, as the host path's does)."""
-    from mucsc.errors import InputError
+    there (InputError names the tensor, as the host path's does).
 
+    One pipeline for the whole group: the parts are joined in one op (``torch._chunk_cat`` where all
+    are already of the work dtype and device) and checked by one reduction, max |x| (NaN
+    propagates), read back once; only a failing check walks the parts to name the culprit."""
     torch = _torch()
     dt = getattr(torch, float_dtype)
     dev = next(a.device for _, a in parts if is_torch(a))
-    flat = []
+    ts = [a if is_torch(a) else as_tensor(a) for _, a in parts]
+    if len(ts) == 1:
+        flat = as_tensor(ts[0]).to(device=dev, dtype=dt)
+    elif hasattr(torch, "_chunk_cat") and all(t.dtype == dt and t.device == dev and t.numel() for t in ts):
+        flat = torch._chunk_cat(ts, 0, 1).view(-1)  # one launch: each part flattened into its place
+    else:
+        flat = torch.cat([as_tensor(t).to(device=dev, dtype=dt) for t in ts])
+    if flat.numel():
+        big = fetch_list(torch.linalg.vector_norm(flat, float("inf")))  # max |x| (NaN when any is): one read
+        if not math.isfinite(big) or (limit is not None and big > limit):
+            _check_parts(parts, dt, dev, limit, codec)  # raises, naming the first offending part
+    return flat
+
+
+def _check_parts(parts, dt, dev, limit: float | None, codec: str) -> None:
+    """The per-part check behind :func:`group_vector`'s: InputError for the first part that holds a
+    NaN or Inf, or a magnitude beyond ``limit`` (in that order per part, as the host path checks)."""
+    from mucsc.errors import InputError
+
+    torch = _torch()
     for name, a in parts:
         t = (a if is_torch(a) else as_tensor(a)).reshape(-1).to(device=dev, dtype=dt)
         if t.numel() and not bool(torch.isfinite(t).all()):
@@ -105,40 +167,69 @@ def group_vector(parts, float_dtype: str, limit: float | None = None, codec: str
                 raise InputError(f"{name_label(name)} holds a magnitude of "
                                  f"{big:.9g}, beyond the largest codec {codec!r} can carry ({limit:.9g}); "
                                  "scale it, or use a codec with a wider wire (raw is lossless)")
-        flat.append(t)
-    return flat[0] if len(flat) == 1 else torch.cat(flat)
 
 
 def splitmix64(key: int, start: int, count: int, device):
     """Outputs start+1 .. start+count of SplitMix64 with state ``key`` as int64 bit patterns
-    (``kernels.splitmix64``'s numbers, on ``device``).  In place, one temporary."""
-    torch = _torch()
-    return _mix(torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device), key)
+    (``kernels.splitmix64``'s numbers, on ``device``).  In place: the counters and one temporary."""
+    return _rounds(_counters(key, start, count, device))
 
 
-def _mix(z, key: int):
-    """mix(key + z * GAMMA) of FORMAT.md 4.3 for the int64 counters ``z`` (overwritten: returned)."""
+GAMMA_INV = pow(GAMMA, -1, 1 << 64)  # GAMMA is odd: invertible mod 2^64
+
+
+def _counters(key: int, start: int, count: int, device):
+    """key + (start + 1 + j) * GAMMA for j < count (mod 2^64, int64 bit patterns) in two ops: the
+    range (j + c) * GAMMA with c = start + 1 + key * GAMMA^-1; three (a range, a multiply, an add)
+    in the rare case where c + count would pass the int64 range."""
     torch = _torch()
-    z.mul_(_i64(GAMMA)).add_(_i64(key))
-    t = torch.empty_like(z)
+    c = _i64(start + 1 + key * GAMMA_INV)
+    if c <= (1 << 63) - 1 - count:
+        z = torch.arange(c, c + count, dtype=torch.int64, device=device)
+        if z.numel() == count:
+            return z.mul_(_i64(GAMMA))
+    z = torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device)
+    return z.mul_(_i64(GAMMA)).add_(_i64(key))
+
+
+def _rounds(z):
+    """SplitMix64's finaliser of FORMAT.md 4.3 on the int64 words ``z`` (overwritten: returned)."""
     for shift, mult in ((30, _M1), (27, _M2), (31, None)):
-        torch.bitwise_right_shift(z, shift, out=t)
-        z.bitwise_xor_(t.bitwise_and_((1 << (64 - shift)) - 1))  # logical shift: drop the sign copies
+        t = z >> shift
+        z ^= t.bitwise_and_((1 << (64 - shift)) - 1)  # logical shift: drop the sign copies
         if mult is not None:
             z.mul_(_i64(mult))
     return z
 
 
+def _mix(z, key: int):
+    """mix(key + z * GAMMA) of FORMAT.md 4.3 for the int64 counters ``z`` (overwritten: returned)."""
+    return _rounds(z.mul_(_i64(GAMMA)).add_(_i64(key)))
+
+
+UNIFORM_BITS = {True: 24, False: 53}  # float32 / float64 work: a uniform is an integer m times 2^-bits
+
+
+def uniform_ints(key: int, start: int, n: int, float32: bool, device):
+    """The integers m of the uniforms m * 2^-UNIFORM_BITS of elements start .. start+n-1 (FORMAT.md
+    4.3; ``start`` even for float32 work).  float32: bits 8..31 and 40..63 of each word are the
+    int32 halves of the word (little-endian) shifted by 8 and masked: one view, two ops."""
+    torch = _torch()
+    if not float32:
+        return _srl(splitmix64(key, start, n, device), 11)
+    words = (n + 1) // 2
+    w = splitmix64(key, start // 2, words, device)
+    if sys.byteorder == "little":
+        m = (w.view(torch.int32) >> 8).bitwise_and_(0xFFFFFF)
+        return m if m.numel() == n else m[:n]
+    return torch.stack((_srl(w, 8) & 0xFFFFFF, _srl(w, 40)), dim=1).reshape(-1)[:n]
+
+
 def uniforms(key: int, start: int, n: int, float32: bool, device):
     """Uniforms of elements start .. start+n-1 (FORMAT.md 4.3; ``start`` even for float32 work)."""
     torch = _torch()
-    if not float32:
-        w = splitmix64(key, start, n, device)
-        return _srl(w, 11).to(torch.float64) * 2.0**-53
-    words = (n + 1) // 2
-    w = splitmix64(key, start // 2, words, device)
-    t = torch.stack((_srl(w, 8) & 0xFFFFFF, _srl(w, 40)), dim=1).reshape(-1)[:n]
-    return t.to(torch.float32) * 2.0**-24
+    m = uniform_ints(key, start, n, float32, device)
+    return m.to(torch.float32 if float32 else torch.float64) * 2.0 ** -UNIFORM_BITS[float32]
 
 
 def uniforms_at(key: int, idx, float32: bool):
@@ -174,24 +265,78 @@ def stochastic_round(x, c: np.ndarray, key: int, *, return_J: bool = False):
     n = x.numel()
     if c.size == 1 or n == 0:
         return torch.zeros(n, dtype=torch.uint8, device=x.device), (0.0 if return_J else None)
+    narrow = torch.uint8 if c.size <= 256 else torch.int32
+    if not return_J:
+        return round_ids(x, c, key).to(narrow), None
     f32 = work_float32(x, c)
-    wdt = torch.float32 if f32 else torch.float64
     dev = x.device
-    cw, gw = working_levels(c, f32, dev)
+    levels = Levels(c, f32, dev)
     c64 = torch.from_numpy(c.astype(np.float64)).to(dev)
-    interior = cw[1:-1].contiguous()
     # narrow ids (1 byte for Z <= 256): the packing reads them back, so this is memory traffic saved twice
-    ids = torch.empty(n, dtype=torch.uint8 if c.size <= 256 else torch.int32, device=dev)
+    ids = torch.empty(n, dtype=narrow, device=dev)
     J = torch.zeros((), dtype=torch.float64, device=dev)
-    step = CHUNK
-    for s in range(0, n, step):
-        xc = x[s:s + step].to(wdt)
-        k = torch.searchsorted(interior, xc, right=True)
-        ids[s:s + step] = k + _up(xc, k, uniforms(key, s, xc.numel(), f32, dev), cw, gw)
-        if return_J:
-            x64 = x[s:s + step].to(torch.float64)
-            J += ((c64[k + 1] - x64) * (x64 - c64[k])).sum()
-    return ids, (float(J) if return_J else None)
+    for s in range(0, n, CHUNK):
+        xw = x[s:s + CHUNK].to(levels.dtype)
+        k = levels.bracket(xw)
+        ids[s:s + CHUNK] = k + levels.up(xw, k, key, s)
+        x64 = x[s:s + CHUNK].to(torch.float64)
+        J += ((c64[k + 1] - x64) * (x64 - c64[k])).sum()
+    return ids, float(J)
+
+
+def round_ids(x, c: np.ndarray, key: int):
+    """:func:`stochastic_round`'s ids as int64 (c has >= 2 levels): for x of at most CHUNK
+    elements ~25 tensor ops in all, the ids left as searchsorted made them (no narrowing copy)."""
+    torch = _torch()
+    n = x.numel()
+    levels = Levels(c, work_float32(x, c), x.device)
+    if n <= CHUNK:
+        return levels.round(x, key, 0)
+    ids = torch.empty(n, dtype=torch.int64, device=x.device)
+    for s in range(0, n, CHUNK):
+        ids[s:s + CHUNK] = levels.round(x[s:s + CHUNK], key, s)
+    return ids
+
+
+class Levels:
+    """Wire centroids ``c`` on ``dev`` in the working precision of FORMAT.md 4.3: the interior levels
+    (searched), the levels and their gaps c[k+1] - c[k] (taken after the cast, as the reference takes
+    them), each copied over once."""
+
+    def __init__(self, c: np.ndarray, f32: bool, dev):
+        torch = _torch()
+        self.f32 = f32
+        cw = c.astype(np.float32 if f32 else np.float64)
+        gw = np.diff(cw)
+        bits = UNIFORM_BITS[f32]
+        # u * g = (m * 2^-bits) * g is m * (g * 2^-bits) exactly (one rounding of the same product)
+        # while g * 2^-bits stays a normal number: then the scaling is folded into the gaps
+        self.scaled = bool(gw.min() * 2.0 ** -bits >= np.finfo(cw.dtype).tiny)
+        if self.scaled:
+            gw = gw * cw.dtype.type(2.0 ** -bits)
+        self.interior = to_dev(cw[1:-1].copy(), dev)
+        # (c[k], gap k) side by side: one copy over, one gather per element for both
+        self.table = to_dev(np.stack((cw[:-1], gw), axis=1), dev)
+        self.dtype = self.table.dtype
+
+    def round(self, x, key: int, start: int):
+        """Eq. 7's ids (int64) of the elements start .. of ``x`` (a slice of the vector)."""
+        xw = x.to(self.dtype)
+        k = self.bracket(xw)
+        return k.add_(self.up(xw, k, key, start))
+
+    def bracket(self, xw):
+        """k: the number of interior levels <= x (x in the working precision)."""
+        return _torch().searchsorted(self.interior, xw, right=True)
+
+    def up(self, xw, k, key: int, start: int):
+        """Where u * (c[k+1] - c[k]) < x - c[k] (FORMAT.md 4.3): each arithmetic step a separate op in
+        the working precision, so no fused multiply-add can change a decision."""
+        u = uniform_ints(key, start, xw.numel(), self.f32, xw.device).to(self.dtype)
+        if not self.scaled:
+            u.mul_(2.0 ** -UNIFORM_BITS[self.f32])
+        ck, gk = self.table[k].unbind(1)
+        return u.mul_(gk) < (xw - ck)
 
 
 def working_levels(c: np.ndarray, f32: bool, dev):
@@ -293,7 +438,7 @@ def to_host(t) -> np.ndarray:
     """A uint8 device tensor's bytes as a new host array (staged through pinned memory on CUDA)."""
     t = t.reshape(-1)
     if t.device.type != "cuda":
-        return t.cpu().numpy()
+        return t.numpy(force=True)  # one call: a view of a CPU tensor, a copy from elsewhere
     out = np.empty(t.numel(), np.uint8)
     copy_out(t, out)
     return out
@@ -510,15 +655,7 @@ def pack_tensor(ids, width: int):
     if width == 8:
         return ids.to(torch.uint8)
     if 8 % width == 0:  # 1, 2 or 4 bits: each byte holds 8 / width whole ids, id j at bit j * width
-        per = 8 // width
-        v = ids.to(torch.uint8)
-        if n % per:
-            v = torch.cat((v, torch.zeros((-n) % per, dtype=torch.uint8, device=v.device)))
-        g = v.reshape(-1, per)
-        out = g[:, 0].clone()
-        for j in range(1, per):
-            out |= g[:, j] << (j * width)
-        return out
+        return pack_words(ids, width).to(torch.uint8)
     parts = []
     for s in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks fill whole bytes
         v = ids[s:s + CHUNK].to(torch.int32)
@@ -535,6 +672,29 @@ def pack_tensor(ids, width: int):
             acc[:, b + 2] |= sh >> 16
         parts.append(acc[:, :width].to(torch.uint8).reshape(-1)[: (m * width + 7) // 8])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def pack_words(ids, width: int):
+    """The IDS_ bytes of ids packed ``width`` = 1, 2 or 4 bits wide, as int64 values (one per byte):
+    the ids viewed 8 / width to a row, shifted to their bit offsets and summed (disjoint bits: the
+    sum is the OR), three ops; ``pack_tensor`` narrows them to bytes, the lane coder counts them first."""
+    torch = _torch()
+    per, n = 8 // width, ids.numel()
+    if n % per:  # the last byte's high ids are zero bits
+        ids = torch.cat((ids, torch.zeros((-n) % per, dtype=ids.dtype, device=ids.device)))
+    return (ids.reshape(-1, per) << _bit_offsets(ids.device, width)).sum(1)
+
+
+_offsets: dict = {}
+
+
+def _bit_offsets(dev, width: int):
+    """[0, width, 2 width, ...] below 8 as an int64 tensor on ``dev`` (made once per device)."""
+    torch = _torch()
+    t = _offsets.get((dev, width))
+    if t is None:
+        t = _offsets[(dev, width)] = torch.arange(0, 8, width, dtype=torch.int64, device=dev)
+    return t
 
 
 def unpack(buf, width: int, n: int, device):
@@ -633,6 +793,28 @@ def top_k_positions(x, k: int) -> np.ndarray | None:
     return torch.nonzero(a >= t).reshape(-1).cpu().numpy().astype(np.int64)
 
 
+def select_top_k(x, k: int):
+    """B-MUCSC's selection on x's device in one copy to the host: (sorted positions as host int64,
+    the kept values on the device, the same values on the host) of the k elements of largest |x|,
+    when that set is ``sparse.top_k``'s without a choice -- 0 < k < n, the k-th magnitude above the
+    (k+1)-th (no tie to break) and above 0 (k non-zeros at least); None otherwise (the caller's exact
+    path decides, as :func:`top_k_positions` does).  One top-k of |x| (k + 1 values, sorted), the
+    positions sorted, the values gathered; the two magnitudes that decide uniqueness come over in the
+    same copy as the positions and values (float64 carries all of them exactly)."""
+    torch = _torch()
+    n = x.numel()
+    if not 0 < k < n:
+        return None
+    top = x.abs().topk(k + 1)
+    pos = top.indices[:k].sort().values
+    kept = x[pos]
+    f64 = torch.float64
+    got = fetch(torch.cat((top.values[k - 1:].to(f64), pos.to(f64), kept.to(f64))))
+    if got[0] == 0 or got[0] == got[1]:
+        return None
+    return got[2:2 + k].astype(np.int64), kept, got[2 + k:].astype(TorchSource(kept).dtype)
+
+
 def scatter(n: int, pos: np.ndarray, vals: np.ndarray, dtype: np.dtype, device):
     """A length-``n`` tensor of ``dtype`` on ``device``: zeros, ``vals`` at the host positions ``pos``
     (the decoders of the top-k family; only the k positions and values are copied over)."""
@@ -699,6 +881,112 @@ class TorchSource:
         p = torch.from_numpy(probe).to(self.x.device)
         k = torch.clamp(torch.searchsorted(p, self.x), max=p.numel() - 1)
         return bool(torch.equal(p[k], self.x))
+
+
+def solver_source(x, z: int, solver: str, host: np.ndarray | None = None) -> "DeviceSummary":
+    """What ``centroids.solve`` reads of the device vector ``x`` for ``z`` levels, brought to the host
+    in ONE copy: the whole vector when the solver reads all of it (small inputs, solvers other than
+    the optimal one), else the optimal solver's summary -- the stratified subsample, the strided
+    probe of its distinct-value check, and the K smallest and K largest values (two top-k ops, sorted:
+    their ends are min x and max x, NaN first among the largest), from which the host takes the
+    elements beyond the subsample's thresholds.  Anything the summary cannot answer exactly (more
+    tail elements than K, a zero in a tail: see :meth:`DeviceSummary.outside`) is asked of the device
+    as :class:`TorchSource` asks it.  ``host``: x's values on the host when the caller brought them
+    over already (B-MUCSC's kept values come with their positions): then nothing more is copied."""
+    from mucsc.codec.numerics import centroids
+
+    torch = _torch()
+    d = x.numel()
+    if host is not None:
+        return DeviceSummary(x, host=host)
+    if d <= centroids.FULL_SORT_MAX or solver != "optimal":
+        return DeviceSummary(x, host=fetch(x))
+    step = max(1, d // max(4096, 2 * z))  # centroids._distinct_if_at_most's probe
+    sub = centroids._subsample_index(d)
+    index = _summary_index(x.device, d, step, sub)
+    K = min(d, int(TAIL_ROOM * (d * (centroids.TAIL_RANK + 1) // centroids.SUBSAMPLE)) + TAIL_SLACK)
+    low, high = x.topk(K, largest=False).values, x.topk(K).values
+    got = fetch(torch.cat((low, high, x[index])))
+    return DeviceSummary(x, low=got[:K], high=got[K:2 * K], sub=(sub, got[2 * K:2 * K + sub.size]),
+                         probe=(step, got[2 * K + sub.size:]))
+
+
+# the top-k tails hold TAIL_ROOM times the expected tail beyond the subsample's thresholds, plus TAIL_SLACK;
+# a longer tail is asked of the device (exact, a copy more).  The threshold is the subsample's 257th value,
+# so the tail's share varies by ~1/sqrt(257) = 6%: 1.25x + 512 is > 7 standard deviations at d = 1.3e6.
+# (A CPU top-k costs about its k: 72 ms for k = 14.5k of 1.33M elements, 20 ms for 3.8k, one thread.)
+TAIL_ROOM, TAIL_SLACK = 1.25, 512
+_summary_indexes: dict = {}
+_cache_lock = threading.Lock()
+
+
+def _summary_index(dev, d: int, step: int, sub: np.ndarray):
+    """The subsample's positions followed by the probe's (0, step, 2 step, ...) as an int64 tensor on
+    ``dev``, made once per (device, d, step) and kept (a handful: an FL client sends the same shapes
+    every round)."""
+    key = (dev, d, step)
+    t = _summary_indexes.get(key)
+    if t is None:
+        t = to_dev(np.concatenate((sub, np.arange(0, d, step, dtype=np.int64))), dev)
+        with _cache_lock:  # groups encode on several threads
+            if len(_summary_indexes) >= 8:
+                _summary_indexes.pop(next(iter(_summary_indexes)))
+            _summary_indexes[key] = t
+    return t
+
+
+class DeviceSummary(TorchSource):
+    """:class:`TorchSource` answered from one host copy (:func:`solver_source`): ``host`` the whole
+    vector, or ``low``/``high`` the K smallest (ascending) and K largest (descending) values,
+    ``sub`` (positions, values) the subsample and ``probe`` (step, values) the strided probe."""
+
+    def __init__(self, x, host=None, low=None, high=None, sub=None, probe=None):
+        super().__init__(x)
+        self.host, self.low, self.high, self.sub, self.probe = host, low, high, sub, probe
+
+    def all(self) -> np.ndarray:
+        return self.host if self.host is not None else super().all()
+
+    def bounds(self) -> tuple[float, float]:
+        if self.host is not None:
+            return (float(self.host.min()), float(self.host.max())) if self.host.size else (0.0, 0.0)
+        return float(self.low[0]), float(self.high[0])
+
+    def gather(self, idx: np.ndarray) -> np.ndarray:
+        if self.host is not None:
+            return self.host[idx]
+        if self.sub is not None and idx is self.sub[0]:
+            return self.sub[1]
+        return super().gather(idx)
+
+    def strided(self, step: int) -> np.ndarray:
+        if self.host is not None:
+            return self.host[::step]
+        if self.probe is not None and step == self.probe[0]:
+            return self.probe[1]
+        return super().strided(step)
+
+    def equals_levels(self, probe: np.ndarray) -> bool:
+        if self.host is not None:
+            k = np.minimum(np.searchsorted(probe, self.host), probe.size - 1)
+            return bool(np.array_equal(probe[k], self.host))
+        return super().equals_levels(probe)
+
+    def outside(self, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
+        """The elements below ``t_lo`` and above ``t_hi`` from the K smallest and K largest: complete
+        when the K-th smallest is >= t_lo (and the K-th largest <= t_hi) or K is every element.  A
+        tail holding a zero comes from the device in index order (the solver's sort then places
+        -0.0 and +0.0 as the host path's does)."""
+        if self.host is not None:  # in index order, as the device's answer
+            return self.host[self.host < t_lo], self.host[self.host > t_hi]
+        if self.low is None:
+            return super().outside(t_lo, t_hi)
+        every = self.low.size == self.size
+        low, high = self.low[self.low < t_lo], self.high[self.high > t_hi]
+        complete = every or (self.low[-1] >= t_lo and self.high[-1] <= t_hi)
+        if not complete or not (np.all(low != 0) and np.all(high != 0)):
+            return super().outside(t_lo, t_hi)
+        return low, high
 
 
 # ---- float64 sums in numpy's order ------------------------------------------------------------------

@@ -30,13 +30,30 @@ RANS_L = rans.RANS_L
 def symbols_of(ids, k: int, w: int):
     """The IDSL symbols of device IDs (a tensor, or a ``device_rounding.Rounding``): packed bytes at w bits
     (the fused round + pack kernel's output for a rounding, where it runs), or the IDs (w = 16)."""
+    return symbols_counted(ids, k, w)[0]
+
+
+def symbols_counted(ids, k: int, w: int):
+    """(symbols, their histogram of ``lanes.alphabet(k, w)`` or more counts) on the IDs' device: the
+    fused kernel's packed bytes where it runs, else the ids packed as int64 words, counted, then
+    narrowed to bytes (no separate widening copy for the histogram)."""
     torch = tb._torch()
+    size = lanes.alphabet(k, w)
     if w == lanes.WIDE:
-        t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
-        return t.to(torch.int32)
+        t = (ids.ids() if isinstance(ids, device_rounding.Rounding) else ids)
+        return t.to(torch.int32), tb.histogram(t.to(torch.int64), size)
     if isinstance(ids, device_rounding.Rounding):
-        return ids.packed(w).tensor
-    return tb.pack_tensor(ids, w)
+        fused = ids.fused(w)
+        if fused is not None:
+            return fused, tb.histogram(fused.to(torch.int64), size)
+        ids = ids.ids()
+    words = symbol_words(ids, w)
+    return words.to(torch.uint8), tb.histogram(words, size)
+
+
+def symbol_words(ids, w: int):
+    """The byte symbols of IDs (a tensor) at w = 1, 2, 4 or 8 bits as int64 values."""
+    return ids.to(tb._torch().int64) if w == 8 else tb.pack_words(ids, w)
 
 
 class LaneBytes(tb.DeviceBytes):
@@ -47,22 +64,55 @@ class LaneBytes(tb.DeviceBytes):
         self.symbols = symbols
 
 
-def encode_ids(ids, k: int, w: int) -> LaneBytes:
-    """The IDSL section of device IDs < k (``lanes.encode``'s bytes) as a payload left on the device."""
+class Coded:
+    """An IDSL section of device IDs: ``payload`` (host bytes from the host coder, or a
+    :class:`LaneBytes` left on the device), its length, and ``part(a, b)``: packed symbol bytes
+    [a, b) on the host (the zstd comparison's), from the copy that brought the counts over where
+    it brought them."""
+
+    def __init__(self, payload, nbytes: int, part):
+        self.payload, self.nbytes, self.part = payload, nbytes, part
+
+
+def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
+    """The IDSL section of device IDs < k (``lanes.encode``'s bytes).  The histogram crosses to the
+    host in one copy with, for the host's compiled coder (CPU tensors), the symbols themselves (it
+    codes them in place), else the symbol bytes of ``spans`` ((a, b) pairs, the zstd comparison's
+    sample) -- the lanes then coded on the device and left there."""
     torch = tb._torch()
-    sym = symbols_of(ids, k, w)
     size = lanes.alphabet(k, w)
-    counts = torch.bincount(sym.to(torch.int64) if sym.dtype == torch.uint8 else sym, minlength=size)
-    counts = counts.cpu().numpy().astype(np.int64)
-    if counts.size > size:
+    dev = ids.x.device if isinstance(ids, device_rounding.Rounding) else ids.device
+    if dev.type == "cpu" and not triton_lanes.wanted(ids.x if isinstance(ids, device_rounding.Rounding) else ids):
+        # the host's compiled coder codes the symbols in place: they come over as the int64 words the
+        # packing made, behind their counts, in one copy (no narrowing or dtype views on the device)
+        t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
+        words = t.to(torch.int64) if w == lanes.WIDE else symbol_words(t, w)
+        counts = tb.histogram(words, size)
+        nc = counts.numel()
+        got = tb.fetch(torch.cat((counts, words)))
+        if nc > size:
+            raise ValueError("a symbol is out of range")
+        host = got[nc:].astype(np.uint16 if w == lanes.WIDE else np.uint8)
+        data = lanes.payload(host, w, size, got[:nc])
+        return Coded(data, len(data), lambda a, b: host[a:b])
+    sym, counts = symbols_counted(ids, k, w)
+    m, nc = sym.numel(), counts.numel()
+    if nc > size:
         raise ValueError("a symbol is out of range")
-    S, f = lanes.table(counts, sym.numel())
+    spans = [(a, min(b, m)) for a, b in spans if a < m]
+    got = tb.fetch(torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]))
+    fetched, at = {}, 8 * nc
+    for a, b in spans:
+        fetched[(a, b)], at = got[at:at + b - a], at + b - a
+    S, f = lanes.table(got[:8 * nc].view(np.int64), m)
     cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
-    geo = Geometry(lanes.layout(sym.numel()), sym.device)
+    geo = Geometry(lanes.layout(m), sym.device)
     streams, lens = encode_lanes(sym, f, cum, S, geo)
     head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
-    prefix = torch.from_numpy(np.frombuffer(head, np.uint8).copy()).to(sym.device)
-    return LaneBytes(torch.cat((prefix, streams)), sym)
+    prefix = tb.to_dev(np.frombuffer(head, np.uint8).copy(), sym.device)
+    section = LaneBytes(torch.cat((prefix, streams)), sym)
+    return Coded(section, section.nbytes,
+                 lambda a, b: fetched[(a, b)] if (a, b) in fetched else tb.to_host(sym[a:b]))
 
 
 def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
@@ -112,7 +162,7 @@ def compact(out, ptr, geo: Geometry):
     torch = tb._torch()
     L, cap = out.shape
     lens_t = cap - ptr
-    lens = lens_t.cpu().numpy().astype(np.int64)
+    lens = tb.fetch(lens_t).astype(np.int64)
     total = int(lens.sum())
     ends = torch.cumsum(lens_t, 0)
     joined = torch.empty(total, dtype=torch.uint8, device=out.device)
@@ -127,23 +177,39 @@ def compact(out, ptr, geo: Geometry):
 
 def decode_ids(payload, n: int, k: int, device):
     """The n IDs (int64 tensor on ``device``) of an IDSL payload (host bytes), decoded there; the
-    section is validated as ``lanes.decode_symbols`` validates it (same errors)."""
+    section is validated as ``lanes.decode_symbols`` validates it (same errors).  For CPU tensors the
+    host's compiled decoder reads the payload where it is and only the symbols move (no copy back to
+    check them); an ID >= k is looked for only where the width allows one (2^w > k)."""
     torch = tb._torch()
     b = np.frombuffer(payload, np.uint8)
     p = lanes.parse(b, n, k)
-    geo = Geometry(p.layout, device)
-    buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
-    sym, bad = decode_lanes(buf, p, geo)
-    if bad:
-        raise FormatError(lanes.CORRUPT)
-    if p.w == lanes.WIDE:
-        return sym.to(torch.int64)
-    sym = sym.to(torch.uint8)
-    if sym.numel():  # IDS_'s rules for the bytes: zero padding bits, every ID < k
-        bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w, "IDSL symbols")
+    m = p.layout.m
+    kind = torch.device(device).type
+    if kind == "cpu" and not triton_lanes.wanted_on(kind):
+        out = np.empty(m, np.uint8 if p.w != lanes.WIDE else np.uint16)
+        if lanes.decode_lanes(b, p, out):
+            raise FormatError(lanes.CORRUPT)
+        if p.w == lanes.WIDE:
+            return torch.from_numpy(out.astype(np.int64))
+        if m:  # IDS_'s rules for the bytes: zero padding bits
+            bitpack.check_padding(out, n * p.w, "IDSL symbols")
+        sym = torch.from_numpy(out)
+    else:
+        geo = Geometry(p.layout, device)
+        buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
+        sym, bad = decode_lanes(buf, p, geo)
+        if bad:
+            raise FormatError(lanes.CORRUPT)
+        if p.w == lanes.WIDE:
+            return sym.to(torch.int64)
+        sym = sym.to(torch.uint8)
+        if m:  # the last byte's used bits: the padding after them must be zero
+            bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w - 8 * (m - 1), "IDSL symbols")
     ids = unpack_device(sym, p.w, n)
-    if n and int(ids.max()) >= k:
-        raise FormatError(f"cluster id {int(ids.max())} out of range for {k} centroids")
+    if n and (1 << p.w) > k:  # every ID < k (a w-bit ID below 2^w <= k needs no look)
+        top = int(ids.max())
+        if top >= k:
+            raise FormatError(f"cluster id {top} out of range for {k} centroids")
     return ids
 
 
@@ -152,9 +218,8 @@ def unpack_device(sym, w: int, n: int):
     torch = tb._torch()
     if w == 8:
         return sym.to(torch.int64)
-    per = 8 // w
-    shifts = torch.arange(0, 8, w, dtype=torch.uint8, device=sym.device)
-    return ((sym.unsqueeze(1) >> shifts) & ((1 << w) - 1)).reshape(-1)[:n].to(torch.int64)
+    ids = ((sym.unsqueeze(1) >> tb._bit_offsets(sym.device, w)) & ((1 << w) - 1)).view(-1)  # int64
+    return ids if ids.numel() == n else ids[:n]
 
 
 def decode_lanes(buf, p: lanes.Parsed, geo: Geometry):

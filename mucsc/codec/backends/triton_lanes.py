@@ -36,10 +36,15 @@ _kernels: dict = {}
 def wanted(t) -> bool:
     """Whether the kernels should be tried for tensors on t's device (MUCSC_TRITON, triton present,
     not disabled in this process)."""
+    return wanted_on(t.device.type)
+
+
+def wanted_on(kind: str) -> bool:
+    """:func:`wanted` for a device type ("cuda", "cpu", ...), before any tensor is there."""
     m = triton_round.mode()
     if m == "off" or SWITCH.disabled is not None:
         return False
-    if m == "auto" and t.device.type != "cuda":
+    if m == "auto" and kind != "cuda":
         return False
     return triton_round.triton_module() is not None
 

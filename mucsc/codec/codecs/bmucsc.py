@@ -199,7 +199,15 @@ class BMUCSC(Codec):
         as the host path."""
         n = x.numel()
         k = sparse.keep_count(self.params.keep_fraction, n)
-        pos = torch_backend.top_k_positions(x, k)
+        sel = torch_backend.select_top_k(x, k)  # positions and kept values in one copy
+        if sel is not None:
+            pos, kept, kept_host = sel
+            if torch_backend.host_sums(x):  # a CPU tensor: numpy's own sum over a view
+                rest_sum = float(x.numpy().sum(dtype=np.float64)) - float(kept_host.sum(dtype=np.float64))
+            else:
+                rest_sum = torch_backend.sum64_like_numpy(x) - torch_backend.sum64_like_numpy(kept)
+            return self._encode_kept(x, n, k, pos, kept, rest_sum, rng, kept_host)
+        pos = torch_backend.top_k_positions(x, k)  # k >= n, a tie at the k-th magnitude, zeros kept
         k = k if pos is None else pos.size  # fewer than asked when x has fewer non-zeros (as select)
         if pos is None or torch_backend.host_sums(x):  # ties at the k-th magnitude: the host's choice
             host = x.cpu().numpy()  # (on the CPU this is a view: the reference sum, no copy)
@@ -213,12 +221,13 @@ class BMUCSC(Codec):
         return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
 
     def _encode_kept(self, x, n: int, k: int, pos: np.ndarray, kept, rest_sum: float,
-                     rng: np.random.Generator) -> EncodedGroup:
-        """Everything after the selection: the kept values' clusters, positions and the rest's mean."""
+                     rng: np.random.Generator, kept_host: np.ndarray | None = None) -> EncodedGroup:
+        """Everything after the selection: the kept values' clusters, positions and the rest's mean
+        (``kept_host``: device ``kept``'s values already on the host)."""
         mean = rest_mean(n, k, rest_sum)
         # as the mucsc codec (a goal's levels, when resolved by plan)
         cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng, given_levels(self.params),
-                                                 levels_by=self.params.levels_by)
+                                                 levels_by=self.params.levels_by, host=kept_host)
         params = {"keep": self.params.keep_fraction, "k": k, **cparams}
         secs = (*csecs, *self._rest_sections(pos, n, mean, params))
 

@@ -191,7 +191,8 @@ def cluster_section_sizes(n: int, k: int, p: GoalTarget, estimate: bool) -> dict
 
 def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
                     levels: np.ndarray | None = None, coding: str | None = None,
-                    estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None) -> tuple[dict, tuple, Any]:
+                    estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None,
+                    host: np.ndarray | None = None) -> tuple[dict, tuple, Any]:
     """Shared by ``mucsc`` and ``bmucsc``: (header params, (CENT, IDS_ or IDSA) sections, J as a
     callable).  ``levels``: use these levels instead of solving for ``p.fixed_z``; ``coding``:
     "packed", "rans", "lanes" or "auto" (default: ``p.id_coding``); ``estimate``: an IDSA
@@ -200,21 +201,23 @@ def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
     giving the same bytes (:mod:`mucsc.codec.backends.torch_backend`); so does ``MUCSC_BACKEND=torch``.
     Given ``levels`` (a goal's choice, planned on the host) the host path encodes it; so is nearest
-    rounding."""
+    rounding.  ``host``: a torch ``x``'s values already on the host (nothing more is copied for the
+    solver)."""
     if (levels is not None or rounding_of(p) != "stochastic") and torch_backend.is_torch(x):
-        x = x.cpu().numpy()
-    wire, ids, J = round_clusters(x, p, rng, levels, cache)
+        x = x.cpu().numpy() if host is None else host
+    wire, ids, J = round_clusters(x, p, rng, levels, cache, host)
     return cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
 
 
 def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
-                   levels: np.ndarray | None = None, cache: dict | None = None) -> tuple[np.ndarray, Any, Any]:
+                   levels: np.ndarray | None = None, cache: dict | None = None,
+                   host: np.ndarray | None = None) -> tuple[np.ndarray, Any, Any]:
     """The first half of :func:`encode_clusters`: (wire centroids, IDs, J or None) -- the levels
     (solved for ``p.fixed_z`` unless given) and the stochastic rounding, before any ID coding.
     ``cache``: kept by a caller that rounds the same ``x`` many times (a goal's search): its bounds
     and the solver's sorted data are computed once (centroids.solve's ``cache``)."""
     if levels is None and rounding_of(p) == "stochastic" and torch_backend.applies(x):
-        return _cluster_on_torch(torch_backend.as_tensor(x), p, rng)
+        return _cluster_on_torch(torch_backend.as_tensor(x), p, rng, host)
     if x.size == 0:
         return np.zeros(0, CENTROID_DTYPES[p.centroid_dtype]), np.zeros(0, np.uint8), 0.0
     if rounding_of(p) == "nearest":  # deterministic: draws nothing from rng
@@ -307,14 +310,19 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
     if isinstance(ids, device_rounding.Rounding) or torch_backend.is_torch(ids):
-        coded = torch_lanes.encode_ids(ids, k, w)
+        m = lanes.symbol_count(len(ids), w)
+        spans = _sample_spans(m) if auto and bits == w else ()
+        coded = torch_lanes.encode_ids(ids, k, w, spans)  # the sample comes over with the counts
         if auto:
-            packed = coded.symbols if bits == w else (
-                ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
-                else torch_backend.pack_tensor(ids, bits))
-            if not _lanes_win(coded.nbytes, packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])):
+            if bits == w:
+                size, part = m, coded.part
+            else:
+                packed = (ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
+                          else torch_backend.pack_tensor(ids, bits))
+                size, part = packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])
+            if not _lanes_win(coded.nbytes, size, part):
                 return None
-        return Section("IDSL", coded)
+        return Section("IDSL", coded.payload)
     sym, counts = lanes.symbols_counted(ids, k, w)
     packed = seen = None
     if auto:
@@ -325,6 +333,14 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
         return None
     return Section("IDSL", data)
+
+
+def _sample_spans(size: int) -> list[tuple[int, int]]:
+    """The byte ranges of ``size`` packed bytes that :func:`_lanes_win` reads first: all of them up
+    to EXACT_ZSTD_BYTES, else the sample slices."""
+    if size <= EXACT_ZSTD_BYTES:
+        return [(0, size)]
+    return [(a, a + SAMPLE_BYTES) for a in _sample_starts(size).tolist()]
 
 
 def _sample_starts(size: int) -> np.ndarray:
@@ -358,14 +374,14 @@ def _lanes_win(coded: int, size: int, part: Any, seen: structure.Screen | None =
     return coded <= len(zstd.compress(part(0, size)))
 
 
-def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator):
+def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator, host: np.ndarray | None = None):
     """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
     a small summary from the device, the rounding runs there (ids: a ``device_rounding.Rounding``, done
     on the device when the message is written: fused with the packing where the Triton kernel runs)."""
     dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
     if x.numel() == 0:
         return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
-    src = torch_backend.TorchSource(x)
+    src = torch_backend.solver_source(x, p.fixed_z, p.solver, host)  # one copy to the host (none: ``host``)
     bounds = src.bounds()
     c = centroids.solve(src, p.fixed_z, p.solver, rng, bounds=bounds)
     wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
