@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
+from mucsc.codec.wire import bitpack
 from mucsc.codec.wire import container as fmt
 from mucsc.codec.wire import lanes
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
+
+pytestmark = pytest.mark.backends
 
 BACKENDS = ["numpy", "c"] if kernels.c_module() is not None else ["numpy"]
 
@@ -161,11 +164,13 @@ def test_corrupt_sections_are_rejected(backend, monkeypatch):
 @pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
 def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
     # random byte changes and cut lanes in the streams of a full block and a partial one: the
-    # compiled decoder (four lanes at a time while 4 bytes remain, then byte by byte) accepts and
-    # rejects exactly what the numpy reference does, with the same symbols when it accepts
+    # compiled decoder (four lanes at a time while 4 bytes remain, then byte by byte), and its value
+    # mode (AVX2 or scalar), accept and reject exactly what the numpy reference does, with the same
+    # symbols (values) when it accepts
     n, k = 2 * lanes.BLOCK + 5000, 16
     good = np.frombuffer(lanes.encode(ids_for(n, k, 5), k), np.uint8)
     p = lanes.parse(good, n, k)
+    table = np.arange(k, dtype=np.float32) - 7.5
     g = np.random.default_rng(7)
     verdicts = []
     for trial in range(40):
@@ -185,6 +190,14 @@ def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
         assert outs[0][0] == outs[1][0]
         if not outs[0][0]:
             np.testing.assert_array_equal(outs[0][1], outs[1][1])
+        for simd in (1, 0):  # the value mode (AVX2 for the full block, scalar): the same verdict and IDs
+            vals = np.zeros(n, np.float32)
+            got = kernels.c_module().lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, p.layout.m,
+                                                  0, p.layout.blocks, p.starts, p.lengths, vals.view(np.uint8),
+                                                  parallel.byte_table(table, 4).bytes, simd)
+            assert (got < 0) == outs[0][0]
+            if got >= 0:
+                np.testing.assert_array_equal(vals, table[bitpack.unpack(outs[1][1], 4, n)])
         verdicts.append(outs[0][0])
     assert any(verdicts)
 

@@ -1799,15 +1799,20 @@ static inline int dec_get(uint32_t *x, const uint8_t **p, const uint8_t *end, co
     (C) = sy_;                                                                                          \
 } while (0)
 
-/* Symbol C of row t, lane j of the block's output. */
-#define DEC_OUT(T, J, C) do { if (wide) o16[(T) * W + (J)] = (uint16_t)(C); else o8[(T) * W + (J)] = (uint8_t)(C); } while (0)
+/* Symbol C of row t, lane j of the block's output: the symbol itself (u8, or u16 when wide), or
+ * with V > 0 the symbol's V-byte row of the value table (the IDs' values, never the IDs). */
+#define DEC_OUT(T, J, C) do {                                                                          \
+    Py_ssize_t i_ = (T) * W + (J);                                                                      \
+    if (V) memcpy(ov + i_ * V, rows + (size_t)(C) * V, V);                                              \
+    else if (wide) o16[i_] = (uint16_t)(C); else o8[i_] = (uint8_t)(C);                                 \
+} while (0)
 
 /* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt.  Four lanes at a time
  * through the full rows, their states and pointers in locals (independent chains) while each has
  * 4 bytes left, then dec_get's careful steps; the other lanes and the partial last row by dec_get. */
 static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum,
                                      int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
-                                     const int wide)
+                                     const int wide, const uint8_t *rows, const int V)
 {
     int W = lanes_of(s);
     uint32_t x[LANES_MAX], mask = (1u << S) - 1, c;
@@ -1821,6 +1826,7 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     }
     uint8_t *o8 = (uint8_t *)out + o;
     uint16_t *o16 = (uint16_t *)out + o;
+    uint8_t *ov = (uint8_t *)out + o * V;
     Py_ssize_t full = s / W;
     int grouped = W - W % 4;
     for (int j0 = 0; j0 < grouped; j0 += 4) {
@@ -1854,18 +1860,128 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     return 0;
 }
 
+/* lanes_decode_block's value mode with V fixed (one specialised copy per row size: the copies are
+ * then plain moves). */
+static int lanes_decode_block_values(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f,
+                                     const uint32_t *cum, int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st,
+                                     const int64_t *ln, void *out, const uint8_t *rows, int V)
+{
+#define DEC_VALUES(VV) return lanes_decode_block(buf, slot_sym, f, cum, S, o, s, st, ln, out, 0, rows, VV)
+    switch (V) {
+        case 1: DEC_VALUES(1);
+        case 2: DEC_VALUES(2);
+        case 4: DEC_VALUES(4);
+        case 8: DEC_VALUES(8);
+        case 16: DEC_VALUES(16);
+        case 32: DEC_VALUES(32);
+        default: DEC_VALUES(64);
+    }
+#undef DEC_VALUES
+}
+
+#ifdef LANES_AVX2
+/* The value mode of a full block of byte symbols (W = 32, 2048 rows) in AVX2, S <= 16, V = 4 or 8:
+ * the 32 lanes as four vectors of eight states, each row's 32 symbols decoded together while every
+ * lane has 4 bytes left (then dec_get's careful steps for the rows left).  Per vector and row: the
+ * slot's symbol (a byte table padded by 3, read by a gather), its (f - 1) | cum << 16 (a gather),
+ * DEC_STEP's arithmetic lane for lane (f (x >> S) < 2^31: x < 2^31, f <= 2^S), the renormalisation's
+ * 0..3 bytes from a gathered big-endian word per lane, and the symbols' V-byte values gathered and
+ * stored as 8 consecutive outputs.  The same values and the same rejections as the scalar decoder. */
+__attribute__((target("avx2")))
+static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, const uint32_t *fc, const uint16_t *slot_sym,
+                                   const uint32_t *f, const uint32_t *cum, int S, const int64_t *st, const int64_t *ln,
+                                   uint8_t *ov, const uint8_t *rows, int V)
+{
+    uint32_t x[LANES_MAX] __attribute__((aligned(32))), mask = (1u << S) - 1, c;
+    int32_t po[LANES_MAX] __attribute__((aligned(32))), eo[LANES_MAX] __attribute__((aligned(32)));
+    for (int j = 0; j < LANES_MAX; j++) {
+        const uint8_t *q = buf + st[j];
+        x[j] = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        if (x[j] >> 31) return 1;
+        po[j] = (int32_t)(st[j] + 4);
+        eo[j] = (int32_t)(st[j] + ln[j] - 4);  /* a lane's word at po is inside its stream while po <= eo */
+    }
+    const __m256i maskv = _mm256_set1_epi32((int)mask), lo16 = _mm256_set1_epi32(0xFFFF), lo8 = _mm256_set1_epi32(0xFF);
+    const __m256i one = _mm256_set1_epi32(1), c32 = _mm256_set1_epi32(32), zero = _mm256_setzero_si256();
+    const __m256i L0 = _mm256_set1_epi32((int)RANS_L), L1 = _mm256_set1_epi32((int)(RANS_L >> 8)),
+                  L2 = _mm256_set1_epi32((int)(RANS_L >> 16));
+    const __m128i sv = _mm_cvtsi32_si128(S);
+    const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                           3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    __m256i xv[4], pv[4], ev[4];
+    for (int v = 0; v < 4; v++) {
+        xv[v] = _mm256_load_si256((const __m256i *)(x + 8 * v));
+        pv[v] = _mm256_load_si256((const __m256i *)(po + 8 * v));
+        ev[v] = _mm256_load_si256((const __m256i *)(eo + 8 * v));
+    }
+    Py_ssize_t t = 0;
+    for (; t < LANE_SYMBOLS; t++) {
+        __m256i late = _mm256_or_si256(_mm256_or_si256(_mm256_cmpgt_epi32(pv[0], ev[0]), _mm256_cmpgt_epi32(pv[1], ev[1])),
+                                       _mm256_or_si256(_mm256_cmpgt_epi32(pv[2], ev[2]), _mm256_cmpgt_epi32(pv[3], ev[3])));
+        if (!_mm256_testz_si256(late, late)) break;
+        uint8_t *orow = ov + t * LANES_MAX * V;
+        for (int v = 0; v < 4; v++) {
+            __m256i slot = _mm256_and_si256(xv[v], maskv);
+            __m256i sym = _mm256_and_si256(_mm256_i32gather_epi32((const int *)slot8, slot, 1), lo8);
+            __m256i e = _mm256_i32gather_epi32((const int *)fc, sym, 4);
+            __m256i fs = _mm256_add_epi32(_mm256_and_si256(e, lo16), one);
+            __m256i xs = _mm256_add_epi32(_mm256_mullo_epi32(fs, _mm256_srl_epi32(xv[v], sv)),
+                                          _mm256_sub_epi32(slot, _mm256_srli_epi32(e, 16)));
+            __m256i n = _mm256_sub_epi32(zero, _mm256_add_epi32(_mm256_add_epi32(_mm256_cmpgt_epi32(L0, xs),
+                                                                                 _mm256_cmpgt_epi32(L1, xs)),
+                                                                _mm256_cmpgt_epi32(L2, xs)));
+            __m256i wd = _mm256_shuffle_epi8(_mm256_i32gather_epi32((const int *)buf, pv[v], 1), bswap);
+            __m256i n8 = _mm256_slli_epi32(n, 3);
+            xv[v] = _mm256_or_si256(_mm256_sllv_epi32(xs, n8), _mm256_srlv_epi32(wd, _mm256_sub_epi32(c32, n8)));
+            pv[v] = _mm256_add_epi32(pv[v], n);
+            if (V == 8) {
+                __m256i lo = _mm256_i32gather_epi64((const long long *)rows, _mm256_castsi256_si128(sym), 8);
+                __m256i hi = _mm256_i32gather_epi64((const long long *)rows, _mm256_extracti128_si256(sym, 1), 8);
+                _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
+                _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+            } else {
+                _mm256_storeu_si256((__m256i *)(orow + 32 * v), _mm256_i32gather_epi32((const int *)rows, sym, 4));
+            }
+        }
+    }
+    const uint8_t *p[LANES_MAX], *end[LANES_MAX];
+    for (int v = 0; v < 4; v++) {
+        _mm256_store_si256((__m256i *)(x + 8 * v), xv[v]);
+        _mm256_store_si256((__m256i *)(po + 8 * v), pv[v]);
+    }
+    for (int j = 0; j < LANES_MAX; j++) {
+        p[j] = buf + po[j];
+        end[j] = buf + st[j] + ln[j];
+    }
+    for (; t < LANE_SYMBOLS; t++)  /* the rows left, near a stream's end */
+        for (int j = 0; j < LANES_MAX; j++) {
+            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+            memcpy(ov + (t * LANES_MAX + j) * V, rows + (size_t)c * V, (size_t)V);
+        }
+    for (int j = 0; j < LANES_MAX; j++)
+        if (x[j] != RANS_L || p[j] != end[j]) return 1;
+    return 0;
+}
+#endif
+
 static const char lanes_decode_doc[] =
-    "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16) -> 0 or 1\n"
+    "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16[, rows u8[, simd=1]])\n"
     "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.6; starts/lens: their lanes' streams in buf,\n"
-    "checked against it) into out (m symbols).  1 if a lane ends early, not in state 2^23 or with bytes left.";
+    "checked against it) into out (m symbols): 0, or 1 if a lane ends early, not in state 2^23 or with\n"
+    "bytes left.  With rows (256 rows of V = len(rows) / 256 bytes, V a power of 2 up to 64; byte symbols)\n"
+    "out is the symbols' rows instead (bytes; symbol i at i V; the last symbol's row cut to what is left of\n"
+    "out, which holds (m - 1) V + 1 .. m V bytes): -1 if a lane is corrupt, else the symbol m - 1 when the\n"
+    "blocks include it (its padding bits are the caller's to check), else 0.  Full blocks with V = 4 or 8\n"
+    "and S <= 16 run the AVX2 decoder where the CPU has it; simd=0 leaves it out (the same values; tests).";
 
 static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 {
-    PyObject *bo, *fo, *co, *so, *lo, *oo;
-    int S;
+    PyObject *bo, *fo, *co, *so, *lo, *oo, *ro = NULL;
+    int S, simd = 1;
     Py_ssize_t m, b0, b1;
-    if (!PyArg_ParseTuple(args, "OOOinnnOOO", &bo, &fo, &co, &S, &m, &b0, &b1, &so, &lo, &oo)) return NULL;
-    Py_buffer bb, fb, cb, sb, lb, ob;
+    if (!PyArg_ParseTuple(args, "OOOinnnOOO|Op", &bo, &fo, &co, &S, &m, &b0, &b1, &so, &lo, &oo, &ro, &simd))
+        return NULL;
+    Py_buffer bb, fb, cb, sb, lb, ob, rb = {0};
     if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
     if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&bb); return NULL; }
     if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); return NULL; }
@@ -1877,12 +1993,20 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
         PyBuffer_Release(&lb); return NULL;
     }
+    if (ro && ro != Py_None && get_buf(ro, &rb, 0, "rows") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+        PyBuffer_Release(&lb); PyBuffer_Release(&ob); return NULL;
+    }
     PyObject *res = NULL;
     uint16_t *slot_sym = NULL;
-    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK, k = fb.len / 4;
-    int wide = ob.itemsize == 2;
-    if (S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || fb.len != cb.len || k > 65536
-        || (ob.itemsize != 1 && ob.itemsize != 2) || ob.len / ob.itemsize != m || (!wide && k > 256)
+    uint8_t *slot8 = NULL, *tmp = NULL;
+    uint32_t *fc = NULL;
+    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK, k = fb.len / 4, V = rb.buf ? rb.len / 256 : 0;
+    int wide = !V && ob.itemsize == 2;
+    int shape_ok = V ? (rb.len == 256 * V && V <= 64 && !(V & (V - 1)) && k <= 256 && m >= 1
+                        && ob.len <= m * V && ob.len > (m - 1) * V)
+                     : ((ob.itemsize == 1 || ob.itemsize == 2) && ob.len / ob.itemsize == m && (wide || k <= 256));
+    if (S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || fb.len != cb.len || k > 65536 || !shape_ok
         || sb.itemsize != 8 || lb.itemsize != 8 || sb.len != lb.len || b0 < 0 || b1 > nb || b0 > b1) {
         PyErr_SetString(PyExc_ValueError, "lanes_decode: bad arguments");
         goto done;
@@ -1903,26 +2027,69 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         }
         slot_sym = (uint16_t *)PyMem_RawMalloc((size_t)M * sizeof(uint16_t));
         if (!slot_sym) { PyErr_NoMemory(); goto done; }
+        int vec = 0;  /* full blocks by the AVX2 value decoder */
+#ifdef LANES_AVX2
+        vec = V && simd && (V == 4 || V == 8) && S <= 16 && bb.len < ((Py_ssize_t)1 << 31) - 8 && have_avx2();
+#endif
+        if (vec) {
+            slot8 = (uint8_t *)PyMem_RawMalloc((size_t)M + 4);  /* padded: a gather reads 4 bytes at a slot */
+            fc = (uint32_t *)PyMem_RawCalloc(256, sizeof(uint32_t));
+            if (!slot8 || !fc) { PyErr_NoMemory(); goto done; }
+        }
+        if (V && b1 == nb && !(tmp = (uint8_t *)PyMem_RawMalloc(LANES_BLOCK))) { PyErr_NoMemory(); goto done; }
         int err = 0;
+        long last = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < k; c++)
             for (uint32_t t = 0; t < f[c]; t++) slot_sym[cum[c] + t] = (uint16_t)c;
-        for (Py_ssize_t b = b0; b < b1 && !err; b++) {
+        if (vec) {
+            for (Py_ssize_t i = 0; i < M; i++) slot8[i] = (uint8_t)slot_sym[i];
+            memset(slot8 + M, 0, 4);
+            for (Py_ssize_t c = 0; c < k; c++) fc[c] = f[c] ? (f[c] - 1) | (cum[c] << 16) : 0;
+        }
+        for (Py_ssize_t b = b0; b < b1 && V && !err; b++) {  /* the values: IDs never stored */
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+            uint8_t *ob8 = (uint8_t *)ob.buf + b * LANES_BLOCK * V;
+            if (b + 1 == nb) {  /* the last block's symbols first: its last row may be cut short */
+                err = lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, 0, s, st, ln, tmp, 0, NULL, 0);
+                for (Py_ssize_t i = 0; !err && i + 1 < s; i++) memcpy(ob8 + i * V, (const uint8_t *)rb.buf + (size_t)tmp[i] * V, (size_t)V);
+                if (!err) {
+                    memcpy(ob8 + (s - 1) * V, (const uint8_t *)rb.buf + (size_t)tmp[s - 1] * V,
+                           (size_t)(ob.len - (m - 1) * V));
+                    last = tmp[s - 1];
+                }
+            }
+#ifdef LANES_AVX2
+            else if (vec)
+                err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, slot_sym, f, cum, S, st, ln, ob8,
+                                              (const uint8_t *)rb.buf, (int)V);
+#endif
+            else
+                err = lanes_decode_block_values((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st,
+                                                ln, ob.buf, (const uint8_t *)rb.buf, (int)V);
+            st += lanes_of(s);
+            ln += lanes_of(s);
+        }
+        for (Py_ssize_t b = b0; b < b1 && !V && !err; b++) {
             Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
             err = wide ? lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
-                                            ob.buf, 1)
+                                            ob.buf, 1, NULL, 0)
                        : lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
-                                            ob.buf, 0);
+                                            ob.buf, 0, NULL, 0);
             st += lanes_of(s);
             ln += lanes_of(s);
         }
         Py_END_ALLOW_THREADS
-        res = PyLong_FromLong(err);
+        res = PyLong_FromLong(V ? (err ? -1 : last) : err);
     }
 done:
     PyMem_RawFree(slot_sym);
+    PyMem_RawFree(slot8);
+    PyMem_RawFree(fc);
+    PyMem_RawFree(tmp);
     PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
     PyBuffer_Release(&lb); PyBuffer_Release(&ob);
+    if (rb.buf) PyBuffer_Release(&rb);
     return res;
 }
 
