@@ -2093,6 +2093,45 @@ done:
     return res;
 }
 
+/* ---- a dot product in a fixed order (numpy twin: mucsc.codec.sums.dot) --------------------------
+ * acc[j] += a[8 i + j] b[8 i + j] in i order for the 8 columns (the tail as if padded with zeros),
+ * then ((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7)): the same float64
+ * operations on every machine and thread count, unlike a BLAS dot (its kernel and thread split
+ * set the order).  -ffp-contract=off keeps each product and sum rounded as numpy's. */
+
+PyDoc_STRVAR(dot_doc,
+"dot(a f64, b f64) -> float\n\n"
+"sum(a * b) in the fixed order of mucsc.codec.sums.dot (8 column sums, then a fixed tree).  GIL released.");
+
+static PyObject *py_dot(PyObject *self, PyObject *args)
+{
+    PyObject *ao, *bo;
+    if (!PyArg_ParseTuple(args, "OO", &ao, &bo)) return NULL;
+    Py_buffer ab, bb;
+    if (get_buf(ao, &ab, 0, "a") < 0) return NULL;
+    if (get_buf(bo, &bb, 0, "b") < 0) { PyBuffer_Release(&ab); return NULL; }
+    PyObject *res = NULL;
+    if (float_kind(&ab) != 8 || float_kind(&bb) != 8 || ab.len != bb.len) {
+        PyErr_SetString(PyExc_ValueError, "dot: need two float64 buffers of one length");
+        goto done;
+    }
+    {
+        const double *a = (const double *)ab.buf, *b = (const double *)bb.buf;
+        Py_ssize_t n = ab.len / 8, full = n - n % 8;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < full; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) acc[j] += full + j < n ? a[full + j] * b[full + j] : 0.0;
+        Py_END_ALLOW_THREADS
+        res = PyFloat_FromDouble(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    }
+done:
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&bb);
+    return res;
+}
+
 /* ---- byte-indexed table gather (the decoder's ID lookup; numpy twin: parallel.unpack_take) ---- */
 
 PyDoc_STRVAR(lookup_bytes_doc,
@@ -2668,6 +2707,7 @@ static PyMethodDef methods[] = {
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
+    {"dot", py_dot, METH_VARARGS, dot_doc},
     {"varints", py_varints, METH_VARARGS, varints_doc},
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
