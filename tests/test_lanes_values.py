@@ -48,8 +48,9 @@ CASES = [(1, 2), (7, 2), (100, 3), (1001, 16), (4099, 5), (70001, 256), (2 * lan
 @needs_c
 @pytest.mark.parametrize("n, k", CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
-def test_values_equal_the_reference(n, k, dtype):
-    ids = ids_for(n, k, seed=n + k)
+@pytest.mark.parametrize("conc", [0.3, 50.0])  # skewed IDs (some f > 2^12), near-uniform (every f <= 2^12)
+def test_values_equal_the_reference(n, k, dtype, conc):
+    ids = ids_for(n, k, seed=n + k, conc=conc)
     payload = lanes.encode(ids, k)
     table = np.random.default_rng(k).normal(size=k).astype(dtype)
     want = table[ids]
