@@ -1,5 +1,5 @@
 """The message bytes do not depend on the BLAS thread count (issue 37): every reduction on the encode
-path that feeds a choice or the bytes is summed in a fixed order, never by ``np.dot`` (OpenBLAS
+path that feeds a choice or the bytes is summed in a fixed order (``kernels.dot``), never by ``np.dot`` (OpenBLAS
 splits a long dot product among its threads, which changes the rounding of the sum).
 
 The corpus is every valid vector's case (spec/make_vectors.py: every codec, goal and rounding there)
@@ -85,14 +85,14 @@ def test_the_encode_path_calls_no_blas_dot(monkeypatch):
     # rounding goes through BLAS (what makes the test above hold on every machine, not only here:
     # a BLAS kernel's order also changes with the CPU it picks, and small dots are not split)
     def refused(*args, **kwargs):
-        raise AssertionError("np.dot on the encode path: use mucsc.codec.sums.dot")
+        raise AssertionError("np.dot on the encode path: use mucsc.codec.kernels.dot")
     monkeypatch.setattr(np, "dot", refused)
     assert len(corpus_digests()) >= 40
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 17, 1000, 65536, 65539, 300_001])
-def test_sums_dot_has_one_order_on_every_backend(n, monkeypatch):
-    from mucsc.codec import kernels, sums
+def test_kernels_dot_has_one_order_on_every_backend(n, monkeypatch):
+    from mucsc.codec import kernels
 
     g = np.random.default_rng(n)
     a = g.normal(size=n) * 10.0 ** g.uniform(-6, 6, n)  # magnitudes where the order shows
@@ -107,8 +107,8 @@ def test_sums_dot_has_one_order_on_every_backend(n, monkeypatch):
     got = {}
     for backend in ("c", "numpy") if kernels.c_module() is not None else ("numpy",):
         monkeypatch.setattr(kernels, "BACKEND", backend)
-        got[backend] = sums.dot(a, b)
-        assert sums.dot(a.astype(np.float32), b) == sums.dot(a.astype(np.float32).astype(np.float64), b)
+        got[backend] = kernels.dot(a, b)
+        assert kernels.dot(a.astype(np.float32), b) == kernels.dot(a.astype(np.float32).astype(np.float64), b)
     assert set(got.values()) == {want}
 
 

@@ -2146,7 +2146,7 @@ done:
     return res;
 }
 
-/* ---- a dot product in a fixed order (numpy twin: mucsc.codec.sums.dot) --------------------------
+/* ---- a dot product in a fixed order (numpy twin: mucsc.codec.kernels.dot) -----------------------
  * acc[j] += a[8 i + j] b[8 i + j] in i order for the 8 columns (the tail as if padded with zeros),
  * then ((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7)): the same float64
  * operations on every machine and thread count, unlike a BLAS dot (its kernel and thread split
@@ -2154,7 +2154,7 @@ done:
 
 PyDoc_STRVAR(dot_doc,
 "dot(a f64, b f64) -> float\n\n"
-"sum(a * b) in the fixed order of mucsc.codec.sums.dot (8 column sums, then a fixed tree).  GIL released.");
+"sum(a * b) in the fixed order of mucsc.codec.kernels.dot (8 column sums, then a fixed tree).  GIL released.");
 
 static PyObject *py_dot(PyObject *self, PyObject *args)
 {

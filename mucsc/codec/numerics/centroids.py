@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import kernels, parallel, sums
+from mucsc.codec import kernels, parallel
 from mucsc.errors import InputError, ParameterError
 
 __all__ = ["SOLVERS", "solve", "variance_J", "variance_J_sorted", "segment_costs"]
@@ -69,7 +69,7 @@ def variance_J(x: np.ndarray, c: np.ndarray) -> float:
     for s in range(0, x.size, step):
         xs = x[s : s + step].astype(np.float64)
         k = interval_index(xs, c)
-        total += sums.dot(c[k + 1] - xs, xs - c[k])
+        total += kernels.dot(c[k + 1] - xs, xs - c[k])
     return total
 
 
