@@ -45,8 +45,9 @@ REFINE_Q = 3
 POLISH_SWEEPS = 200
 # DP candidates: max(CAND_MIN, CAND_PER_LEVEL * z).  The DP costs O(z m^2), a fixed cost that dominates
 # small inputs; the polish after it recovers what fewer candidates miss: with 192 instead of 384 the
-# J at Z = 16 of standard Gaussian d = 1e4 / 1e5 / 1e6 moves -0.0026% / -0.0020% / 0 and every
-# vector's within 0.005%, and a 1e4-element Z = 16 encode costs ~15% less (issue 37).
+# J at Z = 16 of standard Gaussian d = 1e4 / 1e5 / 1e6 moves -0.0026% / -0.0020% / 0, every vector's
+# within 0.005%, Gaussian and Student-t(3) d = 3e5 / 2e6 / 1e7 within 0.05% (either way), and a
+# 1e4-element Z = 16 encode costs ~15% less (issue 37).
 CAND_MIN, CAND_PER_LEVEL = 192, 12
 
 
