@@ -24,7 +24,8 @@ CASES = [
     ("mucsc", True, {'size': 6000}, "1aee180dc07e1037"),
     ("mucsc", True, {'max_error': 0.02}, "0dae0c757cd62f36"),
     ("mucsc", True, {'bits': 1.5, 'id_coding': 'packed'}, "9b375db52f20eef7"),
-    ("mucsc", False, {'bits': 2.5, 'shared': False}, "18f17afc9bd87978"),
+    # 192 DP candidates instead of 384 (issue 37): one tensor's levels moved, J 8143.9447 -> 8143.9454, same size
+    ("mucsc", False, {'bits': 2.5, 'shared': False}, "9c3dbe2923e61d22"),
     ("mucsc", False, {'max_error': 0.05, 'shared': False}, "1a680d81c69267db"),
     ("bmucsc", True, {'bits': 0.3}, "950a6ed4720b1f90"),
     ("bmucsc", True, {'bits': 2.0}, "b603d6f13438a0b9"),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import mucsc
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
+from mucsc.codec.wire import bitpack
 from mucsc.codec.wire import container as fmt
 from mucsc.codec.wire import lanes
 from mucsc.codec.wire import rans
@@ -162,13 +163,17 @@ def test_corrupt_sections_are_rejected(backend, monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.use_c(), reason="compiled kernels not built")
-def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
-    # random byte changes and cut lanes in the streams of a full block and a partial one: the
-    # compiled decoder (four lanes at a time while 4 bytes remain, then byte by byte) accepts and
-    # rejects exactly what the numpy reference does, with the same symbols when it accepts
-    n, k = 2 * lanes.BLOCK + 5000, 16
-    good = np.frombuffer(lanes.encode(ids_for(n, k, 5), k), np.uint8)
+@pytest.mark.parametrize("blocks, conc", [(1, 0.3), (5, 50.0)])
+def test_damaged_streams_get_the_same_verdict_from_both_coders(blocks, conc, monkeypatch):
+    # random byte changes and cut lanes in the streams of full blocks and a partial one: the
+    # compiled decoder (AVX2 for full blocks, else four lanes at a time while 4 bytes remain, then
+    # byte by byte), and its value mode (AVX2 or scalar; with near-uniform IDs, every f <= 2^12 and 4+
+    # blocks, AVX2's one-gather table), accept and reject exactly what the numpy reference does, with
+    # the same symbols (values) when it accepts
+    n, k = 2 * blocks * lanes.BLOCK + 5000, 16
+    good = np.frombuffer(lanes.encode(ids_for(n, k, 5, conc), k), np.uint8)
     p = lanes.parse(good, n, k)
+    table = np.arange(k, dtype=np.float32) - 7.5
     g = np.random.default_rng(7)
     verdicts = []
     for trial in range(40):
@@ -186,8 +191,21 @@ def test_damaged_streams_get_the_same_verdict_from_both_coders(monkeypatch):
             out = np.zeros(p.layout.m, np.uint8)
             outs.append((lanes.decode_lanes(b, p, out), out))
         assert outs[0][0] == outs[1][0]
+        out = np.zeros(p.layout.m, np.uint8)  # the compiled symbols without AVX2
+        assert bool(kernels.c_module().lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S,
+                                                    p.layout.m, 0, p.layout.blocks, p.starts, p.lengths, out, None,
+                                                    0)) == outs[0][0]
         if not outs[0][0]:
+            np.testing.assert_array_equal(out, outs[1][1])
             np.testing.assert_array_equal(outs[0][1], outs[1][1])
+        for simd in (1, 0):  # the value mode (AVX2 for the full block, scalar): the same verdict and IDs
+            vals = np.zeros(n, np.float32)
+            got = kernels.c_module().lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, p.layout.m,
+                                                  0, p.layout.blocks, p.starts, p.lengths, vals.view(np.uint8),
+                                                  parallel.byte_table(table, 4).bytes, simd)
+            assert (got < 0) == outs[0][0]
+            if got >= 0:
+                np.testing.assert_array_equal(vals, table[bitpack.unpack(outs[1][1], 4, n)])
         verdicts.append(outs[0][0])
     assert any(verdicts)
 

@@ -1799,15 +1799,20 @@ static inline int dec_get(uint32_t *x, const uint8_t **p, const uint8_t *end, co
     (C) = sy_;                                                                                          \
 } while (0)
 
-/* Symbol C of row t, lane j of the block's output. */
-#define DEC_OUT(T, J, C) do { if (wide) o16[(T) * W + (J)] = (uint16_t)(C); else o8[(T) * W + (J)] = (uint8_t)(C); } while (0)
+/* Symbol C of row t, lane j of the block's output: the symbol itself (u8, or u16 when wide), or
+ * with V > 0 the symbol's V-byte row of the value table (the IDs' values, never the IDs). */
+#define DEC_OUT(T, J, C) do {                                                                          \
+    Py_ssize_t i_ = (T) * W + (J);                                                                      \
+    if (V) memcpy(ov + i_ * V, rows + (size_t)(C) * V, V);                                              \
+    else if (wide) o16[i_] = (uint16_t)(C); else o8[i_] = (uint8_t)(C);                                 \
+} while (0)
 
 /* One block's W lanes decoded into out[o, o + s); 1 if a lane is corrupt.  Four lanes at a time
  * through the full rows, their states and pointers in locals (independent chains) while each has
  * 4 bytes left, then dec_get's careful steps; the other lanes and the partial last row by dec_get. */
 static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum,
                                      int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st, const int64_t *ln, void *out,
-                                     const int wide)
+                                     const int wide, const uint8_t *rows, const int V)
 {
     int W = lanes_of(s);
     uint32_t x[LANES_MAX], mask = (1u << S) - 1, c;
@@ -1821,6 +1826,7 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     }
     uint8_t *o8 = (uint8_t *)out + o;
     uint16_t *o16 = (uint16_t *)out + o;
+    uint8_t *ov = (uint8_t *)out + o * V;
     Py_ssize_t full = s / W;
     int grouped = W - W % 4;
     for (int j0 = 0; j0 < grouped; j0 += 4) {
@@ -1854,18 +1860,159 @@ static inline int lanes_decode_block(const uint8_t *buf, const uint16_t *slot_sy
     return 0;
 }
 
+/* lanes_decode_block's value mode with V fixed (one specialised copy per row size: the copies are
+ * then plain moves). */
+static int lanes_decode_block_values(const uint8_t *buf, const uint16_t *slot_sym, const uint32_t *f,
+                                     const uint32_t *cum, int S, Py_ssize_t o, Py_ssize_t s, const int64_t *st,
+                                     const int64_t *ln, void *out, const uint8_t *rows, int V)
+{
+#define DEC_VALUES(VV) return lanes_decode_block(buf, slot_sym, f, cum, S, o, s, st, ln, out, 0, rows, VV)
+    switch (V) {
+        case 1: DEC_VALUES(1);
+        case 2: DEC_VALUES(2);
+        case 4: DEC_VALUES(4);
+        case 8: DEC_VALUES(8);
+        case 16: DEC_VALUES(16);
+        case 32: DEC_VALUES(32);
+        default: DEC_VALUES(64);
+    }
+#undef DEC_VALUES
+}
+
+#ifdef LANES_AVX2
+/* One block of byte symbols (W lanes, s symbols) in AVX2, S <= 16: the lanes as ceil(W / 8) vectors
+ * of eight states (lanes past W idle: they read the section's first word and never move), each row's
+ * symbols decoded together while every lane has 4 bytes left, then dec_get's careful steps for the
+ * rows left and the partial last row.  Per vector and row: the slot's symbol (a byte table padded by
+ * 3, read by a gather), its (f - 1) | cum << 16 (a gather) -- or, where every f <= 2^12 (tab32),
+ * both from one gather of sym | (f - 1) << 8 | (slot - cum) << 20 --, DEC_STEP's arithmetic lane for lane
+ * (f (x >> S) < 2^31: x < 2^31, f <= 2^S), the renormalisation's 0..3 bytes from a gathered
+ * big-endian word per lane.  Output: with V = 4 or 8 (W = 32 only) the symbols' V-byte rows, gathered
+ * and stored 8 at a time (the IDs never stored); with V = 0 the symbols as bytes (8 stored at a
+ * time: up to 7 bytes past a row's end, rewritten by the next row; out needs 8 bytes of slack).
+ * The same symbols and the same rejections as the scalar decoder. */
+__attribute__((target("avx2")))
+static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, const uint32_t *fc, const uint32_t *tab32,
+                                   const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum, int S, Py_ssize_t s,
+                                   const int64_t *st, const int64_t *ln, uint8_t *ov, const uint8_t *rows, int V)
+{
+    const int W = lanes_of(s), nv = (W + 7) / 8;
+    const Py_ssize_t full = s / W;
+    uint32_t x[LANES_MAX] __attribute__((aligned(32))), mask = (1u << S) - 1, c;
+    int32_t po[LANES_MAX] __attribute__((aligned(32))), eo[LANES_MAX] __attribute__((aligned(32)));
+    int32_t on[LANES_MAX] __attribute__((aligned(32)));
+    for (int j = 0; j < 8 * nv; j++) {
+        on[j] = j < W ? -1 : 0;
+        x[j] = RANS_L;
+        po[j] = 0;
+        eo[j] = INT32_MAX;
+        if (j >= W) continue;
+        const uint8_t *q = buf + st[j];
+        x[j] = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        if (x[j] >> 31) return 1;
+        po[j] = (int32_t)(st[j] + 4);
+        eo[j] = (int32_t)(st[j] + ln[j] - 4);  /* a lane's word at po is inside its stream while po <= eo */
+    }
+    const __m256i maskv = _mm256_set1_epi32((int)mask), lo16 = _mm256_set1_epi32(0xFFFF), lo8 = _mm256_set1_epi32(0xFF);
+    const __m256i lo12 = _mm256_set1_epi32(0xFFF);
+    const __m256i one = _mm256_set1_epi32(1), c32 = _mm256_set1_epi32(32), zero = _mm256_setzero_si256();
+    const __m256i L0 = _mm256_set1_epi32((int)RANS_L), L1 = _mm256_set1_epi32((int)(RANS_L >> 8)),
+                  L2 = _mm256_set1_epi32((int)(RANS_L >> 16));
+    const __m128i sv = _mm_cvtsi32_si128(S);
+    const __m256i bswap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                           3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    const __m256i low = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                         0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    __m256i xv[4], pv[4], ev[4], act[4];
+    for (int v = 0; v < nv; v++) {
+        xv[v] = _mm256_load_si256((const __m256i *)(x + 8 * v));
+        pv[v] = _mm256_load_si256((const __m256i *)(po + 8 * v));
+        ev[v] = _mm256_load_si256((const __m256i *)(eo + 8 * v));
+        act[v] = _mm256_load_si256((const __m256i *)(on + 8 * v));
+    }
+    Py_ssize_t t = 0;
+    for (; t < full; t++) {
+        __m256i late = _mm256_cmpgt_epi32(pv[0], ev[0]);
+        for (int v = 1; v < nv; v++) late = _mm256_or_si256(late, _mm256_cmpgt_epi32(pv[v], ev[v]));
+        if (!_mm256_testz_si256(late, late)) break;
+        uint8_t *orow = ov + t * W * (V ? V : 1);
+        for (int v = 0; v < nv; v++) {
+            __m256i slot = _mm256_and_si256(xv[v], maskv), sym, xs;
+            if (tab32) {  /* every f <= 2^12: one gather of sym | (f - 1) << 8 | (slot - cum) << 20 */
+                __m256i e = _mm256_i32gather_epi32((const int *)tab32, slot, 4);
+                sym = _mm256_and_si256(e, lo8);
+                __m256i fs = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 8), lo12), one);
+                xs = _mm256_add_epi32(_mm256_mullo_epi32(fs, _mm256_srl_epi32(xv[v], sv)), _mm256_srli_epi32(e, 20));
+            } else {
+                sym = _mm256_and_si256(_mm256_i32gather_epi32((const int *)slot8, slot, 1), lo8);
+                __m256i e = _mm256_i32gather_epi32((const int *)fc, sym, 4);
+                __m256i fs = _mm256_add_epi32(_mm256_and_si256(e, lo16), one);
+                xs = _mm256_add_epi32(_mm256_mullo_epi32(fs, _mm256_srl_epi32(xv[v], sv)),
+                                      _mm256_sub_epi32(slot, _mm256_srli_epi32(e, 16)));
+            }
+            __m256i n = _mm256_sub_epi32(zero, _mm256_add_epi32(_mm256_add_epi32(_mm256_cmpgt_epi32(L0, xs),
+                                                                                 _mm256_cmpgt_epi32(L1, xs)),
+                                                                _mm256_cmpgt_epi32(L2, xs)));
+            n = _mm256_and_si256(n, act[v]);  /* idle lanes stay at their word */
+            __m256i wd = _mm256_shuffle_epi8(_mm256_i32gather_epi32((const int *)buf, pv[v], 1), bswap);
+            __m256i n8 = _mm256_slli_epi32(n, 3);
+            xv[v] = _mm256_or_si256(_mm256_sllv_epi32(xs, n8), _mm256_srlv_epi32(wd, _mm256_sub_epi32(c32, n8)));
+            pv[v] = _mm256_add_epi32(pv[v], n);
+            if (V == 8) {
+                __m256i lo = _mm256_i32gather_epi64((const long long *)rows, _mm256_castsi256_si128(sym), 8);
+                __m256i hi = _mm256_i32gather_epi64((const long long *)rows, _mm256_extracti128_si256(sym, 1), 8);
+                _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
+                _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+            } else if (V == 4) {
+                _mm256_storeu_si256((__m256i *)(orow + 32 * v), _mm256_i32gather_epi32((const int *)rows, sym, 4));
+            } else {
+                __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sym, low), join);
+                _mm_storel_epi64((__m128i *)(orow + 8 * v), _mm256_castsi256_si128(b8));
+            }
+        }
+    }
+    const uint8_t *p[LANES_MAX], *end[LANES_MAX];
+    for (int v = 0; v < nv; v++) {
+        _mm256_store_si256((__m256i *)(x + 8 * v), xv[v]);
+        _mm256_store_si256((__m256i *)(po + 8 * v), pv[v]);
+    }
+    for (int j = 0; j < W; j++) {
+        p[j] = buf + po[j];
+        end[j] = buf + st[j] + ln[j];
+    }
+    const size_t vb = V ? (size_t)V : 1;
+    for (; t <= full; t++)  /* the rows left, near a stream's end, and the partial last row */
+        for (int j = 0; j < (t < full ? W : (int)(s - full * W)); j++) {
+            if (dec_get(&x[j], &p[j], end[j], slot_sym, f, cum, S, mask, &c)) return 1;
+            if (V) memcpy(ov + (t * W + j) * vb, rows + (size_t)c * vb, vb);
+            else ov[t * W + j] = (uint8_t)c;
+        }
+    for (int j = 0; j < W; j++)
+        if (x[j] != RANS_L || p[j] != end[j]) return 1;
+    return 0;
+}
+#endif
+
 static const char lanes_decode_doc[] =
-    "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16) -> 0 or 1\n"
+    "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16[, rows u8[, simd=1]])\n"
     "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.6; starts/lens: their lanes' streams in buf,\n"
-    "checked against it) into out (m symbols).  1 if a lane ends early, not in state 2^23 or with bytes left.";
+    "checked against it) into out (m symbols): 0, or 1 if a lane ends early, not in state 2^23 or with\n"
+    "bytes left.  With rows (256 rows of V = len(rows) / 256 bytes, V a power of 2 up to 64; byte symbols)\n"
+    "out is the symbols' rows instead (bytes; symbol i at i V; the last symbol's row cut to what is left of\n"
+    "out, which holds (m - 1) V + 1 .. m V bytes): -1 if a lane is corrupt, else the symbol m - 1 when the\n"
+    "blocks include it (its padding bits are the caller's to check), else 0.  Byte symbols with S <= 16 run\n"
+    "the AVX2 decoder where the CPU has it (full blocks; in the value mode also the last block, to symbols\n"
+    "first, and only rows of 4 or 8 bytes); simd=0 leaves it out (the same output; for tests).";
 
 static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 {
-    PyObject *bo, *fo, *co, *so, *lo, *oo;
-    int S;
+    PyObject *bo, *fo, *co, *so, *lo, *oo, *ro = NULL;
+    int S, simd = 1;
     Py_ssize_t m, b0, b1;
-    if (!PyArg_ParseTuple(args, "OOOinnnOOO", &bo, &fo, &co, &S, &m, &b0, &b1, &so, &lo, &oo)) return NULL;
-    Py_buffer bb, fb, cb, sb, lb, ob;
+    if (!PyArg_ParseTuple(args, "OOOinnnOOO|Op", &bo, &fo, &co, &S, &m, &b0, &b1, &so, &lo, &oo, &ro, &simd))
+        return NULL;
+    Py_buffer bb, fb, cb, sb, lb, ob, rb = {0};
     if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
     if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&bb); return NULL; }
     if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); return NULL; }
@@ -1877,12 +2024,20 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
         PyBuffer_Release(&lb); return NULL;
     }
+    if (ro && ro != Py_None && get_buf(ro, &rb, 0, "rows") < 0) {
+        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
+        PyBuffer_Release(&lb); PyBuffer_Release(&ob); return NULL;
+    }
     PyObject *res = NULL;
     uint16_t *slot_sym = NULL;
-    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK, k = fb.len / 4;
-    int wide = ob.itemsize == 2;
-    if (S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || fb.len != cb.len || k > 65536
-        || (ob.itemsize != 1 && ob.itemsize != 2) || ob.len / ob.itemsize != m || (!wide && k > 256)
+    uint8_t *slot8 = NULL, *tmp = NULL;
+    uint32_t *fc = NULL, *tab32 = NULL;
+    Py_ssize_t nb = (m + LANES_BLOCK - 1) / LANES_BLOCK, k = fb.len / 4, V = rb.buf ? rb.len / 256 : 0;
+    int wide = !V && ob.itemsize == 2;
+    int shape_ok = V ? (rb.len == 256 * V && V <= 64 && !(V & (V - 1)) && k <= 256 && m >= 1
+                        && ob.len <= m * V && ob.len > (m - 1) * V)
+                     : ((ob.itemsize == 1 || ob.itemsize == 2) && ob.len / ob.itemsize == m && (wide || k <= 256));
+    if (S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || fb.len != cb.len || k > 65536 || !shape_ok
         || sb.itemsize != 8 || lb.itemsize != 8 || sb.len != lb.len || b0 < 0 || b1 > nb || b0 > b1) {
         PyErr_SetString(PyExc_ValueError, "lanes_decode: bad arguments");
         goto done;
@@ -1903,26 +2058,130 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         }
         slot_sym = (uint16_t *)PyMem_RawMalloc((size_t)M * sizeof(uint16_t));
         if (!slot_sym) { PyErr_NoMemory(); goto done; }
+        int vec = 0;  /* byte-symbol blocks by the AVX2 decoder (values: full blocks, rows of 4 or 8 bytes) */
+#ifdef LANES_AVX2
+        vec = simd && !wide && S <= 16 && bb.len < ((Py_ssize_t)1 << 31) - 8 && have_avx2();
+#endif
+        int vec_rows = vec && (V == 4 || V == 8);
+        uint32_t fmax = 0;
+        for (Py_ssize_t c = 0; c < k; c++) fmax = f[c] > fmax ? f[c] : fmax;
+        if (vec) {
+            slot8 = (uint8_t *)PyMem_RawMalloc((size_t)M + 4);  /* padded: a gather reads 4 bytes at a slot */
+            fc = (uint32_t *)PyMem_RawCalloc(256, sizeof(uint32_t));
+            if (!slot8 || !fc) { PyErr_NoMemory(); goto done; }
+            if (fmax <= 4096 && (b1 - b0) * LANES_BLOCK >= 4 * M) {  /* the one-gather table, where it pays */
+                tab32 = (uint32_t *)PyMem_RawMalloc((size_t)M * sizeof(uint32_t));
+                if (!tab32) { PyErr_NoMemory(); goto done; }
+            }
+        }
+        if (V && b1 == nb && !(tmp = (uint8_t *)PyMem_RawMalloc(LANES_BLOCK + 8))) { PyErr_NoMemory(); goto done; }
         int err = 0;
+        long last = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < k; c++)
             for (uint32_t t = 0; t < f[c]; t++) slot_sym[cum[c] + t] = (uint16_t)c;
-        for (Py_ssize_t b = b0; b < b1 && !err; b++) {
+        if (vec) {
+            for (Py_ssize_t c = 0; c < k; c++) memset(slot8 + cum[c], (int)c, f[c]);
+            memset(slot8 + M, 0, 4);
+            for (Py_ssize_t c = 0; c < k; c++) fc[c] = f[c] ? (f[c] - 1) | (cum[c] << 16) : 0;
+            for (Py_ssize_t c = 0; tab32 && c < k; c++)
+                for (uint32_t t = 0; t < f[c]; t++) tab32[cum[c] + t] = (uint32_t)c | (f[c] - 1) << 8 | t << 20;
+        }
+        for (Py_ssize_t b = b0; b < b1 && V && !err; b++) {  /* the values: IDs never stored */
             Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+            uint8_t *ob8 = (uint8_t *)ob.buf + b * LANES_BLOCK * V;
+            if (b + 1 == nb) {  /* the last block's symbols first: its last row may be cut short */
+#ifdef LANES_AVX2
+                if (vec)
+                    err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
+                                                  tmp, NULL, 0);
+                else
+#endif
+                err = lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, 0, s, st, ln, tmp, 0, NULL, 0);
+                for (Py_ssize_t i = 0; !err && i + 1 < s; i++) memcpy(ob8 + i * V, (const uint8_t *)rb.buf + (size_t)tmp[i] * V, (size_t)V);
+                if (!err) {
+                    memcpy(ob8 + (s - 1) * V, (const uint8_t *)rb.buf + (size_t)tmp[s - 1] * V,
+                           (size_t)(ob.len - (m - 1) * V));
+                    last = tmp[s - 1];
+                }
+            }
+#ifdef LANES_AVX2
+            else if (vec_rows)
+                err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln, ob8,
+                                              (const uint8_t *)rb.buf, (int)V);
+#endif
+            else
+                err = lanes_decode_block_values((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st,
+                                                ln, ob.buf, (const uint8_t *)rb.buf, (int)V);
+            st += lanes_of(s);
+            ln += lanes_of(s);
+        }
+        for (Py_ssize_t b = b0; b < b1 && !V && !err; b++) {
+            Py_ssize_t s = b + 1 < nb ? LANES_BLOCK : m - b * LANES_BLOCK;
+#ifdef LANES_AVX2
+            if (vec && s == LANES_BLOCK)  /* 32 lanes: no byte stored past the block */
+                err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
+                                              (uint8_t *)ob.buf + b * LANES_BLOCK, NULL, 0);
+            else
+#endif
             err = wide ? lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
-                                            ob.buf, 1)
+                                            ob.buf, 1, NULL, 0)
                        : lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
-                                            ob.buf, 0);
+                                            ob.buf, 0, NULL, 0);
             st += lanes_of(s);
             ln += lanes_of(s);
         }
         Py_END_ALLOW_THREADS
-        res = PyLong_FromLong(err);
+        res = PyLong_FromLong(V ? (err ? -1 : last) : err);
     }
 done:
     PyMem_RawFree(slot_sym);
+    PyMem_RawFree(slot8);
+    PyMem_RawFree(fc);
+    PyMem_RawFree(tab32);
+    PyMem_RawFree(tmp);
     PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
     PyBuffer_Release(&lb); PyBuffer_Release(&ob);
+    if (rb.buf) PyBuffer_Release(&rb);
+    return res;
+}
+
+/* ---- a dot product in a fixed order (numpy twin: mucsc.codec.kernels.dot) -----------------------
+ * acc[j] += a[8 i + j] b[8 i + j] in i order for the 8 columns (the tail as if padded with zeros),
+ * then ((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7)): the same float64
+ * operations on every machine and thread count, unlike a BLAS dot (its kernel and thread split
+ * set the order).  -ffp-contract=off keeps each product and sum rounded as numpy's. */
+
+PyDoc_STRVAR(dot_doc,
+"dot(a f64, b f64) -> float\n\n"
+"sum(a * b) in the fixed order of mucsc.codec.kernels.dot (8 column sums, then a fixed tree).  GIL released.");
+
+static PyObject *py_dot(PyObject *self, PyObject *args)
+{
+    PyObject *ao, *bo;
+    if (!PyArg_ParseTuple(args, "OO", &ao, &bo)) return NULL;
+    Py_buffer ab, bb;
+    if (get_buf(ao, &ab, 0, "a") < 0) return NULL;
+    if (get_buf(bo, &bb, 0, "b") < 0) { PyBuffer_Release(&ab); return NULL; }
+    PyObject *res = NULL;
+    if (float_kind(&ab) != 8 || float_kind(&bb) != 8 || ab.len != bb.len) {
+        PyErr_SetString(PyExc_ValueError, "dot: need two float64 buffers of one length");
+        goto done;
+    }
+    {
+        const double *a = (const double *)ab.buf, *b = (const double *)bb.buf;
+        Py_ssize_t n = ab.len / 8, full = n - n % 8;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < full; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) acc[j] += full + j < n ? a[full + j] * b[full + j] : 0.0;
+        Py_END_ALLOW_THREADS
+        res = PyFloat_FromDouble(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    }
+done:
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&bb);
     return res;
 }
 
@@ -2501,6 +2760,7 @@ static PyMethodDef methods[] = {
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
+    {"dot", py_dot, METH_VARARGS, dot_doc},
     {"varints", py_varints, METH_VARARGS, varints_doc},
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},

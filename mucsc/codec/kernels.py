@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -76,3 +76,24 @@ def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
     if shift:
         np.right_shift(z, np.uint64(shift), out=z)
     return z
+
+
+def dot(a, b) -> float:
+    """sum(a * b) in float64 in one fixed order, so that every choice and byte it feeds is the same on
+    every machine: eight column sums ``acc[j] += a[8 i + j] b[8 i + j]`` in ``i`` order (a tail padded
+    with zeros), then ``((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7))``; the
+    compiled kernel and the numpy twin do the same float64 operations.  Not ``np.dot``: it hands
+    float64 dots to BLAS, whose result depends on the kernel the BLAS build picks for the CPU and on
+    its thread count (OpenBLAS splits a dot of more than ~10^4 elements among its threads: with
+    ``OPENBLAS_NUM_THREADS`` 1 and 2 the last bits differ)."""
+    a = np.ascontiguousarray(a, np.float64).reshape(-1)
+    b = np.ascontiguousarray(b, np.float64).reshape(-1)
+    if a.size != b.size:
+        raise ValueError(f"dot: lengths {a.size} and {b.size} differ")
+    if use_c() and hasattr(_c, "dot"):
+        return _c.dot(a, b)
+    p = np.zeros(-(-a.size // 8) * 8)
+    np.multiply(a, b, out=p[: a.size])
+    # column sums in row order: cumsum adds strictly in sequence (a reduction could go pairwise)
+    acc = np.cumsum(p.reshape(-1, 8), axis=0)[-1] if p.size else np.zeros(8)
+    return float(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])))

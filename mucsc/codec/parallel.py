@@ -449,6 +449,12 @@ def _pipelined(stream: Any, needs: Sequence[int], one: Callable[[int, int], None
     run(lambda i: produce() if i < 0 else consume(i), range(-1, len(parts)))
 
 
+def byte_table(table: np.ndarray, width: int) -> "_ByteTable":
+    """The 256-row table of the values each byte of IDs packed ``width`` (1, 2, 4, 8) bits wide holds
+    (``rows``, ``bytes``, ``per``, ``bad``: see :class:`_ByteTable`)."""
+    return _ByteTable(table, width)
+
+
 class _ByteTable:
     """``rows[b]``: the per = 8 / width table values byte b holds (LSB first), as one item of
     per * itemsize bytes; ``bad[b]``: b holds an ID >= len(table) (None when none can)."""

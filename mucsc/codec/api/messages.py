@@ -18,7 +18,7 @@ import numpy as np
 
 from mucsc.codec.wire import auth
 from mucsc.codec.wire import container as fmt
-from mucsc.codec import parallel
+from mucsc.codec import kernels, parallel
 from mucsc.codec.wire.auth import AuthSummary, Keys
 from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
@@ -499,8 +499,8 @@ def _norms(x: np.ndarray, y: np.ndarray, chunk: int = 1 << 20) -> tuple[float, f
     for a in range(0, x.size, chunk):
         xc = x[a: a + chunk].astype(np.float64)
         d = y[a: a + chunk] - xc
-        nx += float(np.dot(xc, xc))
-        ne += float(np.dot(d, d))
+        nx += kernels.dot(xc, xc)
+        ne += kernels.dot(d, d)
     return math.sqrt(nx), math.sqrt(ne)
 
 

@@ -408,7 +408,10 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
         return dithered.decode(n, params, sections, dtype)
     cent, width, payload = _cluster_sections(n, params, sections, stream=True)
     k = cent.size
-    if width == "lanes":  # format 1.2: symbols decoded on every thread, then unpacked as IDS_ is
+    if width == "lanes":  # format 1.2: values straight from the decoder, else symbols unpacked as IDS_ is
+        out = lanes.decode_values(payload, n, k, cent.astype(dtype))
+        if out is not None:
+            return out
         sym, w = lanes.decode_symbols(payload, n, k)
         if w == lanes.WIDE:  # one symbol per ID, from a table of k symbols: ids < k
             return quantize.dequantize(sym, cent, dtype, check=False)

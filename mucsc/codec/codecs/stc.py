@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.wire import bitpack, sparse
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_int,
@@ -65,7 +66,7 @@ class STC(ScatterDecoder, Codec):
 
         def sq_error() -> float:
             sent = np.where(neg, -float(mu), float(mu))
-            return float(np.dot(x, x)) - float(np.dot(kept, kept)) + float(np.sum((sent - kept) ** 2))
+            return kernels.dot(x, x) - kernels.dot(kept, kept) + float(np.sum((sent - kept) ** 2))
         return self._encoded(x.size, pos, mu, np.packbits(neg, bitorder="little").tobytes(), sq_error)
 
     def _encode_torch(self, x, pos: np.ndarray) -> EncodedGroup:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.wire import bitpack
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_float,
                               param_str, register, section)
@@ -44,7 +45,7 @@ def clip_bound(x: np.ndarray, clip: float) -> float | None:
     ss = 0.0
     for a in range(0, x.size, CHUNK):
         d = x[a: a + CHUNK].astype(np.float64) - mean
-        ss += float(np.dot(d, d))
+        ss += kernels.dot(d, d)
     return clip * float(np.sqrt(ss / x.size))
 
 

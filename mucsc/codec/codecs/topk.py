@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.wire import sparse
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
@@ -120,7 +121,7 @@ class TopK(ScatterDecoder, Codec):
         vals = x[pos].astype("<f4")
 
         def sq_error() -> float:
-            err = float(np.dot(x, x)) - float(np.dot(x[pos], x[pos]))
+            err = kernels.dot(x, x) - kernels.dot(x[pos], x[pos])
             return err + float(np.sum((vals.astype(np.float64) - x[pos]) ** 2))
         return self._encoded(x.size, pos, vals.tobytes(), sq_error)
 

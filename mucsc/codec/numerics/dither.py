@@ -253,7 +253,7 @@ def _coded_bytes(hist: np.ndarray) -> float:
         W = rans.lanes_for(n)
         if n:
             f = rans.normalize(counts, S)
-            bits = float(np.dot(counts[used], S - np.log2(f[used])))
+            bits = kernels.dot(counts[used], S - np.log2(f[used]))
             table = len(rans._varints(f))
         else:
             bits, table = 0.0, 1 + counts.size - 1
@@ -310,7 +310,7 @@ def _choose(values: np.ndarray, counts: np.ndarray, by_context, coded) -> tuple[
         s = values - alpha.q_lo
         out = (s < 0) | (s >= alpha.inner)
         col = np.where(out, alpha.inner, s)
-        esc = (32 + float(np.dot(counts[out], _varint_len(zigzag(values[out] - alpha.q_lo).astype(np.int64))))
+        esc = (32 + kernels.dot(counts[out], _varint_len(zigzag(values[out] - alpha.q_lo).astype(np.int64)))
                if alpha.escape else 0.0)
         size = coded(np.bincount(col, weights=counts, minlength=alpha.symbols).astype(counts.dtype)[None]) + esc
         if best is None or size < best[2]:

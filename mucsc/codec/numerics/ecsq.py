@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.numerics.centroids import _candidates, _sample_sorted, _Sorted
 
 __all__ = ["Prepared", "prepare", "solve"]
@@ -72,7 +73,7 @@ def prepare(x: np.ndarray, m: int = INTERIOR_CANDIDATES) -> Prepared:
         up = np.clip(np.where(b > a, (s1 - a * N) / (b - a), 0.0), 0.0, np.maximum(N, 0.0))
     down = np.maximum(N - up, 0.0)
     tail = S.W[-1] - W
-    norm2 = float(np.dot(xs * xs, w)) if w is not None else float(np.dot(xs, xs))
+    norm2 = kernels.dot(xs * xs, w) if w is not None else kernels.dot(xs, xs)
     return Prepared(shift, cand, left, right, J, up, down, tail, float(S.W[-1]), norm2)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.numerics.quantize import id_dtype
 from mucsc.errors import InputError
 
@@ -95,14 +96,14 @@ def assign(x: np.ndarray, c: np.ndarray, cache: dict | None = None) -> tuple[np.
         counts = np.diff(np.searchsorted(xs, t, side="right"), prepend=0, append=x.size)
         ids[order] = np.repeat(np.arange(c64.size, dtype=ids.dtype), counts)
         d = xs - np.repeat(c64, counts)
-        return ids, float(np.dot(d, d))
+        return ids, kernels.dot(d, d)
     err = 0.0
     for s in range(0, x.size, CHUNK):
         xc = x[s : s + CHUNK].astype(np.float64)
         k = np.searchsorted(t, xc, side="left")  # the number of boundaries below x
         ids[s : s + CHUNK] = k
         d = xc - c64[k]
-        err += float(np.dot(d, d))
+        err += kernels.dot(d, d)
     return ids, err
 
 

@@ -213,11 +213,11 @@ def grid_J(x: np.ndarray, c: np.ndarray) -> float:
             late.append(i + s)
             dd[i] = 0.0  # recomputed exactly below
         np.subtract(gg, dd, out=gg)
-        J += float(np.dot(dd, gg))
+        J += kernels.dot(dd, gg)
     if late:
         xs = x[np.concatenate(late)].astype(np.float64)
         k = interval_index(xs, c)
-        J += float(np.dot(c[k + 1] - xs, xs - c[k]))
+        J += kernels.dot(c[k + 1] - xs, xs - c[k])
     return J
 
 
@@ -366,7 +366,7 @@ def _sround_numpy(x: np.ndarray, c: np.ndarray, key: int, ids: np.ndarray, retur
                 hh = np.subtract(gg, dd, out=vv)
             if late is not None:
                 ll[late] = 0.0
-            J += float(np.dot(ll, hh))
+            J += kernels.dot(ll, hh)
     if pend:
         J += _fixup(x, grid, ids, pend, return_J)
     return J
@@ -408,8 +408,8 @@ def _fixup(x, grid, ids, pend, return_J) -> float:
         return 0.0
     if grid.work == np.float32:
         x64, c64 = xs.astype(np.float64), grid.c.astype(np.float64)
-        return float(np.dot(x64 - c64[kk], c64[kk + 1] - x64))
-    return float(np.dot(d2, w2 - d2))
+        return kernels.dot(x64 - c64[kk], c64[kk + 1] - x64)
+    return kernels.dot(d2, w2 - d2)
 
 
 class _Uniforms:

@@ -36,7 +36,7 @@ from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
-           "encode", "encode_symbols", "payload", "decode_symbols", "table", "header_size"]
+           "encode", "encode_symbols", "payload", "decode_symbols", "decode_values", "table", "header_size"]
 
 BLOCK = 1 << 16  # symbols per block
 LANES = 32  # lanes of a full block (a GPU warp)
@@ -331,6 +331,39 @@ def decode_symbols(buf, n: int, k: int) -> tuple[np.ndarray, int]:
 
 
 CORRUPT = "IDSL: corrupt rANS stream (a lane ends early, or not in its initial state)"
+
+
+def decode_values(buf, n: int, k: int, table: np.ndarray) -> np.ndarray | None:
+    """``table[ids]`` for the n IDs < k = ``len(table)`` of an IDSL payload of byte symbols, each symbol
+    looked up as it is decoded (its 8 / w IDs' values as one row of a 256-row table): the IDs never get
+    an array.  The blocks in one run per ``parallel.current()`` thread; a corrupt lane raises
+    :func:`decode_symbols`' error.  None where this does not apply and the caller decodes the symbols and
+    unpacks them (which then raises IDS_'s errors): the numpy backend, w = 16, rows over 64 bytes, a
+    symbol with a frequency that holds an ID >= k, or the last symbol's padding bits not zero."""
+    if not kernels.use_c() or n == 0:
+        return None
+    b = np.frombuffer(buf, np.uint8)
+    p = parse(b, n, k)
+    if p.w == WIDE:
+        return None
+    rows = parallel.byte_table(table, p.w)
+    V = rows.bytes.size // 256
+    if V > 64 or (rows.bad is not None and bool(np.any(rows.bad & (p.f > 0)))):
+        return None
+    out = np.empty(n, table.dtype)
+    lay = p.layout
+    f, cum, ob = p.f.astype(np.uint32), p.cum.astype(np.uint32), out.view(np.uint8)
+
+    def run(r: tuple[int, int]) -> int:
+        l0, l1 = int(lay.first_lane[r[0]]), int(lay.first_lane[r[1]])
+        return kernels.c_module().lanes_decode(b, f, cum, p.S, lay.m, r[0], r[1], p.starts[l0:l1],
+                                               p.lengths[l0:l1], ob, rows.bytes)
+    # one run of blocks per thread (at least RUN_BLOCKS): each call builds its slot tables once
+    per = max(RUN_BLOCKS, -(-lay.blocks // parallel.current()))
+    got = parallel.run(run, [(b0, min(b0 + per, lay.blocks)) for b0 in range(0, lay.blocks, per)])
+    if min(got) < 0:
+        raise FormatError(CORRUPT)
+    return None if got[-1] >> (n * p.w - 8 * (lay.m - 1)) else out  # the last symbol's padding bits
 
 
 def decode_lanes(b: np.ndarray, p: Parsed, out: np.ndarray) -> bool:

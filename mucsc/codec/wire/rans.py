@@ -110,7 +110,7 @@ def estimated_size(ids: np.ndarray, k: int) -> int:
     if not n:
         f[0] = 1 << S
     used = counts > 0
-    bits = float(np.dot(counts[used], S - np.log2(f[used])))
+    bits = kernels.dot(counts[used], S - np.log2(f[used]))
     return 2 + len(_varints(f)) + 8 * W + int(np.ceil(bits / 8)) + W
 
 
@@ -126,7 +126,7 @@ def expected_size(counts: np.ndarray, n: int) -> int:
     if total <= 0:
         return 2 + 1 + 9 * W
     f = np.maximum(1.0, np.rint(c * ((1 << S) / total)))
-    bits = float(np.dot(c, S - np.log2(f)))
+    bits = kernels.dot(c, S - np.log2(f))
     table = int(np.sum(1 + (f >= 1 << 7) + (f >= 1 << 14) + (f >= 1 << 21)))  # LEB128 bytes of each f
     return 2 + table + (counts.size - c.size) + 8 * W + int(np.ceil(bits / 8)) + W
 

@@ -1,0 +1,120 @@
+"""The IDSL decoder's value mode (``lanes.decode_values``, the compiled ``lanes_decode`` with a row
+table): each byte symbol's values written as it is decoded, the IDs never stored.  The AVX2 decoder
+(full blocks, rows of 4 or 8 bytes), the scalar one (``simd=0``, every other row size, the last block)
+and the reference (decode the symbols, then ``parallel.unpack_take``) give the same values and refuse
+the same sections with the same errors (damaged lane streams: ``test_lanes.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mucsc
+from mucsc.codec import kernels, parallel
+from mucsc.codec.wire import container as fmt
+from mucsc.codec.wire import lanes
+from mucsc.errors import FormatError
+from test_lanes import _rebuild, ids_for
+
+pytestmark = pytest.mark.backends
+
+C = kernels.c_module()
+needs_c = pytest.mark.skipif(C is None, reason="compiled kernels not built")
+
+
+def reference(payload, n, k, table):
+    """table[ids] the way the decoder did before the value mode: symbols, then IDS_'s unpacking."""
+    sym, w = lanes.decode_symbols(payload, n, k)
+    return parallel.unpack_take(sym, w, n, table, lambda top: FormatError(f"cluster id {top} out of range"))
+
+
+def kernel_values(payload, n, k, table, simd):
+    """The compiled value decoder over every block in one call: (result code, values)."""
+    b = np.frombuffer(payload, np.uint8)
+    p = lanes.parse(b, n, k)
+    rows = parallel.byte_table(table, p.w)
+    out = np.empty(n, table.dtype)
+    got = C.lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, p.layout.m, 0, p.layout.blocks,
+                         p.starts, p.lengths, out.view(np.uint8), rows.bytes, simd)
+    return got, out
+
+
+# n, k: within one lane, a partial row, w = 1, 2, 4, 8, full blocks then a partial one, an odd count
+# (the last symbol half padding), exactly whole blocks (the last block full)
+CASES = [(1, 2), (7, 2), (100, 3), (1001, 16), (4099, 5), (70001, 256), (2 * lanes.BLOCK * 2 + 3, 16),
+         (lanes.BLOCK * 8 + 9, 2), (3 * lanes.BLOCK * 2, 16), (lanes.BLOCK * 2 + 1, 12), (5 * lanes.BLOCK + 77, 200)]
+
+
+@needs_c
+@pytest.mark.parametrize("n, k", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("conc", [0.3, 50.0])  # skewed IDs (some f > 2^12), near-uniform (every f <= 2^12)
+def test_values_equal_the_reference(n, k, dtype, conc):
+    ids = ids_for(n, k, seed=n + k, conc=conc)
+    payload = lanes.encode(ids, k)
+    table = np.random.default_rng(k).normal(size=k).astype(dtype)
+    want = table[ids]
+    np.testing.assert_array_equal(reference(payload, n, k, table), want)
+    for simd in (1, 0):
+        got, out = kernel_values(payload, n, k, table, simd)
+        assert got >= 0
+        np.testing.assert_array_equal(out, want)
+    if kernels.use_c():
+        np.testing.assert_array_equal(lanes.decode_values(payload, n, k, table), want)
+    else:  # the numpy backend leaves it to the reference
+        assert lanes.decode_values(payload, n, k, table) is None
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_give_the_same_values(threads):
+    n, k = 9 * lanes.BLOCK * 2 + 11, 16  # three runs of blocks
+    ids = ids_for(n, k, 4)
+    payload = lanes.encode(ids, k)
+    table = np.linspace(-1, 1, k).astype(np.float32)
+    with parallel.using(threads):
+        out = lanes.decode_values(payload, n, k, table) if kernels.use_c() else reference(payload, n, k, table)
+    np.testing.assert_array_equal(out, table[ids])
+
+
+def _error(blob):
+    try:
+        mucsc.decode(blob)
+    except FormatError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("n", [9001, 2 * lanes.BLOCK * 2 + 1])
+def test_invalid_ids_and_padding_get_the_reference_errors(n, monkeypatch):
+    # validly coded symbols that hold an ID >= k, or non-zero padding bits in the last symbol (n odd):
+    # the same FormatError, word for word, from the value mode and from the numpy reference
+    k = 12
+    blob = mucsc.encode(np.random.default_rng(2).normal(size=n).astype(np.float32), "mucsc", z=k,
+                        id_coding="lanes", compress="off")
+    assert fmt.read_message(blob).header.groups[0].params["centroids"] == k
+    sym = lanes.symbols(ids_for(n, k, 3), k)
+    for at, value in ((5, 0xDD), (-1, 0xF3), (-1, 0x13), (lanes.BLOCK + 3, 0xC0)):
+        s = sym.copy()
+        s[min(at, s.size - 2)] = value
+        bad = _rebuild(blob, lanes.encode_symbols(s, 4, 256))
+        errors = set()
+        for backend in ("c", "numpy") if C is not None else ("numpy",):
+            monkeypatch.setattr(kernels, "BACKEND", backend)
+            errors.add(_error(bad))
+        assert len(errors) == 1 and None not in errors, errors
+
+
+@pytest.mark.parametrize("z", [2, 3, 4, 5, 16, 17, 255, 256, 257, 4096, 65536])
+def test_every_lane_coded_z_decodes_as_the_numpy_reference(z, monkeypatch):
+    n = 70001
+    x = np.random.default_rng(z).standard_t(3, size=n).astype(np.float32)
+    blob = mucsc.encode(x, "mucsc", z=z, id_coding="lanes", seed=1)
+    assert "IDSL" in {s.tag for s in fmt.read_message(blob).sections}
+    outs = []
+    for backend in ("c", "numpy") if C is not None else ("numpy",):
+        monkeypatch.setattr(kernels, "BACKEND", backend)
+        outs.append(mucsc.decode(blob))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    assert outs[0].dtype == np.float32 and outs[0].shape == (n,)
