@@ -429,10 +429,12 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
         return fmt.section_bytes(fmt.Header(records, groups, container, meta).to_json(), True, level)
 
     fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
+    ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
+                                  lambda i: _group_rng(seed, mine[i]), head_bytes)
+    if ratecontrol.budget.applies(codec):
+        return _encode_budget(plan, mine, tensors, codec, ctx, seed, ready)
     # planning tries several encodings of each group: on the host (a device group is copied once)
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
-    ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
-                      lambda i: _group_rng(seed, mine[i]), head_bytes)
     done: dict[int, EncodedGroup] = {}  # groups the planner already encoded as chosen
     chosen = ratecontrol.plan(codec, xs, ctx, done)
     del xs
@@ -444,6 +446,27 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     plan = list(plan)
     for gi, c in zip(mine, chosen):
         plan[gi] = (c, plan[gi][1])
+    return plan, ready
+
+
+def _encode_budget(plan, mine, tensors, codec, ctx, seed, ready):
+    """A byte budget from the groups' summaries (:mod:`mucsc.codec.ratecontrol.budget`): each of
+    ``codec``'s groups summarised one at a time (its vector dropped after), the budget split over
+    the summaries, then each group encoded once, in order, into ``ready``."""
+    b = ratecontrol.budget
+    reach = b.max_bits(ratecontrol.Goal.of(codec), ctx.elements)
+    summaries = []
+    for gi in mine:
+        x = _host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0])
+        summaries.append(b.summarize(codec, x, ctx.zstd_level, reach))
+        del x
+    budget = b.Budget(codec, summaries, ctx)
+    plan = list(plan)
+    for k, gi in enumerate(mine):
+        x = _host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0])
+        c, ready[gi] = budget.encode(k, x, lambda gi=gi: _group_rng(seed, gi))
+        plan[gi] = (c, plan[gi][1])
+        del x
     return plan, ready
 
 
