@@ -431,7 +431,7 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
     ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
                                   lambda i: _group_rng(seed, mine[i]), head_bytes)
-    if ratecontrol.budget.applies(codec):
+    if ratecontrol.budget.applies(codec, ctx.elements):
         return _encode_budget(plan, mine, tensors, codec, ctx, seed, ready)
     # planning tries several encodings of each group: on the host (a device group is copied once)
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
