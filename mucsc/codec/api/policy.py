@@ -96,22 +96,14 @@ class Policy:
         """The groups for ``tensors`` (record order of their first member); ``on_tensor(i)`` is called
         when tensor i's choice is made, ``on_trial(i)`` after each trial encoding of its search (the
         API's progress hook)."""
-        if self.max_error is not None and not has_param(codec, "max_error"):
-            raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
-                                 f"codec {codec.name!r} has no max_error parameter")
+        self.check_codec(codec)
         raw, fp16 = get_codec("raw"), get_codec("fp16")
         fp16_pool: list[int] = []
         raw_pools: dict[str, list[int]] = {}
         plan: list[Planned] = []
         for i, t in enumerate(tensors):
-            if not t.is_float or codec.lossless:
-                self._carry_raw(i, t, raw, raw_pools, plan)
-                if on_tensor is not None:
-                    on_tensor(i)
-                continue
-            x = flat_float(t)
             with meter.ticking(None if on_trial is None else lambda i=i: on_trial(i)):
-                choice = self._choose(i, t, x, codec, fp16, seed)
+                choice = self.choose(i, t, codec, seed, fp16)
             if choice == "fp16":
                 fp16_pool.append(i)
             elif choice == "raw":
@@ -125,6 +117,20 @@ class Policy:
         plan += [Planned(raw, tuple(m)) for m in raw_pools.values()]
         plan.sort(key=lambda p: p.members[0])  # groups in record order: deterministic and easy to read
         return plan
+
+    def check_codec(self, codec: Codec) -> None:
+        """ParameterError when ``codec`` cannot serve this policy (a max_error needs a codec that targets one)."""
+        if self.max_error is not None and not has_param(codec, "max_error"):
+            raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
+                                 f"codec {codec.name!r} has no max_error parameter")
+
+    def choose(self, i: int, t: Tensor, codec: Codec, seed: int, fp16: Codec | None = None) -> str | Planned:
+        """Tensor ``i``'s carrier, decided from this tensor alone: "raw", "fp16" (the caller pools
+        these), or a :class:`Planned` coded group (with its encoding when the policy made one while
+        choosing).  What :meth:`plan` does per tensor; a streaming writer calls it as each tensor is read."""
+        if not t.is_float or codec.lossless:
+            return "raw"
+        return self._choose(i, t, flat_float(t), codec, fp16 or get_codec("fp16"), seed)
 
     def named_lossless(self, name: str | None) -> bool:
         """Whether ``name`` matches one of the ``lossless`` globs."""
