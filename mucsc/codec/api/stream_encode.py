@@ -44,7 +44,7 @@ from mucsc.codec.codecs.base import Codec, codec_class, get_codec
 from mucsc.codec.wire import container as fmt
 from mucsc.errors import InputError, ParameterError
 
-__all__ = ["TensorSource", "encode_to", "WINDOW_BYTES"]
+__all__ = ["TensorSource", "encode_to", "streamable", "WINDOW_BYTES"]
 
 # Tensors smaller than parallel.GROUP_PARALLEL_MAX elements are read and encoded side by side in
 # windows of at most this many bytes (as float32); a larger tensor is a window of its own, with every
@@ -65,6 +65,12 @@ class TensorSource(Protocol):
 
 
 Choose = Callable[[int, Tensor], "str | Planned"]
+
+
+def streamable(codec: Codec) -> bool:
+    """Whether :func:`encode_to` encodes with ``codec`` without a budget planner's ``choose``: a codec
+    that sets no budget over the whole message (``bits=`` / ``size=``)."""
+    return not ratecontrol.needs_plan(codec)
 
 
 def encode_to(out: Any, source: TensorSource, codec: str | Codec = "mucsc", *, policy: Policy,
