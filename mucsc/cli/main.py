@@ -577,6 +577,9 @@ def _decompress_streamed(input: str, out: str, fmt: str, only: tuple[str, ...], 
             if spec.needs_torch:
                 require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
             notes = [n for n in [unverified_note(info)] if n]
+            if META_KEY in info.meta:
+                notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
+                             "use --base OLD to add it back")
             widened = [r.name or tensorfiles.BARE_NAME for r in mf.write_order(chosen) if r.dtype == "bfloat16"]
             if widened and not spec.bfloat16:
                 listed = ", ".join(map(repr, widened[:5])) + (" ..." if len(widened) > 5 else "")

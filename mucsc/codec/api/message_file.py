@@ -72,27 +72,33 @@ class MessageFile:
 
     def records(self, names: Iterable[str] | None = None, *, bfloat16: str = "float32",
                 threads: int = 1) -> Iterator[tuple[fmt.Record, Any]]:
-        """(record, values) for every record (or those named), group by group in :meth:`write_order`:
-        each group is decoded once, when reached.  ``bfloat16``: how bfloat16 records come back:
-        "float32" (exact widening of the bfloat16 values), "bits" (their uint16 bit patterns, for
-        a writer of bfloat16 files without torch) or "torch" (a torch.bfloat16 tensor); every other
-        record is numpy of its dtype, or torch with "torch"."""
-        wanted = None if names is None else {self.index[n] for n in names}
-        for gi, group in enumerate(self.header.groups):
-            if wanted is not None and not wanted.intersection(group.records):
-                continue
-            flat = self.decode_group(gi, threads=threads)
-            yield from self._split(gi, flat, wanted, bfloat16)
-            del flat
+        """(record, values) for every record (or those named), in record order; each group is decoded
+        once, when its first wanted record is reached, and its other records are kept until their turn
+        (a pool of small tensors; a group of one tensor, the common case, is dropped at once).
+        ``bfloat16``: how bfloat16 records come back: "float32" (exact widening of the bfloat16
+        values), "bits" (their uint16 bit patterns, for a writer of bfloat16 files without torch) or
+        "torch" (a torch.bfloat16 tensor); every other record is numpy of its dtype, or torch with "torch"."""
+        order = self.write_order(names)
+        wanted = {self.index[r.name] for r in order}
+        waiting: dict[int, Any] = {}
+        for rec in order:
+            ri = self.index[rec.name]
+            if ri not in waiting:
+                gi = self.group_of[ri]
+                flat = self.decode_group(gi, threads=threads)
+                waiting.update(self._split(gi, flat, wanted, bfloat16))
+                del flat
+            yield rec, waiting.pop(ri)
 
     def write_order(self, names: Iterable[str] | None = None) -> list[fmt.Record]:
-        """The records in the order :meth:`records` yields them (groups in order, records within)."""
-        wanted = None if names is None else {self.index[n] for n in names}
-        return [self.header.records[ri] for g in self.header.groups for ri in g.records
-                if wanted is None or ri in wanted]
+        """The records :meth:`records` yields, in that order (record order; all, or those named)."""
+        if names is None:
+            return list(self.header.records)
+        wanted = {self.index[n] for n in names}
+        return [r for ri, r in enumerate(self.header.records) if ri in wanted]
 
-    def _split(self, gi: int, flat: np.ndarray, wanted: set[int] | None, bfloat16: str
-               ) -> Iterator[tuple[fmt.Record, Any]]:
+    def _split(self, gi: int, flat: np.ndarray, wanted: set[int], bfloat16: str) -> Iterator[tuple[int, Any]]:
+        """(record index, values) of group ``gi``'s wanted records, cut from its vector ``flat``."""
         group = self.header.groups[gi]
         lossless = codec_class(group.codec).lossless
         offset = 0
@@ -100,8 +106,8 @@ class MessageFile:
             rec = self.header.records[ri]
             part = flat[offset: offset + rec.size]
             offset += rec.size
-            if wanted is None or ri in wanted:
-                yield rec, record_values(part, rec, lossless, bfloat16)
+            if ri in wanted:
+                yield ri, record_values(part, rec, lossless, bfloat16)
 
 
 def record_values(part: np.ndarray, rec: fmt.Record, lossless: bool, bfloat16: str) -> Any:
