@@ -66,7 +66,7 @@ def values(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.nd
 
 def generate(path: Path, layers: int, seed: int = 0) -> None:
     """Write the model tensor by tensor (bfloat16 safetensors)."""
-    from mucsc.codec.api.message_file import bf16_bits
+    from mucsc.codec.backends.tensors import bf16_bits
     from mucsc.tensorfiles import atomic_open, open_writer
 
     entries = [(n, "bfloat16", s) for n, s in shapes(layers)]

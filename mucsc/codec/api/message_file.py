@@ -26,7 +26,7 @@ import numpy as np
 
 from mucsc.codec import parallel
 from mucsc.codec.api import messages as api
-from mucsc.codec.backends.tensors import AS_TORCH, from_record, saturate
+from mucsc.codec.backends.tensors import AS_TORCH, bf16_bits, from_record, saturate
 from mucsc.codec.codecs.base import codec_class
 from mucsc.codec.wire import container as fmt
 from mucsc.errors import LimitError, ParameterError
@@ -124,17 +124,6 @@ def record_values(part: np.ndarray, rec: fmt.Record, lossless: bool, bfloat16: s
         t = require_torch(AS_TORCH)
         return t.from_numpy(bits.view(np.int16).reshape(rec.shape).copy()).view(t.bfloat16)
     return from_record(part, rec.dtype, rec.shape, torch)
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch's ``.to(bfloat16)``),
-    as uint16 bit patterns; NaN stays NaN (its quiet bit set)."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    out = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-    return out
 
 
 class CheckpointFile:

@@ -36,7 +36,7 @@ import numpy as np
 from mucsc.codec import meter, ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, get_codec
 from mucsc.codec.wire.container import ITEMSIZE
-from mucsc.codec.backends.tensors import Tensor, name_label, on_host
+from mucsc.codec.backends.tensors import Tensor, bf16_round_trip, name_label, on_host
 from mucsc.errors import InputError, ParameterError
 
 # What one more group costs beyond its payload bytes: its HEAD entry ({"codec":..,"dtype":..,
@@ -48,6 +48,9 @@ RETRIES = 3  # encodings per tensor at most when the measured error overshoots t
 # within the bound could be smaller (Codec.exceeds_within: a sort and a small DP, ~0.1 ms): tiny
 # tensors (biases, a first convolution), whose levels cost more than their fp16 copy, skip the search.
 FLOOR_MAX_ELEMENTS = 256
+# Rounding to bfloat16 (8 significant bits) moves a value by at most half a unit in the last place,
+# 2^-9 of it: a bfloat16 tensor coded within max_error leaves this much of the bound to that rounding.
+BF16_HALF_ULP = 2.0 ** -9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Policy:
         lossy16 = self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < raw_bytes
         if lossy16 and self._fp16_beats_any_coding(t, x, codec, norm):
             return "fp16"  # what the search would end in: every coding within the bound is larger
-        coded = self._coded(i, x, codec, seed, norm)
+        coded = self._coded(i, x, codec, seed, norm, t.dtype)
         coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
         if lossy16 and 2 * n < coded_bytes and _fp16_within(t, x, norm, self.max_error):
             return "fp16"
@@ -176,12 +179,16 @@ class Policy:
         return (n <= FLOOR_MAX_ELEMENTS and _fp16_within(t, x, norm, self.max_error)
                 and codec.exceeds_within(x, (self.max_error * norm) ** 2, 2 * n - GROUP_OVERHEAD))
 
-    def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int, norm: float) -> Planned | None:
-        """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach)."""
+    def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int, norm: float,
+               dtype: str = "float32") -> Planned | None:
+        """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach).
+        A bfloat16 record stores its decoded values rounded to bfloat16: that rounding is part of the
+        error the bound is about (:func:`encode_within`'s ``stored``)."""
         rng_for = _rng_for(seed, i)
         if self.max_error is None:
             return Planned(codec, (i,), codec.encode_array(x, rng_for(0)))
-        found = encode_within(x, codec, self.max_error, rng_for, norm)
+        stored = bf16_round_trip if dtype == "bfloat16" else None
+        found = encode_within(x, codec, self.max_error, rng_for, norm, stored)
         return None if found is None else Planned(found[0], (i,), found[1])
 
 
@@ -201,22 +208,26 @@ def _fp16_within(t: Tensor, x: np.ndarray, norm: float, bound: float) -> bool:
 
 def encode_within(x: np.ndarray, codec: Codec, max_error: float,
                   rng_for: Callable[[int], np.random.Generator],
-                  norm: float | None = None) -> tuple[Codec, EncodedGroup] | None:
+                  norm: float | None = None,
+                  stored: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[Codec, EncodedGroup] | None:
     """``x`` encoded by ``codec`` in its own error-targeting mode (its ``max_error`` parameter: for
     mucsc, the cheapest levels whose expected error sqrt(J) / ||x|| meets the bound, chosen by
     mucsc.codec.ratecontrol), with the *measured* error of that very encoding checked too: when chance
     puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
     is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
-    bound is out of the codec's reach.  ``norm``: ||x||, when the caller has it."""
+    bound is out of the codec's reach.  ``norm``: ||x||, when the caller has it.  ``stored``: what the
+    record keeps of the decoded values (bfloat16 rounding): the measured error is of that, and the
+    codec's first bound leaves room for it (BF16_HALF_ULP: the rounding's largest relative error)."""
     norm = l2_norm(x) if norm is None else norm
-    bound = max_error
+    bound = max_error if stored is None else math.sqrt(max(max_error ** 2 - BF16_HALF_ULP ** 2, 0.25 * max_error ** 2))
     for attempt in range(RETRIES):
         c = with_max_error(codec, bound)
         try:
             enc = c.encode_array(x, rng_for(attempt))
         except ParameterError:  # the codec's largest Z misses the bound
             return None
-        rel = relative_error(x, decode_encoded(c, enc, x.size, x.dtype), norm)
+        y = decode_encoded(c, enc, x.size, x.dtype)
+        rel = relative_error(x, y if stored is None else stored(y), norm)
         if rel <= max_error:
             return c, enc
         bound *= 0.97 * max_error / rel

@@ -164,6 +164,22 @@ def saturate(array: np.ndarray, dtype: str) -> np.ndarray:
     return np.clip(array, -big, big)
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch's ``.to(bfloat16)``),
+    as uint16 bit patterns; NaN stays NaN (its quiet bit set)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    out = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = np.isnan(u.view(np.float32))
+    if nan.any():
+        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def bf16_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 values as a bfloat16 record stores them (rounded to nearest even), back in float32."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
 def name_label(name: str) -> str:
     """How errors name a tensor: by its name, or "input" for unnamed data."""
     return f"tensor {name!r}" if name else "input"
