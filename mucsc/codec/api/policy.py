@@ -226,8 +226,7 @@ def encode_within(x: np.ndarray, codec: Codec, max_error: float,
             enc = c.encode_array(x, rng_for(attempt))
         except ParameterError:  # the codec's largest Z misses the bound
             return None
-        y = decode_encoded(c, enc, x.size, x.dtype)
-        rel = relative_error(x, y if stored is None else stored(y), norm)
+        rel = relative_error(x, decode_encoded(c, enc, x.size, x.dtype), norm, stored)
         if rel <= max_error:
             return c, enc
         bound *= 0.97 * max_error / rel
@@ -276,11 +275,18 @@ def _sum_squares(v: np.ndarray) -> float:
     return float(np.square(v, out=v).sum())
 
 
-def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None) -> float:
-    """||y - x|| / ||x|| (0 when both are zero, inf when only x is)."""
+def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None,
+                   stored: Callable[[np.ndarray], np.ndarray] | None = None, chunk: int = 1 << 20) -> float:
+    """||y - x|| / ||x|| (0 when both are zero, inf when only x is), in float64 a chunk at a time (no
+    full-size float64 temporaries: a 32M-element tensor would take two of 256 MiB); ``stored``
+    applied to each chunk of ``y`` first (what a bfloat16 record keeps of it)."""
     if norm is None:
         norm = l2_norm(x)
-    err = math.sqrt(_sum_squares(np.asarray(y, np.float64) - x))
+    total = 0.0
+    for a in range(0, x.size, chunk):
+        yc = y[a: a + chunk] if stored is None else stored(y[a: a + chunk])
+        total += _sum_squares(np.asarray(yc, np.float64) - x[a: a + chunk])
+    err = math.sqrt(total)
     if norm == 0:
         return 0.0 if err == 0 else math.inf
     return err / norm
