@@ -8,8 +8,9 @@ fp16 reference, time and peak RSS, on generated transformer-shaped bf16 safetens
 ``generate`` writes ``DIR/model-L{layers}.safetensors``: ``layers`` blocks at hidden 1024 (q, k, v, o
 1024x1024; mlp up 4096x1024 and down 1024x4096; two norms of 1024), a 32000x1024 embedding and a
 final norm, bfloat16, Student-t(4) weights with 1% of each matrix's input columns scaled 8x (outlier
-columns), norms near 1.  24 layers: 334,916,608 parameters (670 MB); 12 layers: 183,921,664.  The file
-is written tensor by tensor (no torch: bfloat16 rounded in numpy), so generating needs little memory.
+columns), norms near 1.  24 layers: 334,808,064 parameters (669,635,408 bytes); 12 layers: 183,788,544
+(367,586,784 bytes).  The file is written tensor by tensor (no torch: bfloat16 rounded in numpy): memory
+is about the embedding's values in float64 (429 MB peak RSS measured for 12 layers).
 
 ``run`` times, each as its own process under ``/usr/bin/time -v`` (wall seconds, peak RSS):
 - the reference: safetensors' ``load_file`` + ``.half()`` of every float tensor + ``save_file`` (torch);
