@@ -27,6 +27,7 @@ from mucsc.codec.api.fingerprint import fingerprint
 from mucsc.codec.api.policy import Policy
 from mucsc.codec.api.message_file import CheckpointFile, MessageFile, open  # noqa: A004 - as safe_open
 from mucsc.codec.api.stream_encode import TensorSource, encode_to, streamable
+from mucsc.codec.api.stream_budget import budget_applies, budget_choices
 from mucsc.errors import (
     AuthError,
     ChecksumError,
@@ -51,7 +52,7 @@ __all__ = [
     "AuthError", "AuthSummary", "CheckpointFile", "ChecksumError", "Codec", "EncodeStats", "FormatError",
     "InputError", "KeyFileError", "LimitError", "MessageFile", "MessageInfo", "MucscError", "ParameterError",
     "Policy", "TensorSource", "TensorStats", "TruncatedError", "UnknownCodecError", "VersionError",
-    "authenticate", "available_codecs", "decode", "encode", "encode_to", "encode_with_stats", "fingerprint",
+    "authenticate", "available_codecs", "budget_applies", "budget_choices", "decode", "encode", "encode_to", "encode_with_stats", "fingerprint",
     "generate_key", "get_codec", "inspect", "load_key", "load_keys", "open", "public_key", "sign", "streamable", "verify",
 ]
 

@@ -284,12 +284,16 @@ def _stream_reader(input: str, base: str | None, out: str, mode: defaults.Mode, 
     needs the model in memory: stdin, --base (IN - OLD), --shared (one vector), a message-wide budget
     (--bits/--size: planned over all tensors), output to stdout (the report reads the file back), or
     a format that cannot be read tensor by tensor."""
-    if (input == "-" or out == "-" or base is not None or mode.policy is None
-            or not mucsc.streamable(codec_obj)):
+    if input == "-" or out == "-" or base is not None or mode.policy is None:
         return None
     if tensorfiles.capabilities(_format_of(input)).needs_torch:
         require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
-    return tensorfiles.open_reader(input, max_bytes=max_memory)
+    reader = tensorfiles.open_reader(input, max_bytes=max_memory)
+    if not mucsc.streamable(codec_obj) and not mucsc.budget_applies(codec_obj, sum(
+            math.prod(shape) for _, _, shape in reader.entries)):
+        reader.close()
+        return None
+    return reader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,9 +324,15 @@ class _Compression:
         progress = self._progress(1)
         try:
             progress.phase(f"compressing with {self.codec}", 1, measured=True)
+            container = "tensor" if reader.bare else "dict"
+            with about(_label(self.input)):
+                # a budget (--bits/--size): pass 1 reads every tensor for its summary, then the split
+                choose = None if mucsc.streamable(self.codec_obj) else mucsc.budget_choices(
+                    source, self.codec_obj, policy=mode.policy, seed=self.seed, compress=self.level,
+                    container=container, **self.signing)
             with about(_label(self.input)), tensorfiles.atomic_open(self.out, force=self.force) as f:
                 stats = mucsc.encode_to(f, source, self.codec_obj, policy=mode.policy, seed=self.seed,
-                                        compress=self.level, container="tensor" if reader.bare else "dict",
+                                        compress=self.level, container=container, choose=choose,
                                         threads=self.threads, progress=progress.hook(),
                                         spool_dir=os.path.dirname(os.path.abspath(self.out)), **self.signing)
         finally:
