@@ -2,6 +2,7 @@
 meets bits= / size= closely, every group is encoded once, phase 1 holds O(sample) memory per group,
 the error is no worse than the trial search's was, and the bytes are deterministic."""
 
+import io
 import tracemalloc
 
 import numpy as np
@@ -138,3 +139,54 @@ def test_the_streamed_phases_meet_the_budget_and_keep_the_order():
     total = b.size(b.written)
     assert 0.998 * 3 * elements / 8 <= total <= 3 * elements / 8
     assert b.re_encodes == 0
+
+
+class _Source:
+    """A TensorSource over a dict (what a streamed checkpoint reader gives encode_to), counting reads."""
+
+    def __init__(self, sd):
+        self.values = list(sd.values())
+        self.entries = [(k, str(v.dtype), v.shape) for k, v in sd.items()]
+        self.reads = [0] * len(self.values)
+
+    def read(self, i):
+        self.reads[i] += 1
+        return self.values[i]
+
+
+def _streamed(sd, codec, threads=1):
+    src = _Source(sd)
+    choose = mucsc.budget_choices(src, codec, policy=POLICY)
+    out = io.BytesIO()
+    mucsc.encode_to(out, src, codec, policy=POLICY, choose=choose, threads=threads)
+    return out.getvalue(), src
+
+
+def test_streamed_budget_reads_twice_encodes_once_and_meets_the_budget(monkeypatch):
+    calls: list[int] = []
+    encode_array = Mucsc.encode_array
+
+    def counted(self, x, rng=None):
+        calls.append(x.size)
+        return encode_array(self, x, rng)
+
+    monkeypatch.setattr(Mucsc, "encode_array", counted)
+    sd = _model()
+    n = sum(v.size for v in sd.values())
+    blob, src = _streamed(sd, _model_codec(bits=4.5))
+    assert src.reads == [2] * len(sd)  # pass 1 (summaries) and pass 2 (encode)
+    assert sorted(calls) == sorted(v.size for v in sd.values() if v.ndim == 2)  # each coded tensor once
+    assert 0.998 * 4.5 * n / 8 <= len(blob) <= 4.5 * n / 8
+    overall, worst = _errors(sd, mucsc.decode(blob))
+    assert overall <= 1.01 * MAIN[4.5][0] and worst <= 1.01 * MAIN[4.5][1]
+
+
+def test_streamed_budget_bytes_do_not_depend_on_threads():
+    sd = _model(2)
+    assert _streamed(sd, _model_codec(bits=6.0), 1)[0] == _streamed(sd, _model_codec(bits=6.0), 2)[0]
+
+
+def test_streamed_budget_refuses_a_small_message():
+    small = {"w": np.ones((64, 64), np.float32)}
+    with pytest.raises(mucsc.ParameterError, match="no byte budget planned"):
+        mucsc.budget_choices(_Source(small), _model_codec(bits=4.0), policy=POLICY)
