@@ -128,7 +128,8 @@ class Budget:
         self.codec, self.goal, self.ctx = codec, goal, ctx
         self.summaries = list(summaries)
         self.total = goal.budget(ctx.elements)
-        self.splitter = BudgetSplit(codec, goal, [list(s.options) for s in self.summaries],
+        curves = [list(s.options) for s in self.summaries]
+        self.splitter = BudgetSplit(codec, goal, lambda: curves,
                                     [s.norm2 for s in self.summaries], [s.size for s in self.summaries], ctx)
         aim = self.total
         chosen = self.splitter.balanced(self.total)  # the exact budget first: the error's own floor
@@ -166,7 +167,8 @@ class Budget:
                                   head_bytes=lambda params: self.ctx.head_bytes(
                                       [dict(o.key.params) for o in done] + list(params)))
         rest = self.summaries[i:]
-        split = BudgetSplit(self.codec, self.goal, [list(s.options) for s in rest], [s.norm2 for s in rest],
+        curves = [list(s.options) for s in rest]
+        split = BudgetSplit(self.codec, self.goal, lambda: curves, [s.norm2 for s in rest],
                             [s.size for s in rest], ctx)
         split.cap = self.splitter.cap
         return split

@@ -126,7 +126,7 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
     total = goal.budget(ctx.elements)
     for g in groups:
         g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes, "budget")
-    splitter = BudgetSplit(codec, goal, [g.options for g in groups], [g.norm2 for g in groups],
+    splitter = BudgetSplit(codec, goal, lambda: [g.options for g in groups], [g.norm2 for g in groups],
                            [g.x.size for g in groups], ctx, [g.floor_note for g in groups])
     split, cost = splitter.split, splitter.cost
     best = splitter.balanced(total)
@@ -152,11 +152,11 @@ class BudgetSplit:
     bytes and J as given, estimated or exact): each group's squared relative error weighted by its
     size (``weighting="size"``) or the total J, within the codec's ``error_cap`` (or the smallest cap
     the budget allows) and, for a size-weighted split, :data:`allocate.BALANCE` times the message's
-    overall error where the budget allows (:meth:`balanced`).  ``curves[i]`` is group i's option
-    list (read at each split: a search may add options between splits); ``notes[i](option)``: what
-    the error naming a budget below the smallest message appends for group i."""
+    overall error where the budget allows (:meth:`balanced`).  ``curves()[i]`` is group i's options
+    (asked at each split: a search may add or rescale options between splits); ``notes[i](option)``:
+    what the error naming a budget below the smallest message appends for group i."""
 
-    def __init__(self, codec: Codec, goal: Goal, curves: Sequence[list[allocate.Option]],
+    def __init__(self, codec: Codec, goal: Goal, curves: Callable[[], Sequence[Sequence[allocate.Option]]],
                  norm2s: Sequence[float], sizes: Sequence[int], ctx: PlanContext,
                  notes: Sequence[Callable[[allocate.Option], str]] | None = None):
         self.codec, self.what, self.curves, self.ctx = codec, str(goal), curves, ctx
@@ -205,7 +205,7 @@ class BudgetSplit:
     def shaped(self, total: int) -> list[list[allocate.Option]]:
         """The options the split chooses from: within the error cap (or the smallest cap the budget
         allows), J weighted as ``p.weighting`` says."""
-        curves = [list(c) for c in self.curves]
+        curves = [list(c) for c in self.curves()]
         if self.cap is not None:
             least = allocate.least_cap(curves, self.norm2s, self.cap, lambda chosen: self.cost(chosen) <= total)
             if least is not None:
@@ -220,7 +220,7 @@ class BudgetSplit:
         weighting alone leaves a tiny tensor (a token-type embedding: its codebook costs as much as
         its IDs) several times worse than the rest.  The cap found stays for later splits."""
         best = self.split(total)
-        if self.size_weighted and len(self.curves) > 1:
+        if self.size_weighted and len(self.sizes) > 1:
             q, n = self.norm2s, self.sizes
             overall = allocate.relative_error(sum(o.J * a / b for o, a, b in zip(best, q, n)), sum(q))
             if overall > 0 and (self.cap is None or allocate.BALANCE * overall < self.cap):
