@@ -37,10 +37,12 @@ __all__ = ["MessageFile", "CheckpointFile", "open", "bf16_bits"]
 
 class MessageFile:
     """An open message file (see the module docstring).  ``max_elements`` / ``max_expansion``: as
-    :func:`mucsc.decode`'s, checked against HEAD when the file is opened."""
+    :func:`mucsc.decode`'s, checked against HEAD when the file is opened (``check_output`` False: only
+    ``max_expansion``'s bound on HEAD itself, as :func:`mucsc.inspect`)."""
 
     def __init__(self, f: Any, *, max_elements: int | None = api.DEFAULT_MAX_ELEMENTS,
-                 max_expansion: float | None = api.DEFAULT_MAX_EXPANSION, check_crc: bool = True) -> None:
+                 max_expansion: float | None = api.DEFAULT_MAX_EXPANSION, check_crc: bool = True,
+                 check_output: bool = True) -> None:
         api.check_reader_args(b"", max_elements=max_elements, max_expansion=max_expansion)
         size = os.fstat(f.fileno()).st_size
         max_header = None if max_expansion is None else int(max(api.HEADER_FLOOR_BYTES, min(
@@ -50,8 +52,9 @@ class MessageFile:
         except MemoryError:
             raise LimitError("out of memory while reading the message header") from None
         self.header = self.msg.header
-        api.check_limits(self.header, self.msg.size, max_elements, max_expansion,
-                         api.section_bytes_by_group(self.msg))
+        if check_output:  # False: only HEAD is wanted (mucsc info), nothing is decoded
+            api.check_limits(self.header, self.msg.size, max_elements, max_expansion,
+                             api.section_bytes_by_group(self.msg))
         self.group_of = {ri: gi for gi, g in enumerate(self.header.groups) for ri in g.records}
         self.index = {r.name: i for i, r in enumerate(self.header.records)}
 
