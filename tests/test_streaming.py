@@ -264,10 +264,13 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(bool(os.environ.get("MUCSC_PURE_NUMPY") or os.environ.get("MUCSC_BACKEND")),
+                    reason="the streaming does not depend on the backend; in pure numpy this takes minutes")
 def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path):
-    """A 64 MB bfloat16 safetensors file of 16 tensors of 2M elements: streamed compress and
-    decompress each stay far below the model's size; no torch imported.  ru_maxrss in a
-    subprocess, generous margins."""
+    """A 64 MiB bfloat16 safetensors file of 16 tensors of 2M elements (128 MiB as float32; the
+    in-memory path holds the file and more): streamed compress and decompress each stay below the
+    file's size above the interpreter; no torch imported.  ru_maxrss in a subprocess (measured: +10
+    MiB for compress, +0 for decompress, whose groups fit in the import's own peak)."""
     rng = np.random.default_rng(0)
     entries = [(f"layers.{i}.weight", "bfloat16", (2048, 1024)) for i in range(16)]
     src = tmp_path / "big.safetensors"
@@ -286,7 +289,7 @@ def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path):
         assert out.returncode == 0, out.stderr
         before, after, torch_loaded = out.stdout.split()
         peaks[step] = (int(after) - int(before)) / 1024  # MiB above the interpreter with mucsc imported
-        assert torch_loaded == "False"
+        assert torch_loaded == "False" or os.environ.get("MUCSC_BACKEND") == "torch"
     # one tensor is 4 MiB of bfloat16, 8 MiB as float32; the file 64 MiB (128 MiB as float32)
-    assert peaks["compress"] < 100, peaks
-    assert peaks["decompress"] < 80, peaks
+    assert peaks["compress"] < 64, peaks
+    assert peaks["decompress"] < 64, peaks
