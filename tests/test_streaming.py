@@ -134,7 +134,10 @@ def test_bare_npy_streams(tmp_path):
     x = np.random.default_rng(2).normal(size=(50, 40)).astype(np.float32)
     np.save(tmp_path / "a.npy", x)
     run(["compress", tmp_path / "a.npy", "-q"])
-    assert mucsc.inspect((tmp_path / "a.npy.mucsc").read_bytes()).container == "tensor"
+    info = mucsc.inspect((tmp_path / "a.npy.mucsc").read_bytes())
+    assert info.container == "tensor" and info.records[0].name == ""
+    assert (tmp_path / "a.npy.mucsc").read_bytes() == mucsc.encode(  # the in-memory path's bytes
+        x, mucsc.get_codec("mucsc", rounding="nearest"), shared=False, policy=mucsc.Policy(max_error=0.01))
     run(["decompress", tmp_path / "a.npy.mucsc", "-o", tmp_path / "b.npy", "-q"])
     y = np.load(tmp_path / "b.npy")
     assert y.shape == x.shape and np.linalg.norm(y - x) <= 0.01 * np.linalg.norm(x)

@@ -373,7 +373,9 @@ class _NormedSource:
     tensors as they are read (once each) for the report."""
 
     def __init__(self, reader: tensorfiles.TensorReader) -> None:
-        self.entries, self._reader = reader.entries, reader
+        # a bare array's record is conventionally named "" (FORMAT.md 2.4), as mucsc.encode names it
+        self.entries = [("", *reader.entries[0][1:])] if reader.bare else reader.entries
+        self._reader = reader
         self._seen: set[int] = set()
         self._lock = threading.Lock()
         self.norm2 = 0.0
