@@ -159,12 +159,10 @@ def run(d: Path, layers: int, reference: bool, fp16: bool) -> list[dict]:
     inner = json.loads(r["stdout"].strip().splitlines()[-1])
     rows.append({"step": f"mucsc.open().get_tensor({probe!r})", **r, "inner_s": inner["get_s"]})
     worst, where, same = check(src, back)
-    with open(msg, "rb"):
-        pass
-    import mucsc  # the probe equals the full decompress's tensor
-
+    import mucsc
     from mucsc.tensorfiles import open_reader
-    rb = open_reader(back)
+
+    rb = open_reader(back)  # the probe must equal the full decompress's tensor
     try:
         full = rb.read([n for n, _, _ in rb.entries].index(probe))
     finally:

@@ -134,7 +134,10 @@ def test_bare_npy_streams(tmp_path):
     x = np.random.default_rng(2).normal(size=(50, 40)).astype(np.float32)
     np.save(tmp_path / "a.npy", x)
     run(["compress", tmp_path / "a.npy", "-q"])
-    assert mucsc.inspect((tmp_path / "a.npy.mucsc").read_bytes()).container == "tensor"
+    info = mucsc.inspect((tmp_path / "a.npy.mucsc").read_bytes())
+    assert info.container == "tensor" and info.records[0].name == ""
+    assert (tmp_path / "a.npy.mucsc").read_bytes() == mucsc.encode(  # the in-memory path's bytes
+        x, mucsc.get_codec("mucsc", rounding="nearest"), shared=False, policy=mucsc.Policy(max_error=0.01))
     run(["decompress", tmp_path / "a.npy.mucsc", "-o", tmp_path / "b.npy", "-q"])
     y = np.load(tmp_path / "b.npy")
     assert y.shape == x.shape and np.linalg.norm(y - x) <= 0.01 * np.linalg.norm(x)
@@ -264,10 +267,13 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(bool(os.environ.get("MUCSC_PURE_NUMPY") or os.environ.get("MUCSC_BACKEND")),
+                    reason="the streaming does not depend on the backend; in pure numpy this takes minutes")
 def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path):
-    """A 64 MB bfloat16 safetensors file of 16 tensors of 2M elements: streamed compress and
-    decompress each stay far below the model's size; no torch imported.  ru_maxrss in a
-    subprocess, generous margins."""
+    """A 64 MiB bfloat16 safetensors file of 16 tensors of 2M elements (128 MiB as float32; the
+    in-memory path holds the file and more): streamed compress and decompress each stay below the
+    file's size above the interpreter; no torch imported.  ru_maxrss in a subprocess (measured: +10
+    MiB for compress, +0 for decompress, whose groups fit in the import's own peak)."""
     rng = np.random.default_rng(0)
     entries = [(f"layers.{i}.weight", "bfloat16", (2048, 1024)) for i in range(16)]
     src = tmp_path / "big.safetensors"
@@ -286,7 +292,57 @@ def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path):
         assert out.returncode == 0, out.stderr
         before, after, torch_loaded = out.stdout.split()
         peaks[step] = (int(after) - int(before)) / 1024  # MiB above the interpreter with mucsc imported
-        assert torch_loaded == "False"
+        assert torch_loaded == "False" or os.environ.get("MUCSC_BACKEND") == "torch"
     # one tensor is 4 MiB of bfloat16, 8 MiB as float32; the file 64 MiB (128 MiB as float32)
-    assert peaks["compress"] < 100, peaks
-    assert peaks["decompress"] < 80, peaks
+    assert peaks["compress"] < 64, peaks
+    assert peaks["decompress"] < 64, peaks
+
+
+class _Dict:
+    """A TensorSource over a dict of numpy arrays, counting reads."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+        self.entries = [(k, str(v.dtype), v.shape) for k, v in tensors.items()]
+        self.reads = []
+
+    def read(self, i):
+        self.reads.append(i)
+        return list(self.tensors.values())[i]
+
+
+def test_budget_hook_two_passes():
+    """The hook a budget planner plugs into: a codec with a message-wide budget is refused without
+    ``choose``; a planner reads every tensor (pass 1), then ``choose`` gives each its fixed codec and
+    encode_to reads each once more and encodes it once (pass 2), group i with group i's generator."""
+    from mucsc.codec.api.policy import Planned
+
+    x = model()
+    src = _Dict(x)
+    policy = mucsc.Policy()
+    budget = mucsc.get_codec("mucsc", bits=4)
+    assert not mucsc.streamable(budget) and mucsc.streamable(mucsc.get_codec("mucsc", z=16))
+    with pytest.raises(ParameterError, match="choose="):
+        mucsc.encode_to(io.BytesIO(), src, budget, policy=policy)
+    summaries = {i: float(np.abs(np.asarray(src.read(i), np.float64)).max()) for i in range(len(src.entries))}
+    z = {i: 8 if summaries[i] > 0.1 else 4 for i in summaries}  # a toy plan from the summaries
+
+    def choose(i, t):
+        if not t.is_float or summaries[i] == 0:
+            return "raw"
+        return Planned(mucsc.get_codec("mucsc", z=z[i]), (i,))
+
+    src.reads.clear()
+    out = io.BytesIO()
+    mucsc.encode_to(out, src, budget, policy=policy, choose=choose)
+    assert sorted(src.reads) == list(range(len(x)))  # pass 2 read each tensor once
+    info = mucsc.inspect(out.getvalue())
+    got = mucsc.decode(out.getvalue())
+    assert list(got) == list(x)
+    for g in info.groups:
+        if g.codec == "mucsc":
+            (name,) = g.records
+            assert g.params["z"] == z[list(x).index(name)]
+    again = io.BytesIO()
+    mucsc.encode_to(again, _Dict(x), budget, policy=policy, choose=choose)
+    assert again.getvalue() == out.getvalue()

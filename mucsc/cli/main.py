@@ -282,14 +282,15 @@ def _stream_reader(input: str, base: str | None, out: str, mode: defaults.Mode, 
                    max_memory: float | None) -> tensorfiles.TensorReader | None:
     """IN opened for streamed compression (one tensor at a time, bounded memory), or None when this run
     needs the model in memory: stdin, --base (IN - OLD), --shared (one vector), a message-wide budget
-    (--bits/--size: planned over all tensors), output to stdout (the report reads the file back), or
-    a format that cannot be read tensor by tensor."""
+    (--bits/--size) over fewer than 2^20 elements (planned in memory; larger ones stream in two passes,
+    mucsc.budget_choices), output to stdout (the report reads the file back), or a format that cannot
+    be read tensor by tensor."""
     if input == "-" or out == "-" or base is not None or mode.policy is None:
         return None
     if tensorfiles.capabilities(_format_of(input)).needs_torch:
         require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
     reader = tensorfiles.open_reader(input, max_bytes=max_memory)
-    if not mucsc.streamable(codec_obj) and not mucsc.budget_applies(codec_obj, sum(
+    if reader is not None and not mucsc.streamable(codec_obj) and not mucsc.budget_applies(codec_obj, sum(
             math.prod(shape) for _, _, shape in reader.entries)):
         reader.close()
         return None
@@ -383,7 +384,9 @@ class _NormedSource:
     tensors as they are read (once each) for the report."""
 
     def __init__(self, reader: tensorfiles.TensorReader) -> None:
-        self.entries, self._reader = reader.entries, reader
+        # a bare array's record is conventionally named "" (FORMAT.md 2.4), as mucsc.encode names it
+        self.entries = [("", *reader.entries[0][1:])] if reader.bare else reader.entries
+        self._reader = reader
         self._seen: set[int] = set()
         self._lock = threading.Lock()
         self.norm2 = 0.0
@@ -621,14 +624,18 @@ def _write_streamed(out: str, fmt: str, mf: mucsc.MessageFile, names: list[str],
         writer = tensorfiles.open_writer(f, fmt, entries)
         held: dict[str, Any] = {}
         done = 0
-        for rec, values in mf.records(names, bfloat16=bf16, threads=threads):
-            name = rec.name or tensorfiles.BARE_NAME
-            if writer is None:
-                held[name] = values
-            else:
-                writer.write(name, values)
-            done += rec.size
-            hook(done, total)
+        try:
+            for rec, values in mf.records(names, bfloat16=bf16, threads=threads):
+                name = rec.name or tensorfiles.BARE_NAME
+                if writer is None:
+                    held[name] = values
+                else:
+                    writer.write(name, values)
+                done += rec.size
+                hook(done, total)
+        except BaseException:
+            getattr(writer, "abandon", lambda: None)()
+            raise
         if writer is None:  # the format pickles everything at once (.pt): the model is held here
             tensorfiles.save(f, held, fmt=fmt)
         else:
@@ -689,11 +696,12 @@ def _decode_file(input: str, out: str, fmt: str, verifying: dict[str, Any], max_
     blob = _read_bytes(input)
     with about(_label(input)):
         info = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)  # verifies first with keys
-        if fmt == "npy" and len(info.records) != 1:
-            raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
-                               "tensors (write .npz, .safetensors or .pt)")
+        spec = tensorfiles.capabilities(fmt)
+        if spec.max_tensors is not None and len(info.records) > spec.max_tensors:
+            raise UsageFailure(f"{out}: a .{fmt} file holds {spec.max_tensors} array; {input} has "
+                               f"{len(info.records)} tensors (write .npz, .safetensors or .pt)")
         has_bf16 = any(r.dtype == "bfloat16" for r in info.records)
-        as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
+        as_torch = spec.needs_torch or (spec.bfloat16 and has_bf16)  # bfloat16 out of memory: torch
         if as_torch:
             require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
         # the same immutable bytes inspect() verified: no second tag check needed
@@ -755,9 +763,12 @@ def info(input: str, key_file: str | None, keys_dir: str | None, key_id: str | N
     authentication tag (algorithm and key id; verified with --key-file or --keys)."""
     _check_input(input)
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
-    blob = _read_bytes(input)
     with about(_label(input)):
-        summary = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)
+        if input != "-" and not verifying and not os.path.isdir(input):  # HEAD and section headers only
+            with open(input, "rb") as f:
+                summary = mucsc.MessageFile(f, max_expansion=max_expansion, check_output=False).info()
+        else:
+            summary = mucsc.inspect(_read_bytes(input), max_expansion=max_expansion, **verifying)
     if as_json:
         click.echo(json.dumps(report.info_json(input, summary), indent=2))
     else:
@@ -783,10 +794,13 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
     for path in inputs:
         try:
             _check_input(path)
-            blob = _read_bytes(path)
             with about(_label(path)):
-                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, threads=threads,
-                             **verifying)
+                if path != "-" and not verifying and not os.path.isdir(path):
+                    _verify_file(path, max_elements, max_expansion, threads)
+                else:
+                    blob = _read_bytes(path)
+                    mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, threads=threads,
+                                 **verifying)
             results.append({"file": path, "ok": True, "error": None})
             if not (quiet or as_json):
                 how = f" (authenticated: key id {_key_id(blob)!r})" if verifying else ""
@@ -802,6 +816,15 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
         click.echo(json.dumps(results, indent=2))
     if not all(r["ok"] for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _verify_file(path: str, max_elements: int | None, max_expansion: float | None, threads: int) -> None:
+    """``mucsc.verify`` of a message file a group at a time: the CRC in one pass, then every group
+    decoded and dropped (memory: one group, not the model)."""
+    with open(path, "rb") as f:
+        mf = mucsc.MessageFile(f, max_elements=max_elements, max_expansion=max_expansion, check_crc=True)
+        for gi in range(len(mf.header.groups)):
+            mf.decode_group(gi, threads=threads)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------

@@ -96,6 +96,9 @@ class TensorWriter(Protocol):
 
     def finish(self) -> None: ...
 
+    # optional: ``abandon()`` releases what the writer holds after a failed write (the caller
+    # deletes the file)
+
 
 @dataclasses.dataclass(frozen=True)
 class Format:

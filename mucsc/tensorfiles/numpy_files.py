@@ -140,6 +140,13 @@ class NpzWriter:
     def finish(self) -> None:
         self._zf.close()
 
+    def abandon(self) -> None:
+        """After a failed write: close the archive now, while its (doomed) file is still open."""
+        try:
+            self._zf.close()
+        except (ValueError, OSError):
+            pass
+
 
 class NpyReader:
     """A .npy as a one-entry source (bare); the array is read when asked for."""

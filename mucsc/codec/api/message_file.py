@@ -17,7 +17,7 @@ message is read unverified here (verification needs the whole message: ``mucsc.d
 from __future__ import annotations
 
 import builtins
-import fnmatch
+import concurrent.futures
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -37,10 +37,12 @@ __all__ = ["MessageFile", "CheckpointFile", "open", "bf16_bits"]
 
 class MessageFile:
     """An open message file (see the module docstring).  ``max_elements`` / ``max_expansion``: as
-    :func:`mucsc.decode`'s, checked against HEAD when the file is opened."""
+    :func:`mucsc.decode`'s, checked against HEAD when the file is opened (``check_output`` False: only
+    ``max_expansion``'s bound on HEAD itself, as :func:`mucsc.inspect`)."""
 
     def __init__(self, f: Any, *, max_elements: int | None = api.DEFAULT_MAX_ELEMENTS,
-                 max_expansion: float | None = api.DEFAULT_MAX_EXPANSION, check_crc: bool = True) -> None:
+                 max_expansion: float | None = api.DEFAULT_MAX_EXPANSION, check_crc: bool = True,
+                 check_output: bool = True) -> None:
         api.check_reader_args(b"", max_elements=max_elements, max_expansion=max_expansion)
         size = os.fstat(f.fileno()).st_size
         max_header = None if max_expansion is None else int(max(api.HEADER_FLOOR_BYTES, min(
@@ -50,8 +52,9 @@ class MessageFile:
         except MemoryError:
             raise LimitError("out of memory while reading the message header") from None
         self.header = self.msg.header
-        api.check_limits(self.header, self.msg.size, max_elements, max_expansion,
-                         api.section_bytes_by_group(self.msg))
+        if check_output:  # False: only HEAD is wanted (mucsc info), nothing is decoded
+            api.check_limits(self.header, self.msg.size, max_elements, max_expansion,
+                             api.section_bytes_by_group(self.msg))
         self.group_of = {ri: gi for gi, g in enumerate(self.header.groups) for ri in g.records}
         self.index = {r.name: i for i, r in enumerate(self.header.records)}
 
@@ -73,22 +76,38 @@ class MessageFile:
     def records(self, names: Iterable[str] | None = None, *, bfloat16: str = "float32",
                 threads: int = 1) -> Iterator[tuple[fmt.Record, Any]]:
         """(record, values) for every record (or those named), in record order; each group is decoded
-        once, when its first wanted record is reached, and its other records are kept until their turn
-        (a pool of small tensors; a group of one tensor, the common case, is dropped at once).
+        once, in the order of its first wanted record, one group ahead of the caller on a worker thread
+        (decoding overlaps the caller's writing; memory: two groups), and its other records are kept
+        until their turn (a pool of small tensors; a group of one tensor, the common case, is dropped
+        as soon as it is yielded).
         ``bfloat16``: how bfloat16 records come back: "float32" (exact widening of the bfloat16
         values), "bits" (their uint16 bit patterns, for a writer of bfloat16 files without torch) or
         "torch" (a torch.bfloat16 tensor); every other record is numpy of its dtype, or torch with "torch"."""
         order = self.write_order(names)
         wanted = {self.index[r.name] for r in order}
+        groups = list(dict.fromkeys(self.group_of[self.index[r.name]] for r in order))  # in first-use order
         waiting: dict[int, Any] = {}
-        for rec in order:
-            ri = self.index[rec.name]
-            if ri not in waiting:
-                gi = self.group_of[ri]
-                flat = self.decode_group(gi, threads=threads)
-                waiting.update(self._split(gi, flat, wanted, bfloat16))
-                del flat
-            yield rec, waiting.pop(ri)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            ahead = self._prefetch(pool, groups, 0, wanted, bfloat16, threads)
+            g = 0
+            for rec in order:
+                ri = self.index[rec.name]
+                if ri not in waiting:
+                    waiting.update(ahead.result())  # group g, decoded while the previous one was written
+                    g += 1
+                    ahead = self._prefetch(pool, groups, g, wanted, bfloat16, threads)
+                yield rec, waiting.pop(ri)
+
+    def _prefetch(self, pool: Any, groups: list[int], g: int, wanted: set[int], bfloat16: str,
+                  threads: int) -> Any:
+        """Group ``groups[g]`` decoded and split on ``pool`` (one worker: at most one group ahead of the
+        caller, so memory is two groups at most); a finished future when there is none."""
+        if g >= len(groups):
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result({})
+            return done
+        gi = groups[g]
+        return pool.submit(lambda: dict(self._split(gi, self.decode_group(gi, threads=threads), wanted, bfloat16)))
 
     def write_order(self, names: Iterable[str] | None = None) -> list[fmt.Record]:
         """The records :meth:`records` yields, in that order (record order; all, or those named)."""
@@ -197,9 +216,3 @@ class CheckpointFile:
 def open(path: str | os.PathLike, framework: str = "np", **kwargs: Any) -> CheckpointFile:  # noqa: A001
     """Open a .mucsc file for reading tensor by tensor (:class:`CheckpointFile`; a context manager)."""
     return CheckpointFile(path, framework, **kwargs)
-
-
-def glob_filter(names: Iterable[str], patterns: Iterable[str]) -> list[str]:
-    """The names matching any glob of ``patterns`` (fnmatch, case-sensitive), in their order."""
-    pats = list(patterns)
-    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in pats)]
