@@ -25,6 +25,9 @@ from mucsc.codec.wire.auth import AuthSummary, authenticate, generate_key, load_
 from mucsc.codec.codecs.base import Codec, available_codecs, get_codec
 from mucsc.codec.api.fingerprint import fingerprint
 from mucsc.codec.api.policy import Policy
+from mucsc.codec.api.message_file import CheckpointFile, MessageFile, open  # noqa: A004 - as safe_open
+from mucsc.codec.api.stream_encode import TensorSource, encode_to, streamable
+from mucsc.codec.api.stream_budget import budget_applies, budget_choices
 from mucsc.errors import (
     AuthError,
     ChecksumError,
@@ -47,12 +50,11 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 __all__ = [
     "DEFAULT_MAX_ELEMENTS", "DEFAULT_MAX_EXPANSION",
-    "AuthError", "AuthSummary", "ChecksumError", "Codec", "EncodeStats", "FormatError", "InputError",
-    "KeyFileError", "LimitError", "MessageInfo", "MucscError", "ParameterError", "Policy", "TensorStats",
-    "TruncatedError",
-    "UnknownCodecError", "VersionError",
-    "authenticate", "available_codecs", "decode", "encode", "encode_with_stats", "fingerprint", "generate_key",
-    "get_codec", "inspect", "load_key", "load_keys", "public_key", "sign", "verify",
+    "AuthError", "AuthSummary", "CheckpointFile", "ChecksumError", "Codec", "EncodeStats", "FormatError",
+    "InputError", "KeyFileError", "LimitError", "MessageFile", "MessageInfo", "MucscError", "ParameterError",
+    "Policy", "TensorSource", "TensorStats", "TruncatedError", "UnknownCodecError", "VersionError",
+    "authenticate", "available_codecs", "budget_applies", "budget_choices", "decode", "encode", "encode_to", "encode_with_stats", "fingerprint",
+    "generate_key", "get_codec", "inspect", "load_key", "load_keys", "open", "public_key", "sign", "streamable", "verify",
 ]
 
 # Codec objects and what outer layers ask them (issue 8): the registry's classes, the stateful

@@ -394,8 +394,13 @@ def test_failure_while_writing_leaves_no_partial_file(tmp_path, monkeypatch):
         f.write(b"half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setitem(tf._WRITERS, "safetensors", broken)
-    r = run(["decompress", tmp_path / "m.pt.mucsc", "-o", tmp_path / "o.safetensors"], code=1)
+    monkeypatch.setitem(tf._WRITERS, "safetensors", broken)  # the loaded path (stdin)
+    monkeypatch.setattr(tf.safetensors.Writer, "write", lambda self, name, values: broken(self._f, None))
+    r = run(["decompress", tmp_path / "m.pt.mucsc", "-o", tmp_path / "o.safetensors"], code=1)  # streamed
+    one_line_error(r, "No space left on device")
+    assert sorted(os.listdir(tmp_path)) == ["m.pt", "m.pt.mucsc"]
+    r = run(["decompress", "-", "-o", tmp_path / "o.safetensors"], code=1,
+            input=(tmp_path / "m.pt.mucsc").read_bytes())
     one_line_error(r, "No space left on device")
     assert sorted(os.listdir(tmp_path)) == ["m.pt", "m.pt.mucsc"]
 
@@ -507,7 +512,9 @@ def test_progress_only_on_a_terminal_for_runs_over_the_delay(tmp_path, monkeypat
     r = run(["compress", src, "-o", tmp_path / "b.mucsc"])
     assert "loading" not in r.stderr and "\x1b" not in r.stderr  # a terminal, but done before the delay
     monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
-    r = run(["compress", src, "-o", tmp_path / "c.mucsc"])
+    r = run(["compress", src, "-o", tmp_path / "c.mucsc"])  # streamed: one stage, read and encoded
+    assert "mucsc: compressing with mucsc" in r.stderr and "\r\x1b[2K" in r.stderr
+    r = run(["compress", src, "-o", tmp_path / "e.mucsc", "--shared"])  # loaded whole, then encoded
     assert "mucsc: loading" in r.stderr and "mucsc: encoding with mucsc" in r.stderr
     assert "\r\x1b[2K" in r.stderr
     assert "loading" not in run(["compress", src, "-o", tmp_path / "d.mucsc", "-q"]).stderr

@@ -258,10 +258,12 @@ def test_compress_with_the_bar_forced_on(tmp_path, monkeypatch, suffix):
 def test_compress_error_with_the_bar_clears_it_first(tmp_path, monkeypatch):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
-    plain = compress([bad], code=1)
+    plain = compress([bad, "--shared"], code=1)  # loaded whole: the bar is up when the error comes
     monkeypatch.setattr(cli_main, "_is_terminal", lambda stream: True)
     monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0)
-    r = compress([bad], code=1)
+    streamed = compress([bad], code=1)  # streamed: the header is read before any bar
+    assert streamed.stderr == plain.stderr and CLEAR not in streamed.stderr
+    r = compress([bad, "--shared"], code=1)
     bar, message = r.stderr.rsplit(CLEAR, 1)
     assert message == plain.stderr and message.startswith(f"mucsc: error: {bad}: ")
     assert "mucsc: loading" in bar and not ticker_alive()

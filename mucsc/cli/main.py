@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import io
 import json
 import math
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import click
+import numpy as np
 
 import mucsc
 from mucsc import tensorfiles
@@ -265,37 +267,141 @@ def compress(input: str, output: str | None, codec: str, shared: bool | None, lo
     _check_compress_paths(input, base, out, force, as_json)
     signing = signing_kwargs(key_file, key_id, context)  # a key file problem, before any work
 
-    new_size, old_size = _size(input), _size(base)
-    progress = StageProgress(not quiet and _is_terminal(sys.stderr), delay=PROGRESS_DELAY_S,
-                             total=new_size + old_size + ENCODE_WEIGHT * new_size)
-    try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
-        if any(p not in (None, "-") and _format_of(p) == "torch" for p in (input, base)):
-            progress.phase("importing torch (to read .pt files)")  # seconds, before any byte is read
-            require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
-        progress.phase(f"loading {input}", new_size, measured=True)
-        loaded = _load(input, progress, max_memory)
-        tensors, notes, meta = loaded.tensors, list(loaded.notes), None
-        if base is not None:
-            tensors, meta = _subtract_base(tensors, input, base, progress, max_memory, notes)
-        progress.phase(f"encoding with {codec}", ENCODE_WEIGHT * new_size, measured=True)
-        norm2 = squared_norm(tensors)
-        notes += _zero_update_notes(input, base, norm2)
-        data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
-        mode = _bare_mode(mode) if loaded.bare else mode
-        del loaded
-        with about(_label(input)):
-            blob, stats = mucsc.encode_with_stats(data, codec_obj, seed=seed, shared=mode.shared, compress=level,
-                                                  meta=meta, policy=mode.policy, threads=threads,
-                                                  progress=progress.hook(), **signing)
-        del data, tensors
-        progress.phase(f"writing {out}")
-        _write_bytes(out, blob, force)
-        info = mucsc.inspect(blob, max_expansion=None)  # our own message
-    finally:
-        progress.done()
-
+    run = _Compression(input, base, out, force, quiet, codec, codec_obj, mode, seed, level, threads, max_memory,
+                       signing)
+    reader = _stream_reader(input, base, out, mode, codec_obj, max_memory)
+    if reader is not None:
+        stats, info, norm2, notes, mode = run.streamed(reader)
+    else:
+        stats, info, norm2, notes, mode = run.loaded()
     _compress_report(input, out, base, codec, codec_obj, mode, seed, level, stats, info, norm2, notes, quiet,
                      as_json)
+
+
+def _stream_reader(input: str, base: str | None, out: str, mode: defaults.Mode, codec_obj: mucsc.Codec,
+                   max_memory: float | None) -> tensorfiles.TensorReader | None:
+    """IN opened for streamed compression (one tensor at a time, bounded memory), or None when this run
+    needs the model in memory: stdin, --base (IN - OLD), --shared (one vector), a message-wide budget
+    (--bits/--size) over fewer than 2^20 elements (planned in memory; larger ones stream in two passes,
+    mucsc.budget_choices), output to stdout (the report reads the file back), or a format that cannot
+    be read tensor by tensor."""
+    if input == "-" or out == "-" or base is not None or mode.policy is None:
+        return None
+    if tensorfiles.capabilities(_format_of(input)).needs_torch:
+        require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
+    reader = tensorfiles.open_reader(input, max_bytes=max_memory)
+    if reader is not None and not mucsc.streamable(codec_obj) and not mucsc.budget_applies(codec_obj, sum(
+            math.prod(shape) for _, _, shape in reader.entries)):
+        reader.close()
+        return None
+    return reader
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compression:
+    """One ``compress`` run's settings, and its two ways: streamed or loaded whole."""
+
+    input: str
+    base: str | None
+    out: str
+    force: bool
+    quiet: bool
+    codec: str
+    codec_obj: mucsc.Codec
+    mode: defaults.Mode
+    seed: int
+    level: str | int
+    threads: int
+    max_memory: float | None
+    signing: dict[str, Any]
+
+    def _progress(self, total: float) -> StageProgress:
+        return StageProgress(not self.quiet and _is_terminal(sys.stderr), delay=PROGRESS_DELAY_S, total=total)
+
+    def streamed(self, reader: tensorfiles.TensorReader) -> tuple:
+        """Tensor by tensor from ``reader`` into OUT (written atomically), the message never held."""
+        source = _NormedSource(reader)
+        mode = _bare_mode(self.mode) if reader.bare else self.mode
+        progress = self._progress(1)
+        try:
+            progress.phase(f"compressing with {self.codec}", 1, measured=True)
+            container = "tensor" if reader.bare else "dict"
+            with about(_label(self.input)):
+                # a budget (--bits/--size): pass 1 reads every tensor for its summary, then the split
+                choose = None if mucsc.streamable(self.codec_obj) else mucsc.budget_choices(
+                    source, self.codec_obj, policy=mode.policy, seed=self.seed, compress=self.level,
+                    container=container, **self.signing)
+            with about(_label(self.input)), tensorfiles.atomic_open(self.out, force=self.force) as f:
+                stats = mucsc.encode_to(f, source, self.codec_obj, policy=mode.policy, seed=self.seed,
+                                        compress=self.level, container=container, choose=choose,
+                                        threads=self.threads, progress=progress.hook(),
+                                        spool_dir=os.path.dirname(os.path.abspath(self.out)), **self.signing)
+        finally:
+            reader.close()
+            progress.done()
+        with open(self.out, "rb") as f:
+            info = mucsc.MessageFile(f, max_elements=None, max_expansion=None, check_crc=False).info()
+        return stats, info, source.norm2, list(reader.notes), mode
+
+    def loaded(self) -> tuple:
+        """The model (and --base) loaded whole, encoded in memory, written."""
+        input, base, out = self.input, self.base, self.out
+        new_size, old_size = _size(input), _size(base)
+        progress = self._progress(new_size + old_size + ENCODE_WEIGHT * new_size)
+        mode = self.mode
+        try:  # the progress line is cleared (and its ticker stopped) on success and on error alike
+            if any(p not in (None, "-") and tensorfiles.capabilities(_format_of(p)).needs_torch
+                   for p in (input, base)):
+                progress.phase("importing torch (to read .pt files)")  # seconds, before any byte is read
+                require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)
+            progress.phase(f"loading {input}", new_size, measured=True)
+            loaded = _load(input, progress, self.max_memory)
+            tensors, notes, meta = loaded.tensors, list(loaded.notes), None
+            if base is not None:
+                tensors, meta = _subtract_base(tensors, input, base, progress, self.max_memory, notes)
+            progress.phase(f"encoding with {self.codec}", ENCODE_WEIGHT * new_size, measured=True)
+            norm2 = squared_norm(tensors)
+            notes += _zero_update_notes(input, base, norm2)
+            data = tensors[tensorfiles.BARE_NAME] if loaded.bare else tensors
+            mode = _bare_mode(mode) if loaded.bare else mode
+            del loaded
+            with about(_label(input)):
+                blob, stats = mucsc.encode_with_stats(data, self.codec_obj, seed=self.seed, shared=mode.shared,
+                                                      compress=self.level, meta=meta, policy=mode.policy,
+                                                      threads=self.threads, progress=progress.hook(),
+                                                      **self.signing)
+            del data, tensors
+            progress.phase(f"writing {out}")
+            _write_bytes(out, blob, self.force)
+            info = mucsc.inspect(blob, max_expansion=None)  # our own message
+        finally:
+            progress.done()
+        return stats, info, norm2, notes, mode
+
+
+class _NormedSource:
+    """A tensor reader as ``mucsc.encode_to``'s source, adding up the squared norm of the float
+    tensors as they are read (once each) for the report."""
+
+    def __init__(self, reader: tensorfiles.TensorReader) -> None:
+        # a bare array's record is conventionally named "" (FORMAT.md 2.4), as mucsc.encode names it
+        self.entries = [("", *reader.entries[0][1:])] if reader.bare else reader.entries
+        self._reader = reader
+        self._seen: set[int] = set()
+        self._lock = threading.Lock()
+        self.norm2 = 0.0
+
+    def read(self, i: int) -> Any:
+        value = self._reader.read(i)
+        dtype = self.entries[i][1]
+        if i not in self._seen and dtype.startswith(("float", "bfloat")):
+            flat = value if dtype != "bfloat16" or not isinstance(value, np.ndarray) else (
+                (value.astype(np.uint32) << 16).view(np.float32))
+            n2 = squared_norm({"": flat})
+            with self._lock:
+                self._seen.add(i)
+                self.norm2 += n2
+        return value
 
 
 def _check_compress_paths(input: str, base: str | None, out: str, force: bool, as_json: bool) -> None:
@@ -411,14 +517,20 @@ def _compress_json(input, out, base, codec, params, mode, seed, level, stats, in
 @verifying_options
 @THREADS_OPTION
 @MAX_MEMORY
+@click.option("--only", "only", multiple=True, metavar="PATTERN",
+              help="Write only the tensors whose names match this glob (e.g. 'layers.0.*'; repeatable); "
+              "only their groups are decoded.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite OUT; allow binary output to a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No report or notes.")
 def decompress(input: str, output: str | None, out_format: str | None, base: str | None,
                ignore_base_mismatch: bool, max_elements: int | None, max_expansion: float | None,
                key_file: str | None, keys_dir: str | None, key_id: str | None, context: str | None, threads: int,
-               max_memory: float | None, force: bool, quiet: bool) -> None:
+               max_memory: float | None, only: tuple[str, ...], force: bool, quiet: bool) -> None:
     """Decode a .mucsc message into a tensor file (dtypes and shapes restored).
 
+    A message file is decoded group by group and each tensor written as it is decoded (memory: one
+    group, not the model), unless the output is .pt (torch.save writes the whole state_dict at once)
+    or the run needs the whole message: stdin, --base, or --key-file/--keys (the tag covers every byte).
     With --key-file or --keys the message must carry a valid authentication tag (checked before
     anything is decoded); without, an authenticated message is decoded unverified, with a note.
     """
@@ -430,18 +542,25 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
     _check_base_input(input, base)
     _check_output(out, force, inputs=[input, base])
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
+    if input != "-" and base is None and not verifying:
+        _decompress_streamed(input, out, fmt, only, max_elements, max_expansion, threads, force, quiet)
+        return
 
     info, decoded = _decode_file(input, out, fmt, verifying, max_elements, max_expansion, threads, quiet)
     tensors = _recorded_shapes(decoded, info)
+    if only:
+        keep = set(_selected(list(tensors), only, input))
+        tensors = {k: v for k, v in tensors.items() if k in keep}
     notes = [n for n in [unverified_note(info)] if n]
     if base is not None:
         tensors = _add_base(tensors, info, input, base, ignore_base_mismatch, max_memory, notes)
     elif META_KEY in info.meta:
         notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
                      "use --base OLD to add it back")
-    if fmt in ("npz", "npy"):
+    if not tensorfiles.capabilities(fmt).bfloat16:
         tensors = _without_bfloat16(tensors, fmt, notes)
-    target = tensors if isinstance(decoded, dict) or fmt != "npy" else tensors[tensorfiles.BARE_NAME]
+    single = tensorfiles.capabilities(fmt).max_tensors == 1
+    target = tensors if isinstance(decoded, dict) or not single else tensors[tensorfiles.BARE_NAME]
     del decoded
     _save_tensors(out, target, fmt, force)
     if not quiet:
@@ -449,6 +568,94 @@ def decompress(input: str, output: str | None, out_format: str | None, base: str
         click.echo(f"{_label(input)} -> {_out_label(out)}: "
                    f"{len(info.records)} tensor(s), {report.nbytes(info.original_bytes)} bytes ({fmt})",
                    err=True)
+
+
+def _decompress_streamed(input: str, out: str, fmt: str, only: tuple[str, ...], max_elements: int | None,
+                         max_expansion: float | None, threads: int, force: bool, quiet: bool) -> None:
+    """``decompress`` of a message file, group by group: HEAD and the section table read, the CRC
+    checked in one pass, then each group decoded and its tensors written (a format that cannot
+    stream out, .pt, collects them and saves once)."""
+    spec = tensorfiles.capabilities(fmt)
+    with about(_label(input)):
+        if os.path.isdir(input):
+            raise Failure(f"{input}: is a directory")
+        with open(input, "rb") as f:
+            mf = mucsc.MessageFile(f, max_elements=max_elements, max_expansion=max_expansion, check_crc=True)
+            info = mf.info()
+            names = [r.name for r in mf.header.records]
+            chosen = _selected(names, only, input) if only else names
+            if spec.max_tensors is not None and len(chosen) > spec.max_tensors:
+                raise UsageFailure(f"{out}: a .{fmt} file holds {spec.max_tensors} array; {input} has "
+                                   f"{len(chosen)} tensors (write .npz, .safetensors or .pt)")
+            if spec.needs_torch:
+                require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
+            notes = [n for n in [unverified_note(info)] if n]
+            if META_KEY in info.meta:
+                notes.append(f"{input} holds an update relative to {info.meta[META_KEY]!r}; "
+                             "use --base OLD to add it back")
+            widened = [r.name or tensorfiles.BARE_NAME for r in mf.write_order(chosen) if r.dtype == "bfloat16"]
+            if widened and not spec.bfloat16:
+                listed = ", ".join(map(repr, widened[:5])) + (" ..." if len(widened) > 5 else "")
+                notes.append(f"bfloat16 tensors written as float32 (.{fmt} has no bfloat16): {listed}")
+            total = sum(r.size for r in mf.write_order(chosen))
+            nbytes = sum(r.nbytes for r in mf.write_order(chosen))
+            progress = StageProgress(not quiet and _is_terminal(sys.stderr), delay=PROGRESS_DELAY_S, total=1)
+            try:
+                progress.phase(f"decoding {_label(input)}", 1, measured=True)
+                _write_streamed(out, fmt, mf, chosen, threads, force, progress.hook(), total)
+            finally:
+                progress.done()
+    if not quiet:
+        _echo_notes(notes)
+        click.echo(f"{_label(input)} -> {_out_label(out)}: {len(chosen)} tensor(s), {report.nbytes(nbytes)} "
+                   f"bytes ({fmt})", err=True)
+
+
+def _write_streamed(out: str, fmt: str, mf: mucsc.MessageFile, names: list[str], threads: int, force: bool,
+                    hook: Callable[[int, int], None], total: int) -> None:
+    """The chosen tensors of ``mf`` decoded group by group into OUT (atomic) or stdout."""
+    spec = tensorfiles.capabilities(fmt)
+    order = mf.write_order(names)
+    entries = [(r.name or tensorfiles.BARE_NAME, "float32" if r.dtype == "bfloat16" and not spec.bfloat16
+                else r.dtype, r.shape) for r in order]
+    bf16 = "torch" if spec.needs_torch else "bits" if spec.bfloat16 else "float32"
+
+    def write(f: IO[bytes]) -> None:
+        writer = tensorfiles.open_writer(f, fmt, entries)
+        held: dict[str, Any] = {}
+        done = 0
+        try:
+            for rec, values in mf.records(names, bfloat16=bf16, threads=threads):
+                name = rec.name or tensorfiles.BARE_NAME
+                if writer is None:
+                    held[name] = values
+                else:
+                    writer.write(name, values)
+                done += rec.size
+                hook(done, total)
+        except BaseException:
+            getattr(writer, "abandon", lambda: None)()
+            raise
+        if writer is None:  # the format pickles everything at once (.pt): the model is held here
+            tensorfiles.save(f, held, fmt=fmt)
+        else:
+            writer.finish()
+
+    if out == "-":
+        with _stdout_errors():
+            write(tensorfiles.WriteAll(sys.stdout.buffer))
+    else:
+        with tensorfiles.atomic_open(out, force=force) as f:
+            write(f)
+
+
+def _selected(names: list[str], patterns: tuple[str, ...], input: str) -> list[str]:
+    """``--only``: the names matching any of the globs, in message order; a usage error when none do."""
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not chosen:
+        raise UsageFailure(f"{input}: no tensor matches --only {' '.join(map(repr, patterns))} "
+                           f"({len(names)} tensors, e.g. {', '.join(map(repr, names[:3]))})")
+    return chosen
 
 
 def _out_format(out: str, out_format: str | None) -> str:
@@ -489,11 +696,12 @@ def _decode_file(input: str, out: str, fmt: str, verifying: dict[str, Any], max_
     blob = _read_bytes(input)
     with about(_label(input)):
         info = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)  # verifies first with keys
-        if fmt == "npy" and len(info.records) != 1:
-            raise UsageFailure(f"{out}: a .npy file holds one array; {input} has {len(info.records)} "
-                               "tensors (write .npz, .safetensors or .pt)")
+        spec = tensorfiles.capabilities(fmt)
+        if spec.max_tensors is not None and len(info.records) > spec.max_tensors:
+            raise UsageFailure(f"{out}: a .{fmt} file holds {spec.max_tensors} array; {input} has "
+                               f"{len(info.records)} tensors (write .npz, .safetensors or .pt)")
         has_bf16 = any(r.dtype == "bfloat16" for r in info.records)
-        as_torch = fmt == "torch" or (fmt == "safetensors" and has_bf16)
+        as_torch = spec.needs_torch or (spec.bfloat16 and has_bf16)  # bfloat16 out of memory: torch
         if as_torch:
             require_torch(tensorfiles.NEEDS_TORCH, tensorfiles.TensorFileError)  # before any decoding
         # the same immutable bytes inspect() verified: no second tag check needed
@@ -555,9 +763,12 @@ def info(input: str, key_file: str | None, keys_dir: str | None, key_id: str | N
     authentication tag (algorithm and key id; verified with --key-file or --keys)."""
     _check_input(input)
     verifying = verifying_kwargs(key_file, keys_dir, key_id, context)
-    blob = _read_bytes(input)
     with about(_label(input)):
-        summary = mucsc.inspect(blob, max_expansion=max_expansion, **verifying)
+        if input != "-" and not verifying and not os.path.isdir(input):  # HEAD and section headers only
+            with open(input, "rb") as f:
+                summary = mucsc.MessageFile(f, max_expansion=max_expansion, check_output=False).info()
+        else:
+            summary = mucsc.inspect(_read_bytes(input), max_expansion=max_expansion, **verifying)
     if as_json:
         click.echo(json.dumps(report.info_json(input, summary), indent=2))
     else:
@@ -583,10 +794,13 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
     for path in inputs:
         try:
             _check_input(path)
-            blob = _read_bytes(path)
             with about(_label(path)):
-                mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, threads=threads,
-                             **verifying)
+                if path != "-" and not verifying and not os.path.isdir(path):
+                    _verify_file(path, max_elements, max_expansion, threads)
+                else:
+                    blob = _read_bytes(path)
+                    mucsc.verify(blob, max_elements=max_elements, max_expansion=max_expansion, threads=threads,
+                                 **verifying)
             results.append({"file": path, "ok": True, "error": None})
             if not (quiet or as_json):
                 how = f" (authenticated: key id {_key_id(blob)!r})" if verifying else ""
@@ -602,6 +816,15 @@ def test_cmd(inputs: tuple[str, ...], max_elements: int | None, max_expansion: f
         click.echo(json.dumps(results, indent=2))
     if not all(r["ok"] for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _verify_file(path: str, max_elements: int | None, max_expansion: float | None, threads: int) -> None:
+    """``mucsc.verify`` of a message file a group at a time: the CRC in one pass, then every group
+    decoded and dropped (memory: one group, not the model)."""
+    with open(path, "rb") as f:
+        mf = mucsc.MessageFile(f, max_elements=max_elements, max_expansion=max_expansion, check_crc=True)
+        for gi in range(len(mf.header.groups)):
+            mf.decode_group(gi, threads=threads)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------

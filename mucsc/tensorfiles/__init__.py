@@ -15,8 +15,9 @@ state_dict), or a mapping holding one under one of :data:`STATE_DICT_KEYS` (firs
 ``Loaded.notes``.  Non-tensor entries *inside* the chosen state_dict are refused, not skipped: silently
 dropping part of a model would make the round trip lie.
 
-Layout: one module per format behind the same verbs (``sniff``, ``load``, ``save``, gathered in a
-:class:`~mucsc.tensorfiles._common.Format`): :mod:`.safetensors`, :mod:`.numpy_files` (.npy, .npz),
+Layout: one module per format behind the same verbs (``sniff``, ``load``, ``save``, and where the
+format allows, ``open_reader`` / ``open_writer`` for one tensor at a time, gathered in a
+:class:`~mucsc.tensorfiles._common.Format` that also declares what the format can do): :mod:`.safetensors`, :mod:`.numpy_files` (.npy, .npz),
 :mod:`.pt` (torch); :mod:`.atomic` holds the atomic writer, :mod:`._common` the error type, ``Loaded``
 and the load limits.  This module is the registry and the public entry points; adding a format is
 adding one module and one line to ``_REGISTRY``.
@@ -35,8 +36,8 @@ from typing import IO, Any
 
 from mucsc.tensorfiles import numpy_files, pt, safetensors
 from mucsc.tensorfiles._common import (
-    BARE_NAME, LOAD_EXPANSION, LOAD_FLOOR_BYTES, Format, Loaded, TensorFileError, _over_limit,
-    default_max_bytes,
+    BARE_NAME, LOAD_EXPANSION, LOAD_FLOOR_BYTES, Format, Loaded, TensorFileError, TensorReader, TensorWriter,
+    _over_limit, default_max_bytes,
 )
 from mucsc.tensorfiles.atomic import WriteAll, atomic_open
 from mucsc.tensorfiles.pt import NEEDS_TORCH, STATE_DICT_KEYS, _load_torch
@@ -46,6 +47,7 @@ from mucsc.tensorfiles.safetensors import SAFETENSORS_MAX_HEADER  # noqa: F401
 __all__ = [
     "TensorFileError", "Loaded", "load", "save", "atomic_open", "WriteAll", "format_of", "sniff_format",
     "FORMATS", "SUFFIXES", "STATE_DICT_KEYS", "BARE_NAME", "default_max_bytes", "load_limit", "NEEDS_TORCH",
+    "Format", "TensorReader", "TensorWriter", "capabilities", "open_reader", "open_writer",
 ]
 
 #: format name -> its module's verbs, in the order suffixes are listed in messages
@@ -189,6 +191,48 @@ def _load_stream(f: IO[bytes], fmt: str, label: str, limit: float, size: int, ex
     except KeyError:
         raise TensorFileError(f"{label}: unknown format {fmt!r}; known: {', '.join(FORMATS)}") from None
     return spec.load(f, label, limit, size, explicit)
+
+
+# ---- streaming -----------------------------------------------------------------------------------
+
+def capabilities(fmt: str) -> Format:
+    """What format ``fmt`` can do (``open_reader``, ``open_writer``, ``offsets``, ``metadata``,
+    ``bfloat16``, ``max_tensors``, ``needs_torch``: see :class:`Format`); callers ask this instead of
+    switching on format names."""
+    try:
+        return _REGISTRY[fmt]
+    except KeyError:
+        raise TensorFileError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}") from None
+
+
+def open_reader(path: str | os.PathLike, *, fmt: str | None = None, max_bytes: float | None = None
+                ) -> TensorReader | None:
+    """``path`` opened for reading one tensor at a time (a :class:`TensorReader`; close it), or None
+    when its format cannot (then :func:`load` it).  ``max_bytes`` as :func:`load`'s (checked where the
+    format declares sizes before reading: .npz members, .pt tensors)."""
+    path = os.fspath(path)
+    spec = capabilities(fmt or format_of(path))
+    if spec.open_reader is None:
+        return None
+    explicit = max_bytes is not None
+    try:
+        if os.path.isdir(path):
+            raise TensorFileError(f"{path}: is a directory")
+        limit = max_bytes if explicit else load_limit(os.path.getsize(path))
+        return spec.open_reader(path, path, limit, explicit)
+    except OSError as exc:
+        raise TensorFileError(f"{path}: {exc.strerror or exc}") from None
+
+
+def open_writer(f: IO[bytes], fmt: str, entries: list[tuple[str, str, tuple[int, ...]]],
+                metadata: Mapping[str, str] | None = None) -> TensorWriter | None:
+    """A :class:`TensorWriter` of format ``fmt`` on the binary stream ``f`` for ``entries`` (name,
+    dtype, shape, in the order they will be written), or None when the format cannot stream out (then
+    :func:`save` the tensors at once)."""
+    spec = capabilities(fmt)
+    if spec.open_writer is None:
+        return None
+    return spec.open_writer(f, list(entries), dict(metadata) if metadata is not None else None)
 
 
 # ---- saving --------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
@@ -69,6 +69,37 @@ def _over_limit(label: str, what: str, nbytes: int, limit: float, size: int, exp
 
 
 
+class TensorReader(Protocol):
+    """A tensor file opened for reading one tensor at a time (a format's ``open_reader``).
+
+    ``entries``: (name, dtype, shape) of every tensor in file order, known without reading any data;
+    dtype is a record dtype name (``float32``, ``bfloat16``, ``int64``, ...).  ``read(i)``: tensor i's
+    values, read now: a numpy array (bfloat16 as its uint16 bit patterns; no torch) or, for .pt, a
+    torch tensor (memory-mapped).  ``bare``: the file holds one unnamed array.  ``notes``: as
+    :class:`Loaded`'s.  ``close()`` releases the file."""
+
+    entries: list[tuple[str, str, tuple[int, ...]]]
+    bare: bool
+    notes: tuple[str, ...]
+
+    def read(self, i: int) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class TensorWriter(Protocol):
+    """A tensor file being written one tensor at a time (a format's ``open_writer``): the entries are
+    given up front, in the order they will be written; ``write(name, values)`` takes numpy arrays
+    (bfloat16 as uint16 bit patterns, or torch tensors), ``finish()`` completes the file."""
+
+    def write(self, name: str, values: Any) -> None: ...
+
+    def finish(self) -> None: ...
+
+    # optional: ``abandon()`` releases what the writer holds after a failed write (the caller
+    # deletes the file)
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
     """One file format behind the same verbs: the registry in ``mucsc.tensorfiles`` maps names to these.
@@ -77,6 +108,14 @@ class Format:
     explicit)``: parse an open file (or a path, for torch) of ``size`` bytes into :class:`Loaded`, with
     ``limit`` the bound on what loading may allocate (``explicit``: given by the user, for messages).
     ``save(f, tensors)``: write a mapping of names to arrays/tensors to a binary stream.
+
+    What the format can do, for callers to ask instead of switching on names:
+    ``open_reader(path, label, limit, explicit)``: a :class:`TensorReader` (stream in; None: load whole);
+    ``open_writer(f, entries, metadata)``: a :class:`TensorWriter` (stream out; None: the writer needs
+    every tensor at once, ``save``); ``offsets``: the header gives every tensor's offset (one tensor is
+    read without the rest); ``metadata``: the file carries string metadata; ``bfloat16``: it holds
+    bfloat16 (else such tensors are widened to float32); ``max_tensors``: 1 for a single-array format;
+    ``needs_torch``: reading or writing it imports torch.
     """
 
     name: str
@@ -84,6 +123,13 @@ class Format:
     sniff: Callable[[bytes], bool]
     load: Callable[..., Loaded]
     save: Callable[[IO[bytes], Mapping[str, Any]], None]
+    open_reader: Callable[..., TensorReader] | None = None
+    open_writer: Callable[..., TensorWriter] | None = None
+    offsets: bool = False
+    metadata: bool = False
+    bfloat16: bool = True
+    max_tensors: int | None = None
+    needs_torch: bool = False
 
 
 def _readinto_exact(f: IO[bytes], out: np.ndarray | bytearray, label: str, what: str) -> None:
@@ -102,6 +148,19 @@ def _native(a: np.ndarray) -> np.ndarray:
     """``a`` in native byte order (a copy only for byte-swapped input)."""
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
+
+
+#: numpy dtype name -> record dtype name, for the dtypes a tensor file can hold (bfloat16 apart)
+RECORD_DTYPE = {n: n for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                               "uint64", "float16", "float32", "float64")}
+
+
+def record_dtype(dt: np.dtype, label: str) -> str:
+    """The record dtype name of numpy dtype ``dt`` (TensorFileError for complex and other types)."""
+    name = RECORD_DTYPE.get(np.dtype(dt).name)
+    if name is None:
+        raise TensorFileError(f"{label}: dtype {dt} cannot be compressed (floats, integers and bool only)")
+    return name
 
 
 def _is_torch(t: Any) -> bool:

@@ -4,6 +4,7 @@ refused) and, for .npz, with every member's declared size checked before anythin
 from __future__ import annotations
 
 import math
+import os
 import tokenize
 import zipfile
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ import numpy as np
 
 from mucsc.tensorfiles._common import (
     _MAX_RANK, _NUMERIC_KINDS, BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native, _readinto_exact,
+    record_dtype,
 )
 from mucsc.tensorfiles import zips
 from mucsc.tensorfiles.pt import _torch_to_numpy
@@ -37,6 +39,21 @@ def load_npy(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) 
 def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
     """Read one .npy array without pickles; ``available`` = bytes from the magic to the end."""
     start = f.tell()
+    shape, fortran, dtype = _npy_header(f, label)
+    count = math.prod(shape)
+    need = count * dtype.itemsize
+    have = available - (f.tell() - start)
+    if need != have:
+        raise TensorFileError(f"{label}: array {dtype} {shape} needs {need} data bytes, the file "
+                              f"holds {have}" + (" (truncated)" if have < need else ""))
+    flat = np.empty(count, dtype=dtype)
+    if need:
+        _readinto_exact(f, flat, label, "the array data")
+    return _native(flat.reshape(shape, order="F" if fortran else "C"))
+
+
+def _npy_header(f: IO[bytes], label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) from a .npy header, refusing object and structured dtypes."""
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -55,16 +72,119 @@ def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
                               "structured arrays are refused: they may hold pickles)")
     if len(shape) > _MAX_RANK:
         raise TensorFileError(f"{label}: rank {len(shape)} exceeds {_MAX_RANK}")
-    count = math.prod(shape)
-    need = count * dtype.itemsize
-    have = available - (f.tell() - start)
-    if need != have:
-        raise TensorFileError(f"{label}: array {dtype} {shape} needs {need} data bytes, the file "
-                              f"holds {have}" + (" (truncated)" if have < need else ""))
-    flat = np.empty(count, dtype=dtype)
-    if need:
-        _readinto_exact(f, flat, label, "the array data")
-    return _native(flat.reshape(shape, order="F" if fortran else "C"))
+    return tuple(shape), fortran, dtype
+
+
+class NpzReader:
+    """An .npz read one member at a time: every member's declared size is checked first (as
+    :func:`load` does), entries come from the members' .npy headers, ``read(i)`` inflates member i."""
+
+    bare = False
+    notes: tuple[str, ...] = ()
+
+    def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            size = os.fstat(self._f.fileno()).st_size
+            self._zf = zips.open_checked(self._f, label, limit, size, explicit, what=".npz (zip) file")
+            self._infos = self._zf.infolist()
+            self.entries = []
+            seen: set[str] = set()
+            for info in self._infos:
+                if not info.filename.endswith(".npy"):
+                    raise TensorFileError(f"{label}: member {info.filename!r} is not a .npy array")
+                key = info.filename[: -len(".npy")]
+                if key in seen:
+                    raise TensorFileError(f"{label}: duplicate member {info.filename!r}")
+                seen.add(key)
+                with self._member(len(self.entries), label) as m:
+                    shape, _, dtype = _npy_header(m, f"{label}[{key}]")
+                self.entries.append((key, record_dtype(dtype, f"{label}[{key}]"), shape))
+        except BaseException:
+            self._f.close()
+            raise
+        self._label = label
+
+    def _member(self, i: int, label: str) -> Any:
+        try:
+            return self._zf.open(self._infos[i])
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, OSError, EOFError,
+                zipfile.LargeZipFile) as exc:
+            raise TensorFileError(f"{label}: cannot read member {self._infos[i].filename!r} ({exc})") from None
+
+    def read(self, i: int) -> np.ndarray:
+        where = f"{self._label}[{self.entries[i][0]}]"
+        try:
+            with self._member(i, self._label) as m:
+                return _read_npy(m, where, self._infos[i].file_size)
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as exc:
+            raise TensorFileError(f"{where}: cannot read member ({exc})") from None
+
+    def close(self) -> None:
+        self._zf.close()
+        self._f.close()
+
+
+class NpzWriter:
+    """An .npz written one member at a time (stored, zip64 where needed), in the order given."""
+
+    def __init__(self, f: IO[bytes], entries: list[tuple[str, str, tuple[int, ...]]],
+                 metadata: dict[str, str] | None = None) -> None:
+        for key, _, _ in entries:  # before writing anything: member names are paths to unzip tools
+            zips.check_member_name(key)
+        self._zf = zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def write(self, name: str, values: Any) -> None:
+        _write_member(self._zf, name, _as_numpy(name, values, "npz"))
+
+    def finish(self) -> None:
+        self._zf.close()
+
+    def abandon(self) -> None:
+        """After a failed write: close the archive now, while its (doomed) file is still open."""
+        try:
+            self._zf.close()
+        except (ValueError, OSError):
+            pass
+
+
+class NpyReader:
+    """A .npy as a one-entry source (bare); the array is read when asked for."""
+
+    bare = True
+    notes: tuple[str, ...] = ()
+
+    def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
+        self._path, self._label = path, label
+        with open(path, "rb") as f:
+            shape, _, dtype = _npy_header(f, label)
+        self.entries = [(BARE_NAME, record_dtype(dtype, label), shape)]
+
+    def read(self, i: int) -> np.ndarray:
+        with open(self._path, "rb") as f:
+            return _read_npy(f, self._label, os.fstat(f.fileno()).st_size)
+
+    def close(self) -> None:
+        pass
+
+
+class NpyWriter:
+    """A .npy of its one entry."""
+
+    def __init__(self, f: IO[bytes], entries: list[tuple[str, str, tuple[int, ...]]],
+                 metadata: dict[str, str] | None = None) -> None:
+        if len(entries) != 1:
+            raise TensorFileError(f"a .npy file holds one array; there are {len(entries)} tensors "
+                                  "(write .npz, .safetensors or .pt instead)")
+        self._f, self._done = f, False
+
+    def write(self, name: str, values: Any) -> None:
+        np.lib.format.write_array(self._f, _as_numpy(name, values, "npy"), allow_pickle=False)
+        self._done = True
+
+    def finish(self) -> None:
+        if not self._done:
+            raise TensorFileError("the .npy array was never written")
 
 
 def _load_npz(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
@@ -97,9 +217,12 @@ def _save_npz(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
         zips.check_member_name(key)
     with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, t in tensors.items():
-            arr = _as_numpy(key, t, "npz")
-            with zf.open(key + ".npy", "w", force_zip64=arr.nbytes > (1 << 31) - 4096) as m:
-                np.lib.format.write_array(m, arr, allow_pickle=False)
+            _write_member(zf, key, _as_numpy(key, t, "npz"))
+
+
+def _write_member(zf: zipfile.ZipFile, key: str, arr: np.ndarray) -> None:
+    with zf.open(key + ".npy", "w", force_zip64=arr.nbytes > (1 << 31) - 4096) as m:
+        np.lib.format.write_array(m, arr, allow_pickle=False)
 
 
 def _save_npy(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
@@ -120,5 +243,7 @@ def _as_numpy(key: str, t: Any, fmt: str) -> np.ndarray:
 
 
 
-NPY = Format("npy", (".npy",), sniff_npy, load_npy, _save_npy)
-NPZ = Format("npz", (".npz",), sniff_zip, _load_npz, _save_npz)
+NPY = Format("npy", (".npy",), sniff_npy, load_npy, _save_npy, open_reader=NpyReader, open_writer=NpyWriter,
+             offsets=True, bfloat16=False, max_tensors=1)
+NPZ = Format("npz", (".npz",), sniff_zip, _load_npz, _save_npz, open_reader=NpzReader, open_writer=NpzWriter,
+             bfloat16=False)

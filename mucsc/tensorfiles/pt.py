@@ -9,6 +9,7 @@ are refused, not skipped: silently dropping part of a model would make the round
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -19,7 +20,9 @@ import numpy as np
 
 from mucsc.optional import require_torch
 from mucsc.tensorfiles import zips
-from mucsc.tensorfiles._common import BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native
+from mucsc.tensorfiles._common import (
+    BARE_NAME, RECORD_DTYPE, Format, Loaded, TensorFileError, _is_torch, _native, _over_limit, record_dtype,
+)
 
 #: keys searched, in order, for a state_dict inside a torch checkpoint dict
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights", "params")
@@ -75,24 +78,68 @@ def _check_zip_members(src: str | IO[bytes], label: str, limit: float, size: int
 
 
 def _load_torch(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool) -> Loaded:
+    state, notes, bare = _torch_state(src, label, limit, size, explicit)
+    tensors = {k: _from_torch(v, label, k) for k, v in state.items()}
+    return Loaded(tensors, "torch", bare=bare, notes=tuple(notes))
+
+
+def _torch_state(src: str | IO[bytes], label: str, limit: float, size: int, explicit: bool,
+                 mmap: bool = False) -> tuple[Mapping, list[str], bool]:
+    """(state_dict of torch tensors, notes, bare) of a checkpoint, loaded with
+    ``torch.load(weights_only=True)``; ``mmap``: map the storages instead of reading them (a zip
+    checkpoint from a path; a legacy one is read whole)."""
     # CVE-2025-32434: torch.load(weights_only=True) could still execute code before torch 2.6
     torch = require_torch("loading .pt checkpoints safely", TensorFileError, min_version=(2, 6),
                           why_version="CVE-2025-32434")
     _check_zip_members(src, label, limit, size, explicit)
+    if mmap and isinstance(src, (str, os.PathLike)):
+        with open(src, "rb") as f:
+            mmap = zips.is_zip(f.read(4))
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on a CLI
             warnings.simplefilter("ignore")
-            obj = torch.load(src, weights_only=True, map_location="cpu")
+            obj = torch.load(src, weights_only=True, map_location="cpu", **({"mmap": True} if mmap else {}))
     except Exception as exc:  # noqa: BLE001 - torch raises many types; all mean "cannot load"
         raise TensorFileError(f"{label}: {_torch_load_problem(exc)}") from None
     if isinstance(obj, torch.Tensor):
-        return Loaded({BARE_NAME: _from_torch(obj, label, "tensor")}, "torch", bare=True)
+        return {BARE_NAME: obj}, [], True
     if not isinstance(obj, Mapping):
         raise TensorFileError(f"{label}: holds a {type(obj).__name__}, not a state_dict "
                               "(a mapping of names to tensors)")
     state, notes = _state_dict(obj, label, torch)
-    tensors = {k: _from_torch(v, label, k) for k, v in state.items()}
-    return Loaded(tensors, "torch", notes=tuple(notes))
+    return state, notes, False
+
+
+class Reader:
+    """A torch checkpoint read tensor by tensor: a zip checkpoint is loaded with ``mmap=True`` (its
+    storages are mapped, read as each tensor is converted), a legacy one whole.  ``read(i)``: a numpy
+    view, or the torch tensor for bfloat16 (as :func:`load` returns them)."""
+
+    def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
+        size = os.path.getsize(path)
+        state, notes, self.bare = _torch_state(path, label, limit, size, explicit, mmap=True)
+        self.notes = tuple(notes)
+        self._label = label
+        self._tensors = list(state.items())
+        self.entries = [(k, _torch_dtype_name(v, label, k), tuple(v.shape)) for k, v in self._tensors]
+        nbytes = sum(v.numel() * v.element_size() for _, v in self._tensors)
+        if nbytes > limit:  # views can declare far more than the storages they share
+            raise _over_limit(label, "the tensors take", nbytes, limit, size, explicit)
+
+    def read(self, i: int) -> Any:
+        k, v = self._tensors[i]
+        return _from_torch(v, self._label, k)
+
+    def close(self) -> None:
+        self._tensors = []
+
+
+def _torch_dtype_name(t: Any, label: str, key: str) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    if name == "bfloat16":
+        return name
+    return record_dtype(np.dtype(name) if name in RECORD_DTYPE else np.dtype("complex64"),
+                        f"{label}: tensor {key!r} ({t.dtype})")
 
 
 def _state_dict(obj: Mapping, label: str, torch: Any) -> tuple[Mapping, list[str]]:
@@ -169,4 +216,7 @@ def _save_torch(f: IO[bytes], tensors: Mapping[str, Any]) -> None:
 
 
 save = _save_torch
-FORMAT = Format("torch", (".pt", ".pth", ".bin", ".ckpt"), sniff, load, save)
+# stream in (mapped storages); no stream out: torch.save pickles the whole state_dict at once, so a
+# .pt output holds the model in memory (write .safetensors to stream)
+FORMAT = Format("torch", (".pt", ".pth", ".bin", ".ckpt"), sniff, load, save, open_reader=Reader,
+                needs_torch=True)

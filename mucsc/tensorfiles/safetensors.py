@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Mapping
 from typing import IO, Any
@@ -39,11 +40,28 @@ def load(f: IO[bytes], label: str, limit: float, size: int, explicit: bool) -> L
 
 
 def _load_safetensors(f: IO[bytes], label: str, size: int) -> Loaded:
-    """Parse a safetensors file: u64 LE header length, JSON header, one data buffer.
+    """Parse a safetensors file: u64 LE header length, JSON header, one data buffer (checked by
+    :func:`_read_header` before any allocation)."""
+    entries, data_len, _ = _read_header(f, label, size)
+    buf = bytearray(data_len)
+    _readinto_exact(f, buf, label, "the safetensors data")
+    tensors: dict[str, Any] = {}
+    for key, dt, shape, (b, e) in entries:
+        if dt == "BF16":
+            tensors[key] = _bf16_from_bytes(memoryview(buf)[b:e], shape)
+        else:
+            arr = np.frombuffer(buf, dtype=np.dtype(_ST_DTYPES[dt]), count=math.prod(shape), offset=b)
+            tensors[key] = _native(arr.reshape(shape))
+    return Loaded(tensors, "safetensors")
 
-    Checked before any allocation: header length against the file and SAFETENSORS_MAX_HEADER; every
-    tensor's dtype, shape and offsets; offsets contiguous from 0, non-overlapping, without holes and
-    ending exactly at the end of the file; byte count == prod(shape) * itemsize.
+
+def _read_header(f: IO[bytes], label: str, size: int) -> tuple[list, int, dict[str, str] | None]:
+    """(entries (key, dtype, shape, (begin, end)) in header order, data length, __metadata__) of a
+    safetensors file of ``size`` bytes, read from its start; ``f`` is left at the data.
+
+    Checked: header length against the file and SAFETENSORS_MAX_HEADER; every tensor's dtype, shape
+    and offsets; offsets contiguous from 0, non-overlapping, without holes and ending exactly at the
+    end of the file; byte count == prod(shape) * itemsize.
     """
     if size < 8:
         raise TensorFileError(f"{label}: not a safetensors file: {size} bytes, the header length "
@@ -79,16 +97,87 @@ def _load_safetensors(f: IO[bytes], label: str, size: int) -> Loaded:
     if end != data_len:
         raise TensorFileError(f"{label}: safetensors data is {data_len} bytes but the tensors "
                               f"cover {end}" + (" (truncated file)" if end > data_len else ""))
-    buf = bytearray(data_len)
-    _readinto_exact(f, buf, label, "the safetensors data")
-    tensors: dict[str, Any] = {}
-    for key, dt, shape, (b, e) in entries:
-        if dt == "BF16":
-            tensors[key] = _bf16_from_bytes(memoryview(buf)[b:e], shape)
+    return entries, data_len, metadata
+
+
+class Reader:
+    """A safetensors file read one tensor at a time (``os.pread`` of its byte range, no torch:
+    bfloat16 comes as uint16 bit patterns).  The header is checked as :func:`load` checks it."""
+
+    bare = False
+    notes: tuple[str, ...] = ()
+
+    def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            size = os.fstat(self._f.fileno()).st_size
+            found, _, self.metadata = _read_header(self._f, label, size)
+            self._start = self._f.tell()
+        except BaseException:
+            self._f.close()
+            raise
+        self._label = label
+        self._spans = [(dt, shape, b, e) for _, dt, shape, (b, e) in found]
+        self.entries = [(key, "bfloat16" if dt == "BF16" else np.dtype(_ST_DTYPES[dt]).name, shape)
+                        for key, dt, shape, _ in found]
+
+    def read(self, i: int) -> np.ndarray:
+        dt, shape, b, e = self._spans[i]
+        arr = np.empty(math.prod(shape), np.uint16 if dt == "BF16" else np.dtype(_ST_DTYPES[dt]))
+        mv = memoryview(arr).cast("B")
+        got = 0
+        while got < e - b:
+            n = os.preadv(self._f.fileno(), [mv[got:]], self._start + b + got)
+            if n <= 0:
+                raise TensorFileError(f"{self._label}: truncated while reading {self.entries[i][0]!r}")
+            got += n
+        return _native(arr.reshape(shape))
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Writer:
+    """A safetensors file written one tensor at a time: the header (every entry's dtype, shape and
+    offsets, in the order given) first, then each tensor's bytes as :meth:`write` receives them, in
+    that order.  bfloat16 tensors come as uint16 bit patterns (or torch tensors); no torch needed."""
+
+    def __init__(self, f: IO[bytes], entries: list[tuple[str, str, tuple[int, ...]]],
+                 metadata: dict[str, str] | None = None) -> None:
+        header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
+        self._order: list[tuple[str, str, int]] = []
+        offset = 0
+        for key, dtype, shape in entries:
+            st = "BF16" if dtype == "bfloat16" else _ST_NAMES.get(np.dtype(dtype).str.lstrip("<>|="))
+            if st is None:
+                raise TensorFileError(f"tensor {key!r}: dtype {dtype} cannot be stored in safetensors")
+            n = math.prod(shape) * (2 if st == "BF16" else np.dtype(_ST_DTYPES[st]).itemsize)
+            header[key] = {"dtype": st, "shape": list(shape), "data_offsets": [offset, offset + n]}
+            self._order.append((key, st, n))
+            offset += n
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * (-(8 + len(raw)) % 8)
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        self._f, self._next = f, 0
+
+    def write(self, name: str, values: Any) -> None:
+        if self._next >= len(self._order) or self._order[self._next][0] != name:
+            expected = self._order[self._next][0] if self._next < len(self._order) else "nothing"
+            raise TensorFileError(f"tensor {name!r} written out of order (expected {expected!r})")
+        key, st, n = self._order[self._next]
+        if st == "BF16" and isinstance(values, np.ndarray):
+            data = memoryview(np.ascontiguousarray(values, np.uint16).reshape(-1)).cast("B")
         else:
-            arr = np.frombuffer(buf, dtype=np.dtype(_ST_DTYPES[dt]), count=math.prod(shape), offset=b)
-            tensors[key] = _native(arr.reshape(shape))
-    return Loaded(tensors, "safetensors")
+            data = _st_bytes(key, values)[2]
+        if len(data) != n:
+            raise TensorFileError(f"tensor {name!r}: {len(data)} bytes, its entry declares {n}")
+        self._f.write(data)
+        self._next += 1
+
+    def finish(self) -> None:
+        if self._next != len(self._order):
+            raise TensorFileError(f"{len(self._order) - self._next} tensors were never written")
 
 
 def _parse_st_header(raw: bytes, label: str) -> dict:
@@ -170,4 +259,5 @@ def _st_bytes(key: str, t: Any) -> tuple[str, tuple[int, ...], memoryview]:
 
 
 save = _save_safetensors
-FORMAT = Format("safetensors", (".safetensors",), sniff, load, save)
+FORMAT = Format("safetensors", (".safetensors",), sniff, load, save, open_reader=Reader, open_writer=Writer,
+                offsets=True, metadata=True)

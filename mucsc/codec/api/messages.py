@@ -43,6 +43,10 @@ HEADER_FLOOR_BYTES = 1 << 20  # HEAD's raw length always allowed (parsed JSON ta
 HEADER_EXPANSION = 16
 SECTION_BYTES_PER_ELEMENT = 16  # no codec needs more raw bytes per element in one section
 SECTION_SLACK_BYTES = 1 << 20  # ... plus this (centroid tables, scales)
+# A group above max_elements still decodes when its sections hold at least one byte per this many
+# bytes it decodes to: a coded tensor takes bits per element (the default model mode: 3-8 bits per
+# float32), a constant or mean-filled one declares its output without bytes to show for it.
+GROUP_EXPANSION = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,10 +454,12 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
         return fmt.section_bytes(fmt.Header(records, groups, container, meta).to_json(), True, level)
 
     fixed = fmt.PREAMBLE.size + fmt.TRAILER.size + auth_bytes + other_bytes
+    ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
+                                  lambda i: _group_rng(seed, mine[i]), head_bytes)
+    if ratecontrol.budget.applies(codec, ctx.elements):
+        return _encode_budget(plan, mine, tensors, codec, ctx, seed, ready)
     # planning tries several encodings of each group: on the host (a device group is copied once)
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
-    ctx = ratecontrol.PlanContext(level, sum(t.size for t in tensors), fixed,
-                      lambda i: _group_rng(seed, mine[i]), head_bytes)
     done: dict[int, EncodedGroup] = {}  # groups the planner already encoded as chosen
     chosen = ratecontrol.plan(codec, xs, ctx, done)
     del xs
@@ -465,6 +471,27 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     plan = list(plan)
     for gi, c in zip(mine, chosen):
         plan[gi] = (c, plan[gi][1])
+    return plan, ready
+
+
+def _encode_budget(plan, mine, tensors, codec, ctx, seed, ready):
+    """A byte budget from the groups' summaries (:mod:`mucsc.codec.ratecontrol.budget`): each of
+    ``codec``'s groups summarised one at a time (its vector dropped after), the budget split over
+    the summaries, then each group encoded once, in order, into ``ready``."""
+    b = ratecontrol.budget
+    reach = b.max_bits(ratecontrol.Goal.of(codec), ctx.elements)
+    summaries = []
+    for gi in mine:
+        x = _host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0])
+        summaries.append(b.summarize(codec, x, ctx.zstd_level, reach))
+        del x
+    budget = b.Budget(codec, summaries, ctx)
+    plan = list(plan)
+    for k, gi in enumerate(mine):
+        x = _host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0])
+        c, ready[gi] = budget.encode(k, x, lambda gi=gi: _group_rng(seed, gi))
+        plan[gi] = (c, plan[gi][1])
+        del x
     return plan, ready
 
 
@@ -515,11 +542,7 @@ def _minor_needed(header: fmt.Header) -> int:
 
 def _group_bytes(blob: bytes) -> dict[int, int]:
     """Bytes each group takes in the message: its sections' headers, payloads and padding."""
-    out: dict[int, int] = {}
-    for s in fmt.read_message(blob).sections:
-        if s.group != fmt.MESSAGE_GROUP:
-            out[s.group] = out.get(s.group, 0) + fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes)
-    return out
+    return section_bytes_by_group(fmt.read_message(blob))
 
 
 def _zstd_level(compress: str | int) -> int | None:
@@ -716,12 +739,28 @@ def check_reader_args(blob: Any, **limits: Any) -> None:
 
 
 def check_limits(header: fmt.Header, message_bytes: int, max_elements: int | None,
-                 max_expansion: float | None) -> None:
-    """LimitError when the header declares more output than the caller's limits allow."""
+                 max_expansion: float | None, group_bytes: Mapping[int, int] | None = None) -> None:
+    """LimitError when the header declares more output than the caller's limits allow.
+
+    ``max_elements`` bounds each *group* (what decoding one group allocates at once), not the model:
+    a checkpoint of 10^9 parameters in groups of 10^8 decodes one group at a time.  The default
+    (DEFAULT_MAX_ELEMENTS) is also relative: a larger group passes when its sections are at least
+    1/GROUP_EXPANSION of what it decodes to (``group_bytes``: its sections' bytes; a coded tensor
+    takes bits per element, a constant or mean-filled one declares its output from nothing), so no
+    tensor that ``mucsc compress`` wrote is refused; any other value is a hard cap per group.
+    ``max_expansion`` bounds the whole message's decoded bytes against its size (FORMAT.md 3.1)."""
+    gbytes = group_bytes or {}
+    for gi, g in enumerate(header.groups):
+        n = sum(header.records[i].size for i in g.records)
+        if max_elements is None or n <= max_elements:
+            continue
+        nbytes = sum(header.records[i].nbytes for i in g.records)
+        have = gbytes.get(gi, 0)
+        if max_elements != DEFAULT_MAX_ELEMENTS or nbytes > GROUP_EXPANSION * have:
+            raise LimitError(f"group {gi} holds {n} elements in {have} bytes, more than max_elements="
+                             f"{max_elements} (pass a larger max_elements, or None, to decode it; CLI: "
+                             "--max-elements)")
     total = sum(r.size for r in header.records)
-    if max_elements is not None and total > max_elements:
-        raise LimitError(f"message holds {total} elements, more than max_elements={max_elements} "
-                         "(pass a larger max_elements, or None, to decode it; CLI: --max-elements)")
     nbytes = sum(r.nbytes for r in header.records)
     if max_expansion is not None:
         budget = max(EXPANSION_FLOOR_BYTES, max_expansion * message_bytes)
@@ -730,6 +769,15 @@ def check_limits(header: fmt.Header, message_bytes: int, max_elements: int | Non
                 f"a message of {message_bytes} bytes declares {nbytes} bytes of tensors ({total} elements), "
                 f"{nbytes / message_bytes:.0f}x its size: more than max_expansion={max_expansion:g} allows "
                 "for untrusted input (if you trust it, pass max_expansion=None; CLI: --max-expansion none)")
+
+
+def section_bytes_by_group(msg: fmt.Message) -> dict[int, int]:
+    """Bytes each group takes in a parsed message: its sections' headers, payloads and padding."""
+    out: dict[int, int] = {}
+    for s in msg.sections:
+        if s.group != fmt.MESSAGE_GROUP:
+            out[s.group] = out.get(s.group, 0) + fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes)
+    return out
 
 
 def _max_header(blob: Any, max_expansion: float | None) -> int | None:
@@ -745,7 +793,7 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
             device: Any = None, progress: Progress | None = None) -> Any:
     msg = fmt.read_message(blob, _max_header(blob, max_expansion))
     header = msg.header
-    check_limits(header, msg.size, max_elements, max_expansion)
+    check_limits(header, msg.size, max_elements, max_expansion, section_bytes_by_group(msg))
     out: dict[str, Any] = {}
     sizes = [sum(header.records[i].size for i in g.records) for g in header.groups]
     reporter = _Reporter(progress, sum(sizes))
@@ -914,21 +962,24 @@ def inspect(blob: bytes | bytearray | memoryview, *, keys: Keys | None = None,
         msg = fmt.read_message(blob, _max_header(blob, max_expansion))
     except MemoryError:
         raise LimitError("out of memory while reading the message header") from None
+    return summarize(msg, verified or (auth.summary(msg.auth, verified=False) if msg.auth is not None else None))
+
+
+def summarize(msg: fmt.Message, auth_summary: AuthSummary | None = None) -> MessageInfo:
+    """:class:`MessageInfo` of a parsed message (from a buffer or a file: nothing is decoded)."""
     h = msg.header
     group_of = {ri: gi for gi, g in enumerate(h.groups) for ri in g.records}
     secs = tuple(SectionSummary(s.tag, None if s.group == fmt.MESSAGE_GROUP else s.group, s.encoding,
                                 s.stored_bytes, s.raw_bytes) for s in msg.sections)
+    gbytes = section_bytes_by_group(msg)
     groups = tuple(
         GroupSummary(gi, g.codec, g.params, g.dtype, tuple(h.records[i].name for i in g.records),
-                     sum(h.records[i].size for i in g.records),
-                     sum(fmt.SECTION.size + s.stored_bytes + fmt.padding(s.stored_bytes)
-                         for s in msg.sections if s.group == gi))
+                     sum(h.records[i].size for i in g.records), gbytes.get(gi, 0))
         for gi, g in enumerate(h.groups))
     records = tuple(RecordSummary(r.name, r.dtype, r.shape, group_of[i]) for i, r in enumerate(h.records))
-    summary = verified or (auth.summary(msg.auth, verified=False) if msg.auth is not None else None)
     return MessageInfo(f"{fmt.MAJOR}.{msg.minor}", msg.size, h.container, records, groups, secs,
                        sum(r.nbytes for r in h.records), sum(r.size for r in h.records), dict(h.meta),
-                       summary)
+                       auth_summary)
 
 
 def verify(blob: bytes | bytearray | memoryview, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS,

@@ -36,7 +36,7 @@ import numpy as np
 from mucsc.codec import meter, ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, get_codec
 from mucsc.codec.wire.container import ITEMSIZE
-from mucsc.codec.backends.tensors import Tensor, name_label, on_host
+from mucsc.codec.backends.tensors import Tensor, bf16_round_trip, name_label, on_host
 from mucsc.errors import InputError, ParameterError
 
 # What one more group costs beyond its payload bytes: its HEAD entry ({"codec":..,"dtype":..,
@@ -48,6 +48,9 @@ RETRIES = 3  # encodings per tensor at most when the measured error overshoots t
 # within the bound could be smaller (Codec.exceeds_within: a sort and a small DP, ~0.1 ms): tiny
 # tensors (biases, a first convolution), whose levels cost more than their fp16 copy, skip the search.
 FLOOR_MAX_ELEMENTS = 256
+# Rounding to bfloat16 (8 significant bits) moves a value by at most half a unit in the last place,
+# 2^-9 of it: a bfloat16 tensor coded within max_error leaves this much of the bound to that rounding.
+BF16_HALF_ULP = 2.0 ** -9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,22 +99,14 @@ class Policy:
         """The groups for ``tensors`` (record order of their first member); ``on_tensor(i)`` is called
         when tensor i's choice is made, ``on_trial(i)`` after each trial encoding of its search (the
         API's progress hook)."""
-        if self.max_error is not None and not has_param(codec, "max_error"):
-            raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
-                                 f"codec {codec.name!r} has no max_error parameter")
+        self.check_codec(codec)
         raw, fp16 = get_codec("raw"), get_codec("fp16")
         fp16_pool: list[int] = []
         raw_pools: dict[str, list[int]] = {}
         plan: list[Planned] = []
         for i, t in enumerate(tensors):
-            if not t.is_float or codec.lossless:
-                self._carry_raw(i, t, raw, raw_pools, plan)
-                if on_tensor is not None:
-                    on_tensor(i)
-                continue
-            x = flat_float(t)
             with meter.ticking(None if on_trial is None else lambda i=i: on_trial(i)):
-                choice = self._choose(i, t, x, codec, fp16, seed)
+                choice = self.choose(i, t, codec, seed, fp16)
             if choice == "fp16":
                 fp16_pool.append(i)
             elif choice == "raw":
@@ -125,6 +120,20 @@ class Policy:
         plan += [Planned(raw, tuple(m)) for m in raw_pools.values()]
         plan.sort(key=lambda p: p.members[0])  # groups in record order: deterministic and easy to read
         return plan
+
+    def check_codec(self, codec: Codec) -> None:
+        """ParameterError when ``codec`` cannot serve this policy (a max_error needs a codec that targets one)."""
+        if self.max_error is not None and not has_param(codec, "max_error"):
+            raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
+                                 f"codec {codec.name!r} has no max_error parameter")
+
+    def choose(self, i: int, t: Tensor, codec: Codec, seed: int, fp16: Codec | None = None) -> str | Planned:
+        """Tensor ``i``'s carrier, decided from this tensor alone: "raw", "fp16" (the caller pools
+        these), or a :class:`Planned` coded group (with its encoding when the policy made one while
+        choosing).  What :meth:`plan` does per tensor; a streaming writer calls it as each tensor is read."""
+        if not t.is_float or codec.lossless:
+            return "raw"
+        return self._choose(i, t, flat_float(t), codec, fp16 or get_codec("fp16"), seed)
 
     def named_lossless(self, name: str | None) -> bool:
         """Whether ``name`` matches one of the ``lossless`` globs."""
@@ -155,7 +164,7 @@ class Policy:
         lossy16 = self.max_error is not None and self.lossy_fp16 and not exact16 and 2 * n < raw_bytes
         if lossy16 and self._fp16_beats_any_coding(t, x, codec, norm):
             return "fp16"  # what the search would end in: every coding within the bound is larger
-        coded = self._coded(i, x, codec, seed, norm)
+        coded = self._coded(i, x, codec, seed, norm, t.dtype)
         coded_bytes = math.inf if coded is None else payload_bytes(coded.encoded) + GROUP_OVERHEAD
         if lossy16 and 2 * n < coded_bytes and _fp16_within(t, x, norm, self.max_error):
             return "fp16"
@@ -170,12 +179,16 @@ class Policy:
         return (n <= FLOOR_MAX_ELEMENTS and _fp16_within(t, x, norm, self.max_error)
                 and codec.exceeds_within(x, (self.max_error * norm) ** 2, 2 * n - GROUP_OVERHEAD))
 
-    def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int, norm: float) -> Planned | None:
-        """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach)."""
+    def _coded(self, i: int, x: np.ndarray, codec: Codec, seed: int, norm: float,
+               dtype: str = "float32") -> Planned | None:
+        """Tensor i coded by ``codec`` as given, or within ``max_error`` (None: out of the codec's reach).
+        A bfloat16 record stores its decoded values rounded to bfloat16: that rounding is part of the
+        error the bound is about (:func:`encode_within`'s ``stored``)."""
         rng_for = _rng_for(seed, i)
         if self.max_error is None:
             return Planned(codec, (i,), codec.encode_array(x, rng_for(0)))
-        found = encode_within(x, codec, self.max_error, rng_for, norm)
+        stored = bf16_round_trip if dtype == "bfloat16" else None
+        found = encode_within(x, codec, self.max_error, rng_for, norm, stored)
         return None if found is None else Planned(found[0], (i,), found[1])
 
 
@@ -195,22 +208,25 @@ def _fp16_within(t: Tensor, x: np.ndarray, norm: float, bound: float) -> bool:
 
 def encode_within(x: np.ndarray, codec: Codec, max_error: float,
                   rng_for: Callable[[int], np.random.Generator],
-                  norm: float | None = None) -> tuple[Codec, EncodedGroup] | None:
+                  norm: float | None = None,
+                  stored: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[Codec, EncodedGroup] | None:
     """``x`` encoded by ``codec`` in its own error-targeting mode (its ``max_error`` parameter: for
     mucsc, the cheapest levels whose expected error sqrt(J) / ||x|| meets the bound, chosen by
     mucsc.codec.ratecontrol), with the *measured* error of that very encoding checked too: when chance
     puts it above the bound (small tensors, where ||decode - x||^2 strays from its mean J), the bound
     is tightened by the overshoot and the tensor encoded again (at most RETRIES times).  None when the
-    bound is out of the codec's reach.  ``norm``: ||x||, when the caller has it."""
+    bound is out of the codec's reach.  ``norm``: ||x||, when the caller has it.  ``stored``: what the
+    record keeps of the decoded values (bfloat16 rounding): the measured error is of that, and the
+    codec's first bound leaves room for it (BF16_HALF_ULP: the rounding's largest relative error)."""
     norm = l2_norm(x) if norm is None else norm
-    bound = max_error
+    bound = max_error if stored is None else math.sqrt(max(max_error ** 2 - BF16_HALF_ULP ** 2, 0.25 * max_error ** 2))
     for attempt in range(RETRIES):
         c = with_max_error(codec, bound)
         try:
             enc = c.encode_array(x, rng_for(attempt))
         except ParameterError:  # the codec's largest Z misses the bound
             return None
-        rel = relative_error(x, decode_encoded(c, enc, x.size, x.dtype), norm)
+        rel = relative_error(x, decode_encoded(c, enc, x.size, x.dtype), norm, stored)
         if rel <= max_error:
             return c, enc
         bound *= 0.97 * max_error / rel
@@ -259,11 +275,18 @@ def _sum_squares(v: np.ndarray) -> float:
     return float(np.square(v, out=v).sum())
 
 
-def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None) -> float:
-    """||y - x|| / ||x|| (0 when both are zero, inf when only x is)."""
+def relative_error(x: np.ndarray, y: np.ndarray, norm: float | None = None,
+                   stored: Callable[[np.ndarray], np.ndarray] | None = None, chunk: int = 1 << 20) -> float:
+    """||y - x|| / ||x|| (0 when both are zero, inf when only x is), in float64 a chunk at a time (no
+    full-size float64 temporaries: a 32M-element tensor would take two of 256 MiB); ``stored``
+    applied to each chunk of ``y`` first (what a bfloat16 record keeps of it)."""
     if norm is None:
         norm = l2_norm(x)
-    err = math.sqrt(_sum_squares(np.asarray(y, np.float64) - x))
+    total = 0.0
+    for a in range(0, x.size, chunk):
+        yc = y[a: a + chunk] if stored is None else stored(y[a: a + chunk])
+        total += _sum_squares(np.asarray(yc, np.float64) - x[a: a + chunk])
+    err = math.sqrt(total)
     if norm == 0:
         return 0.0 if err == 0 else math.inf
     return err / norm

@@ -47,7 +47,9 @@ class Tensor:
     def as_float(self) -> np.ndarray:
         """The values as float32/float64 (bfloat16 widened exactly to float32)."""
         if self.dtype == "bfloat16":
-            return (self.array.astype(np.uint32) << 16).view(np.float32)
+            wide = self.array.astype(np.uint32)
+            wide <<= 16  # in place: one float32-sized array, not two
+            return wide.view(np.float32)
         return self.array
 
 
@@ -163,7 +165,32 @@ def saturate(array: np.ndarray, dtype: str) -> np.ndarray:
     big = FLOAT_MAX.get(dtype)
     if big is None or array.dtype.kind != "f" or np.finfo(array.dtype).max <= big:
         return array
+    if array.size and -big <= np.min(array) and np.max(array) <= big:  # two reductions, no copy
+        return array
     return np.clip(array, -big, big)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch's ``.to(bfloat16)``),
+    as uint16 bit patterns; NaN stays NaN (its quiet bit set).  Five in-place passes over one
+    temporary (it runs on every decoded element of a bfloat16 checkpoint)."""
+    x = np.ascontiguousarray(x, np.float32)
+    u = x.view(np.uint32)
+    r = u >> 16
+    r &= 1
+    r += 0x7FFF
+    r += u  # < 2^32: u <= 0xFFFFFFFF - 0x8000 for every non-NaN pattern that can carry
+    r >>= 16
+    out = r.astype(np.uint16)
+    if x.size and not np.isfinite(np.max(np.abs(x))):
+        nan = np.isnan(x)
+        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def bf16_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 values as a bfloat16 record stores them (rounded to nearest even), back in float32."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
 
 
 def name_label(name: str) -> str:

@@ -98,13 +98,45 @@ def assign(x: np.ndarray, c: np.ndarray, cache: dict | None = None) -> tuple[np.
         d = xs - np.repeat(c64, counts)
         return ids, kernels.dot(d, d)
     err = 0.0
+    grid = _uniform(t)
     for s in range(0, x.size, CHUNK):
         xc = x[s : s + CHUNK].astype(np.float64)
-        k = np.searchsorted(t, xc, side="left")  # the number of boundaries below x
+        # the number of boundaries below x
+        k = np.searchsorted(t, xc, side="left") if grid is None else _grid_index(t, xc, *grid)
         ids[s : s + CHUNK] = k
         d = xc - c64[k]
         err += kernels.dot(d, d)
     return ids, err
+
+
+def _uniform(t: np.ndarray) -> tuple[float, float] | None:
+    """(first boundary, 1 / spacing) when the boundaries lie within a quarter spacing of an evenly
+    spaced grid (a goal's uniform grid, its levels rounded to the wire dtype), so that x's position
+    on that grid is off by at most one boundary; else None."""
+    if t.size < 8:
+        return None
+    h = float(t[-1] - t[0]) / (t.size - 1)
+    if not h > 0 or float(np.abs(t - (t[0] + h * np.arange(t.size))).max()) > 0.25 * h:
+        return None
+    return float(t[0]), 1.0 / h
+
+
+def _grid_index(t: np.ndarray, xc: np.ndarray, t0: float, inv: float) -> np.ndarray:
+    """``np.searchsorted(t, xc, side="left")`` for evenly spaced boundaries: each x's position on the
+    grid, moved by one where the exact comparisons say so, and any element still not between its two
+    boundaries found by the binary search (the same ids: ~4x faster than the binary search alone)."""
+    n = t.size
+    g = np.floor((xc - t0) * inv)
+    np.clip(g, -1.0, n - 1.0, out=g)
+    k = g.astype(np.intp) + 1  # about the number of boundaries below x
+    below = np.take(t, k - 1, mode="clip")
+    k -= (k > 0) & (below >= xc)
+    above = np.take(t, k, mode="clip")
+    k += (k < n) & (above < xc)
+    bad = ((k > 0) & (np.take(t, k - 1, mode="clip") >= xc)) | ((k < n) & (np.take(t, k, mode="clip") < xc))
+    if bad.any():
+        k[bad] = np.searchsorted(t, xc[bad], side="left")
+    return k
 
 
 class SortedSample:

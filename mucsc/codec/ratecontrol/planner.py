@@ -124,72 +124,12 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
     if goal.kind == "max_error":
         return [_cheapest_within_error(g, goal.value) for g in groups]
     total = goal.budget(ctx.elements)
-    what = str(goal)
     for g in groups:
         g.sweep(lambda o: o.bytes > total - ctx.fixed_bytes, "budget")
-
-    heads: dict[tuple, int] = {}  # HEAD bytes by the groups' params (a JSON dump and zstd each)
-
-    def cost(chosen: list[allocate.Option]) -> int:  # the exact message size
-        params = tuple(o.key.params for o in chosen)
-        if params not in heads:
-            heads[params] = ctx.head_bytes([dict(p) for p in params])
-        return ctx.fixed_bytes + heads[params] + sum(o.bytes for o in chosen)
-
-    def too_small(chosen: list[allocate.Option], size: int) -> ParameterError:
-        note = "".join(g.floor_note(o) for g, o in zip(groups, chosen))
-        return ParameterError(f"{what} is below the smallest {codec.name} message for this input: {size} "
-                              f"bytes ({8 * size / max(ctx.elements, 1):.3g} bits per element){note}")
-
-    def split(total: int) -> list[allocate.Option]:
-        curves = shaped([g.options for g in groups], total)
-        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
-        least = cost(cheapest)
-        if least > total:
-            raise too_small(cheapest, least)
-        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
-        # HEAD of the last choice, check the exact size, and retry with the difference.
-        best, tried = cheapest, set()
-        budget = total - (least - sum(o.bytes for o in cheapest))
-        while budget not in tried and len(tried) < 8:
-            tried.add(budget)
-            try:
-                chosen = allocate.split_budget(curves, budget)
-            except ParameterError:
-                break
-            size = cost(chosen)
-            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
-                best = chosen
-            budget += total - size
-            if size > total:  # the HEAD of this choice is larger: make the next split choose less
-                budget = min(budget, sum(o.bytes for o in chosen) - 1)
-        return best
-
-    norm2s = [g.norm2 for g in groups]
-    sizes = [g.x.size for g in groups]
-    cap = getattr(codec.params, "error_cap", None)
-    size_weighted = getattr(codec.params, "weighting", "total") == "size"
-
-    def shaped(curves: list, total: int) -> list:
-        """The options the split chooses from: within the error cap (or the smallest cap the budget
-        allows), J weighted as ``p.weighting`` says."""
-        if cap is not None:
-            least = allocate.least_cap(curves, norm2s, cap, lambda chosen: cost(chosen) <= total)
-            if least is not None:
-                curves = allocate.capped(curves, norm2s, least)
-        if size_weighted:
-            curves = allocate.relative_curves(curves, sizes, norm2s)
-        return curves
-
-    best = split(total)
-    if size_weighted and len(groups) > 1:
-        # A checkpoint's split also keeps every tensor within BALANCE x the overall relative error
-        # where the budget allows: the size weighting alone leaves a tiny tensor (a token-type
-        # embedding: its codebook costs as much as its IDs) several times worse than the rest.
-        overall = allocate.relative_error(sum(o.J * q / n for o, q, n in zip(best, norm2s, sizes)), sum(norm2s))
-        if overall > 0 and (cap is None or allocate.BALANCE * overall < cap):
-            cap = allocate.BALANCE * overall
-            best = split(total)
+    splitter = BudgetSplit(codec, goal, lambda: [g.options for g in groups], [g.norm2 for g in groups],
+                           [g.x.size for g in groups], ctx, [g.floor_note for g in groups])
+    split, cost = splitter.split, splitter.cost
+    best = splitter.balanced(total)
     if len(groups) == 1:  # squeeze the last bytes: mu between the grid points around the budget
         g = groups[0]
         fits = lambda o: cost([o]) <= total  # noqa: E731
@@ -203,8 +143,91 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
         return fitted
     exact = [g.exact(min(g.options, key=lambda o: (o.bytes, o.J))) for g in groups]
     if cost(exact) > total:
-        raise too_small(exact, cost(exact))
+        raise splitter.too_small(exact, cost(exact))
     return exact
+
+
+class BudgetSplit:
+    """A byte budget over the whole message split across groups' option curves (pure: the options'
+    bytes and J as given, estimated or exact): each group's squared relative error weighted by its
+    size (``weighting="size"``) or the total J, within the codec's ``error_cap`` (or the smallest cap
+    the budget allows) and, for a size-weighted split, :data:`allocate.BALANCE` times the message's
+    overall error where the budget allows (:meth:`balanced`).  ``curves()[i]`` is group i's options
+    (asked at each split: a search may add or rescale options between splits); ``notes[i](option)``:
+    what the error naming a budget below the smallest message appends for group i."""
+
+    def __init__(self, codec: Codec, goal: Goal, curves: Callable[[], Sequence[Sequence[allocate.Option]]],
+                 norm2s: Sequence[float], sizes: Sequence[int], ctx: PlanContext,
+                 notes: Sequence[Callable[[allocate.Option], str]] | None = None):
+        self.codec, self.what, self.curves, self.ctx = codec, str(goal), curves, ctx
+        self.norm2s, self.sizes, self.notes = list(norm2s), list(sizes), notes
+        self.cap: float | None = getattr(codec.params, "error_cap", None)  # raised or lowered by the splits
+        self.size_weighted = getattr(codec.params, "weighting", "total") == "size"
+        self._heads: dict[tuple, int] = {}  # HEAD bytes by the groups' params (a JSON dump and zstd each)
+
+    def cost(self, chosen: Sequence[allocate.Option]) -> int:
+        """The exact message size with these options."""
+        params = tuple(o.key.params for o in chosen)
+        if params not in self._heads:
+            self._heads[params] = self.ctx.head_bytes([dict(p) for p in params])
+        return self.ctx.fixed_bytes + self._heads[params] + sum(o.bytes for o in chosen)
+
+    def too_small(self, chosen: Sequence[allocate.Option], size: int) -> ParameterError:
+        note = "" if self.notes is None else "".join(n(o) for n, o in zip(self.notes, chosen))
+        return ParameterError(f"{self.what} is below the smallest {self.codec.name} message for this input: "
+                              f"{size} bytes ({8 * size / max(self.ctx.elements, 1):.3g} bits per element){note}")
+
+    def split(self, total: int) -> list[allocate.Option]:
+        """One option per group, the message within ``total`` bytes (:meth:`cost`)."""
+        curves = self.shaped(total)
+        cheapest = [min(c, key=lambda o: (o.bytes, o.J)) for c in curves]
+        least = self.cost(cheapest)
+        if least > total:
+            raise self.too_small(cheapest, least)
+        # HEAD's size depends on the params chosen (and is zstd'd): split what is left after the
+        # HEAD of the last choice, check the exact size, and retry with the difference.
+        best, tried = cheapest, set()
+        budget = total - (least - sum(o.bytes for o in cheapest))
+        while budget not in tried and len(tried) < 8:
+            tried.add(budget)
+            try:
+                chosen = allocate.split_budget(curves, budget)
+            except ParameterError:
+                break
+            size = self.cost(chosen)
+            if size <= total and sum(o.J for o in chosen) < sum(o.J for o in best):
+                best = chosen
+            budget += total - size
+            if size > total:  # the HEAD of this choice is larger: make the next split choose less
+                budget = min(budget, sum(o.bytes for o in chosen) - 1)
+        return best
+
+    def shaped(self, total: int) -> list[list[allocate.Option]]:
+        """The options the split chooses from: within the error cap (or the smallest cap the budget
+        allows), J weighted as ``p.weighting`` says."""
+        curves = [list(c) for c in self.curves()]
+        if self.cap is not None:
+            least = allocate.least_cap(curves, self.norm2s, self.cap, lambda chosen: self.cost(chosen) <= total)
+            if least is not None:
+                curves = allocate.capped(curves, self.norm2s, least)
+        if self.size_weighted:
+            curves = allocate.relative_curves(curves, self.sizes, self.norm2s)
+        return curves
+
+    def balanced(self, total: int) -> list[allocate.Option]:
+        """:meth:`split`, and for a checkpoint's (size-weighted) split of several groups again with
+        every group within BALANCE x the overall relative error where the budget allows: the size
+        weighting alone leaves a tiny tensor (a token-type embedding: its codebook costs as much as
+        its IDs) several times worse than the rest.  The cap found stays for later splits."""
+        best = self.split(total)
+        if self.size_weighted and len(self.sizes) > 1:
+            q, n = self.norm2s, self.sizes
+            overall = allocate.relative_error(sum(o.J * a / b for o, a, b in zip(best, q, n)), sum(q))
+            if overall > 0 and (self.cap is None or allocate.BALANCE * overall < self.cap):
+                self.cap = allocate.BALANCE * overall
+                best = self.split(total)
+        return best
+
 
 
 def _exact_fit(groups: Sequence[Any], best: list[allocate.Option], total: int,

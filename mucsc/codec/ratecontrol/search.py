@@ -67,6 +67,9 @@ class Choice:
                 "id_coding": "rans" if self.coding == "rans" else "packed"}
 
 
+NORM_CHUNK = 1 << 20  # squared_norm sums larger vectors in chunks of this many elements (8 MiB of float64)
+
+
 def squared_norm(x: np.ndarray) -> float:
     """|x|^2 in float64: the float64 copy squared in place and summed (numpy's pairwise sum).  Not
     np.dot: its threaded BLAS took ~4 ms per small tensor on a loaded 2-core machine (a goal's search
@@ -74,6 +77,8 @@ def squared_norm(x: np.ndarray) -> float:
     mixed-type path (~3 ms at d = 1e5)."""
     if not x.size:
         return 0.0
+    if x.size > NORM_CHUNK:  # a large group a chunk at a time: no float64 copy of the whole of it
+        return math.fsum(squared_norm(x[a:a + NORM_CHUNK]) for a in range(0, x.size, NORM_CHUNK))
     xd = x.astype(np.float64)
     return float(np.square(xd, out=xd).sum())
 

@@ -87,6 +87,7 @@ class SummarySearch(ClusterSearch):
         self._summary: Summary | None = None
         self.J_goal: float | None = None  # an error bound's J (:meth:`aim`)
         self._twins: dict[Choice, allocate.Option] = {}  # a packed-ID option -> its rANS-coded twin
+        self.packed_twins = False  # measure packed IDs beside rANS-coded ones without an error bound too
 
     @property
     def summary(self) -> Summary:
@@ -126,10 +127,11 @@ class SummarySearch(ClusterSearch):
                      None if step is None else k - 1, step)
         o = allocate.Option(size, J, key)
         self.options.append(o)
-        if self.J_goal is None or k < 2:
+        if (self.J_goal is None and not self.packed_twins) or k < 2:
             return o
-        # An error bound: the same levels with packed IDs too (a 1.0 message), often smaller for a
-        # small group, where rANS's frequency table costs as much as the ID bits it saves.
+        # An error bound (or a budget's small group): the same levels with packed IDs too (a 1.0
+        # message), often smaller for a small group, where rANS's frequency table costs as much as
+        # the ID bits it saves.
         width = id_width(k)
         ids = bitpack.packed_size(self.x.size, width)
         packed = dataclasses.replace(key, coding="packed", params=tuple(sorted(

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,6 +24,9 @@ import zstandard
 
 from mucsc.codec import parallel
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
+
+#: ``read(offset, n)``: n bytes of a message from ``offset`` (a slice of a buffer, or a file's pread)
+Reader = Callable[[int, int], Any]
 
 MAGIC = b"\x89MUC\r\n\x1a\n"  # like PNG: high bit, CR-LF, ^Z and LF catch text-mode mangling
 MAJOR, MINOR = 1, 2  # the newest version this module reads and writes; writers emit the oldest that fits
@@ -439,11 +444,18 @@ def read_frame(blob: bytes | bytearray | memoryview) -> Frame:
     This is all an authenticating reader looks at before verifying the tag (FORMAT.md 2.5).
     """
     mv = as_bytes_view(blob)
-    if len(mv) < 8 or bytes(mv[:8]) != MAGIC:
-        raise FormatError(_magic_problem(bytes(mv[:8])))
-    if len(mv) < PREAMBLE.size:
-        raise TruncatedError(f"message truncated: {len(mv)} bytes, the preamble alone is {PREAMBLE.size}")
-    _, major, minor, flags, count, total = PREAMBLE.unpack_from(mv, 0)
+    return read_frame_at(lambda pos, n: mv[pos: pos + n], len(mv))
+
+
+def read_frame_at(read: Reader, size: int) -> Frame:
+    """:func:`read_frame` of a message of ``size`` bytes read through ``read(offset, n)`` (a file:
+    only the preamble and the authentication trailer are read)."""
+    first = bytes(read(0, 8))
+    if size < 8 or first != MAGIC:
+        raise FormatError(_magic_problem(first))
+    if size < PREAMBLE.size:
+        raise TruncatedError(f"message truncated: {size} bytes, the preamble alone is {PREAMBLE.size}")
+    _, major, minor, flags, count, total = PREAMBLE.unpack(bytes(read(0, PREAMBLE.size)))
     if major != MAJOR:
         raise VersionError(f"format version {major}.{minor} is not supported (this decoder reads {MAJOR}.x)")
     if flags & ~KNOWN_FLAGS:
@@ -451,21 +463,27 @@ def read_frame(blob: bytes | bytearray | memoryview) -> Frame:
                           f"{MAJOR}.{MINOR} defines only 0x{KNOWN_FLAGS:04x}")
     if flags & FLAG_AUTH and minor < 1:
         raise FormatError("the authentication flag is set in a 1.0 message (it needs minor version 1)")
-    if total > len(mv):
-        raise TruncatedError(f"message truncated: declares {total} bytes, only {len(mv)} present")
-    if total < len(mv) and not flags & FLAG_AUTH:
-        raise FormatError(f"{len(mv) - total} unexpected bytes after the end of the message")
+    if total > size:
+        raise TruncatedError(f"message truncated: declares {total} bytes, only {size} present")
+    if total < size and not flags & FLAG_AUTH:
+        raise FormatError(f"{size - total} unexpected bytes after the end of the message")
     if total < PREAMBLE.size + TRAILER.size:
         raise FormatError(f"declared length {total} is smaller than the fixed parts of a message")
-    auth = _read_auth_trailer(mv, total) if flags & FLAG_AUTH else None
+    auth = None
+    if flags & FLAG_AUTH:
+        if size - total > AUTH_HEADER.size + MAX_KEY_ID_BYTES + 0xFFFF:
+            raise FormatError(f"{size - total} bytes follow the body: more than an authentication trailer can "
+                              "hold (unexpected bytes after the authentication trailer)")
+        auth = _read_auth_trailer(as_bytes_view(read(total, size - total)), total)
     return Frame(minor, flags, count, total, auth)
 
 
 def _read_auth_trailer(mv: memoryview, body: int) -> AuthTrailer:
-    """Parse the trailer that starts at ``body`` and must end exactly at the end of the message."""
-    if len(mv) - body < AUTH_HEADER.size:
+    """Parse the trailer ``mv`` (the message's bytes from offset ``body`` to its end), which must end
+    exactly at the end of the message; offsets in the result are the message's."""
+    if len(mv) < AUTH_HEADER.size:
         raise TruncatedError("message truncated: the authentication trailer is missing")
-    alg, klen, tlen = AUTH_HEADER.unpack_from(mv, body)
+    alg, klen, tlen = AUTH_HEADER.unpack_from(mv, 0)
     if not 1 <= klen <= MAX_KEY_ID_BYTES:
         raise FormatError(f"authentication trailer: key id length {klen} is outside 1..{MAX_KEY_ID_BYTES}")
     if tlen == 0:
@@ -473,19 +491,19 @@ def _read_auth_trailer(mv: memoryview, body: int) -> AuthTrailer:
     expected = AUTH_TAG_LENGTHS.get(alg)
     if expected is not None and tlen != expected:
         raise FormatError(f"authentication trailer: algorithm {alg} has {expected}-byte tags, not {tlen}")
-    end = body + AUTH_HEADER.size + klen + tlen
+    end = AUTH_HEADER.size + klen + tlen
     if end > len(mv):
-        raise TruncatedError(f"message truncated: the authentication trailer needs {end} bytes, "
-                             f"only {len(mv)} present")
+        raise TruncatedError(f"message truncated: the authentication trailer needs {body + end} bytes, "
+                             f"only {body + len(mv)} present")
     if end < len(mv):
         raise FormatError(f"{len(mv) - end} unexpected bytes after the authentication trailer")
-    kid_at = body + AUTH_HEADER.size
+    kid_at = AUTH_HEADER.size
     try:
         key_id = bytes(mv[kid_at: kid_at + klen]).decode("utf-8")
         check_key_id(key_id)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise FormatError(f"authentication trailer: invalid key id ({exc})") from None
-    return AuthTrailer(alg, key_id, kid_at + klen, bytes(mv[kid_at + klen: end]))
+    return AuthTrailer(alg, key_id, body + kid_at + klen, bytes(mv[kid_at + klen: end]))
 
 
 # Tag length of each algorithm id the spec defines (FORMAT.md 2.5); unknown ids are framed by the
@@ -508,26 +526,174 @@ def read_message(blob: bytes | bytearray | memoryview, max_header: int | None = 
     """
     mv = as_bytes_view(blob)
     frame = read_frame(mv)
-    total, count, minor = frame.body_length, frame.section_count, frame.minor
+    total = frame.body_length
     (crc,) = TRAILER.unpack_from(mv, total - TRAILER.size)
     if parallel.crc32(mv[: total - TRAILER.size]) != crc:
         raise ChecksumError("checksum mismatch: the message is corrupted")
+    return _parse_body(mv, len(mv), frame, max_header)
+
+
+def read_message_file(f: Any, max_header: int | None = None, check_crc: bool = True) -> Message:
+    """:func:`read_message` of an open message file, in memory independent of its size: the preamble,
+    the section headers and HEAD are read; payloads are read (``os.pread``) when a group asks for
+    them.  ``check_crc``: verify the CRC-32 first, reading the file once in CRC_CHUNK pieces; False
+    (random access, ``mucsc.open``) skips that pass: each payload is still checked as it is decoded
+    (lengths, zstd framing, codec rules), but a flipped bit inside a raw payload goes unnoticed."""
+    blob = FileBytes(f)
+    frame = read_frame_at(blob.read, blob.size)
+    if check_crc:
+        total = frame.body_length
+        (crc,) = TRAILER.unpack(bytes(blob.read(total - TRAILER.size, TRAILER.size)))
+        if blob.crc32(0, total - TRAILER.size) != crc:
+            raise ChecksumError("checksum mismatch: the message is corrupted")
+    return _parse_body(blob, blob.size, frame, max_header)
+
+
+def _parse_body(blob: Any, size: int, frame: Frame, max_header: int | None) -> Message:
+    """The section table and HEAD of a message whose frame (and CRC) passed; ``blob[a:b]`` gives bytes."""
+    count, total = frame.section_count, frame.body_length
     if count == 0 or count > MAX_SECTIONS:
         raise LimitError(f"section count {count} is outside 1..{MAX_SECTIONS}")
-    sections = _read_section_table(mv, count, total - TRAILER.size)
+    sections = read_section_table_at(lambda pos, n: blob[pos: pos + n], count, total - TRAILER.size)
     head = sections[0]
     if head.tag != "HEAD" or head.group != MESSAGE_GROUP:
         raise FormatError("the first section must be HEAD")
     if head.raw_bytes > MAX_HEADER_BYTES:
         raise LimitError(f"header of {head.raw_bytes} bytes exceeds the limit of {MAX_HEADER_BYTES}")
     if max_header is not None and head.raw_bytes > max_header:
-        raise LimitError(f"a header of {head.raw_bytes} bytes in a message of {len(mv)}: more than the "
+        raise LimitError(f"a header of {head.raw_bytes} bytes in a message of {size}: more than the "
                          f"{max_header} bytes max_expansion allows (pass max_expansion=None to read it; "
                          "CLI: --max-expansion none)")
-    msg = Message(Header((), ()), sections, len(mv), minor, mv, frame.auth)
+    msg = Message(Header((), ()), sections, size, frame.minor, blob, frame.auth)
     header = parse_header(bytes(msg.payload(head)))
     _check_sections_against_header(sections, header)
     return dataclasses.replace(msg, header=header)
+
+
+CRC_CHUNK = 16 << 20  # bytes per read when a message file's CRC is checked (its extra memory)
+
+
+class FileBytes:
+    """A message file as read-only bytes on demand: ``blob[a:b]`` is ``os.pread`` of that range (a
+    fresh buffer, safe from several threads).  What :class:`Message` holds for a file."""
+
+    def __init__(self, f: Any) -> None:
+        self._fd = f.fileno()
+        self.size = os.fstat(self._fd).st_size
+
+    def read(self, pos: int, n: int) -> memoryview:
+        """Exactly ``n`` bytes from ``pos`` (TruncatedError when the file is shorter: it changed)."""
+        n = max(0, min(n, self.size - pos))
+        buf = bytearray(n)
+        mv = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.preadv(self._fd, [mv[got:]], pos + got)
+            if k <= 0:
+                raise TruncatedError(f"the file ended at {pos + got} bytes while reading {n} from {pos} "
+                                     "(was it changed while being read?)")
+            got += k
+        return mv
+
+    def __getitem__(self, key: slice) -> memoryview:
+        start, stop, _ = key.indices(self.size)
+        return self.read(start, max(0, stop - start))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def crc32(self, start: int, end: int) -> int:
+        """CRC-32 of bytes [start, end), read CRC_CHUNK at a time."""
+        crc = 0
+        for a in range(start, end, CRC_CHUNK):
+            crc = zlib.crc32(self.read(a, min(CRC_CHUNK, end - a)), crc)
+        return crc
+
+
+class MessageSpool:
+    """A message written group by group in memory independent of its size (streamed compression).
+
+    :meth:`add` appends one section (header, payload as stored, padding) to ``spool``, a scratch
+    file, as soon as its group is encoded, and keeps the running CRC-32 of what it wrote; the HEAD
+    section, which lists every group, can only be written last, yet must come first (FORMAT.md 2.4),
+    so :meth:`finish` writes the preamble and HEAD to ``out`` and then copies the spool after them,
+    joining the CRCs (``parallel.crc32_combine``) instead of reading the sections again.  The bytes
+    equal :func:`write_message`'s for the same sections in the same order.
+    """
+
+    COPY_CHUNK = 8 << 20
+
+    def __init__(self, spool: Any, zstd_level: int | None = DEFAULT_ZSTD_LEVEL, threads: int = 1) -> None:
+        self._spool, self._level = spool, zstd_level
+        self._cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
+        self._threads = threads
+        self.count = self.nbytes = self.crc = 0
+        self.group_bytes: dict[int, int] = {}
+
+    def add(self, group: int, tag: str, data: Any, compressible: bool) -> int:
+        """Append one section of ``group`` (as :func:`write_message`'s ``sections``); its bytes."""
+        _check_tag(tag)
+        raw_len, enc, stored = _stored(data, compressible, self._cctx)
+        if hasattr(stored, "write_into"):
+            stored = _byte_view(stored.host())
+        size = _length(stored)
+        n = 0
+        for part in (SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
+                     bytes(padding(size))):
+            self._spool.write(part)
+            self.crc = zlib.crc32(part, self.crc)
+            n += len(part)
+        self.count += 1
+        self.nbytes += n
+        self.group_bytes[group] = self.group_bytes.get(group, 0) + n
+        return n
+
+    def finish(self, out: Any, header: Header, *, minor: int = 0, auth: AuthWriter | None = None,
+               head: bytes | None = None) -> int:
+        """Write the message to ``out``: preamble, HEAD, the spooled sections, CRC-32 (and the
+        authentication trailer); its length.  ``minor``, ``auth``, ``head``: as :func:`write_message`."""
+        if not 0 <= minor <= MINOR:
+            raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
+        count = self.count + 1
+        if count > MAX_SECTIONS:
+            raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
+        head = header.to_json() if head is None else head
+        raw_len, enc, stored = _stored(head, True, self._cctx)
+        size = _length(stored)
+        head_parts = [SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored,
+                      bytes(padding(size))]
+        total = PREAMBLE.size + sum(map(len, head_parts)) + self.nbytes + TRAILER.size
+        flags = 0
+        tail: list[bytes] = []
+        if auth is not None:
+            flags, minor = FLAG_AUTH, max(minor, 1)
+            tail = auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length)
+        pre = PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total)
+        crc = zlib.crc32(b"".join(bytes(p) for p in head_parts), zlib.crc32(pre))
+        crc = parallel.crc32_combine(crc, self.crc, self.nbytes)
+
+        def parts() -> Iterator[bytes | memoryview]:  # every byte before the tag, written as it goes
+            for p in [pre, *head_parts]:
+                out.write(p)
+                yield p
+            self._spool.flush()
+            self._spool.seek(0)
+            while chunk := self._spool.read(self.COPY_CHUNK):
+                out.write(chunk)
+                yield chunk
+            for p in [TRAILER.pack(crc), *tail]:
+                out.write(p)
+                yield p
+
+        if auth is None:
+            for _ in parts():
+                pass
+            return total
+        tag = auth.tag(parts())
+        if len(tag) != auth.tag_length:
+            raise ValueError(f"the signer made a tag of {len(tag)} bytes, not {auth.tag_length}")
+        out.write(tag)
+        return total + sum(map(len, tail)) + len(tag)
 
 
 def _magic_problem(first: bytes) -> str:
@@ -537,12 +703,19 @@ def _magic_problem(first: bytes) -> str:
 
 
 def _read_section_table(mv: memoryview, count: int, end: int) -> tuple[SectionInfo, ...]:
+    return read_section_table_at(lambda pos, n: mv[pos: pos + n], count, end)
+
+
+def read_section_table_at(read: Reader, count: int, end: int) -> tuple[SectionInfo, ...]:
+    """The section table of a message whose sections end at ``end`` (the CRC's offset), read through
+    ``read(offset, n)``: each section's 32-byte header and padding, payloads skipped (a file reader
+    reads 40 bytes per section, not the message)."""
     out = []
     pos = PREAMBLE.size
     for i in range(count):
         if pos + SECTION.size > end:
             raise TruncatedError(f"section {i} header runs past the end of the message")
-        tag_b, group, enc, r1, r2, r3, stored, raw = SECTION.unpack_from(mv, pos)
+        tag_b, group, enc, r1, r2, r3, stored, raw = SECTION.unpack(bytes(read(pos, SECTION.size)))
         try:
             tag = tag_b.decode("ascii")
             _check_tag(tag)
@@ -560,7 +733,7 @@ def _read_section_table(mv: memoryview, count: int, end: int) -> tuple[SectionIn
         if enc == ENC_ZSTD and raw > stored * MAX_ZSTD_RATIO:
             raise LimitError(f"section {i} ({tag}): raw length {raw} is impossible for {stored} zstd bytes")
         pad = padding(stored)
-        if pad > end - pos - stored or any(mv[pos + stored: pos + stored + pad]):
+        if pad > end - pos - stored or (pad and any(bytes(read(pos + stored, pad)))):
             raise FormatError(f"section {i} ({tag}): padding missing or not zero")
         out.append(SectionInfo(tag, group, ENCODINGS[enc], stored, raw, pos))
         pos += stored + pad
