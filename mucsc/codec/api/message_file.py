@@ -107,7 +107,11 @@ class MessageFile:
             done.set_result({})
             return done
         gi = groups[g]
-        return pool.submit(lambda: dict(self._split(gi, self.decode_group(gi, threads=threads), wanted, bfloat16)))
+        def work() -> dict[int, Any]:
+            with parallel.using(threads):  # the bfloat16 rounding of the split too
+                return dict(self._split(gi, self.decode_group(gi, threads=threads), wanted, bfloat16))
+
+        return pool.submit(work)
 
     def write_order(self, names: Iterable[str] | None = None) -> list[fmt.Record]:
         """The records :meth:`records` yields, in that order (record order; all, or those named)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec import kernels
+from mucsc.codec import kernels, parallel
 from mucsc.codec.wire.container import FLOAT_DTYPES, INT_DTYPES
 from mucsc.errors import InputError, ParameterError
 from mucsc.optional import require_torch
@@ -172,20 +172,28 @@ def saturate(array: np.ndarray, dtype: str) -> np.ndarray:
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 values rounded to bfloat16 (to nearest, ties to even, as torch's ``.to(bfloat16)``),
-    as uint16 bit patterns; NaN stays NaN (its quiet bit set).  Five in-place passes over one
-    temporary (it runs on every decoded element of a bfloat16 checkpoint)."""
-    x = np.ascontiguousarray(x, np.float32)
-    u = x.view(np.uint32)
-    r = u >> 16
-    r &= 1
-    r += 0x7FFF
-    r += u  # < 2^32: u <= 0xFFFFFFFF - 0x8000 for every non-NaN pattern that can carry
-    r >>= 16
-    out = r.astype(np.uint16)
-    if x.size and not np.isfinite(np.max(np.abs(x))):
-        nan = np.isnan(x)
-        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-    return out
+    as uint16 bit patterns; NaN stays NaN (its quiet bit set).  In chunks of ``parallel.CHUNK``
+    elements on the threads of ``parallel.current()`` (it runs on every decoded element of a bfloat16
+    checkpoint): the temporaries are one chunk, not the tensor."""
+    shape = np.shape(x)
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.empty(x.size, np.uint16)
+
+    def span(a: int, b: int) -> None:
+        u = x[a:b].view(np.uint32)
+        r = u >> 16
+        r &= 1
+        r += 0x7FFF
+        r += u  # no overflow for non-NaN patterns: u <= 0xFF7FFFFF (the largest finite) + 0x8000
+        r >>= 16
+        out[a:b] = r
+        if not np.isfinite(np.max(np.abs(x[a:b]))):
+            nan = np.isnan(x[a:b])
+            out[a:b][nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+
+    if x.size:
+        parallel.run_spans(span, x.size)
+    return out.reshape(shape)
 
 
 def bf16_round_trip(x: np.ndarray) -> np.ndarray:
