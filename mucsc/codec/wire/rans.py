@@ -350,12 +350,14 @@ class Lanes:
         first = self.done
         lane = np.arange(W)
         err = 0
+        everyone = np.ones(W, bool)
         for r in range(first // W, (first + m - 1) // W + 1):
-            idx = r * W + lane
-            act = (idx >= first) & (idx < first + m)
+            at = r * W - first  # where lane 0's ID of this row goes in out
+            act = everyone if 0 <= at and at + W <= m else (lane + at >= 0) & (lane + at < m)
             slot = (x & mask).astype(np.int64)
             s = self._sym[slot]
-            x = np.where(act, f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s], x)
+            nx = f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s]
+            x = nx if act is everyone else np.where(act, nx, x)
             while True:  # renormalise while x < L (FORMAT.md 4.4), a byte at a time
                 need = act & (x < L)
                 if not need.any():
@@ -367,7 +369,10 @@ class Lanes:
                 p[need] += 1
             if err:
                 break
-            out[idx[act] - first] = s[act]
+            if act is everyone:
+                out[at: at + W] = s
+            else:
+                out[lane[act] + at] = s[act]
         self.x[:] = x.astype(np.uint32)
         return err
 
