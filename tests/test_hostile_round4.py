@@ -175,12 +175,14 @@ def test_a_certain_symbol_is_not_bounded_by_length():
     assert np.array_equal(rans.decode(buf, 100, 1), np.zeros(100))
 
 
-def test_lanes_decode_in_any_split_equals_the_whole():
+@pytest.mark.parametrize("keep_table", [True, False])
+def test_lanes_decode_in_any_split_equals_the_whole(keep_table):
     rng = np.random.default_rng(5)
     ids = rng.choice(7, 3001, p=[0.4, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05])
     buf = rans.encode(ids, 7, lanes=5)
     for trial in range(5):
         lanes, parts, left = rans.Lanes(buf, ids.size, 7), [], ids.size
+        lanes.keep_table = keep_table
         while left:
             m = int(rng.integers(0, min(left, 700) + 1))
             parts.append(lanes.take(m))
@@ -214,6 +216,7 @@ def test_dithered_passes_decode_the_same_values(monkeypatch, dithered_messages, 
     whole = [mucsc.decode(b) for b in dithered_messages]
     assert any("QESC" in {s.tag for s in mucsc.inspect(b).sections} for b in dithered_messages)
     monkeypatch.setattr(_dithered, "CHUNK", chunk if chunk > 1 else 1 << 10)
+    monkeypatch.setattr(_dithered, "TABLES", 0 if chunk == 777 else _dithered.TABLES)  # tables rebuilt each pass
     monkeypatch.setattr(clusters, "RANS_CHUNK", 333)
     for blob, want in zip(dithered_messages, whole):
         got = mucsc.decode(blob)

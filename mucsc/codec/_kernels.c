@@ -1026,22 +1026,24 @@ done:
 }
 
 static const char rans_decode_part_doc[] =
-    "rans_decode_part(buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W], first, out u32):\n"
+    "rans_decode_part(buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W], first, out u32, tab):\n"
     "decode len(out) ids, the IDSA ids first .. first + len(out) - 1 (id i in lane i % W), each lane from\n"
     "its state x[j] and read position p[j] (updated in place; a lane reads buf[p[j] .. ends[j])).\n"
-    "Returns 0, or 1 if a lane's stream ends before it renormalises (the caller checks the final states).";
+    "tab: the slot -> id table (u16 of 2^S entries, as the caller built it once for many calls) or None\n"
+    "(built here for this call). Returns 0, or 1 if a lane's stream ends before it renormalises (the\n"
+    "caller checks the final states).";
 
 static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
 {
-    PyObject *bo, *fo, *co, *xo, *po, *eo, *oo;
+    PyObject *bo, *fo, *co, *xo, *po, *eo, *oo, *to;
     int S, W;
     Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "OOOiiOOOnO", &bo, &fo, &co, &S, &W, &xo, &po, &eo, &first, &oo)) return NULL;
-    Py_buffer bufs[7];
-    PyObject *objs[7] = {bo, fo, co, xo, po, eo, oo};
-    const char *names[7] = {"buf", "f", "cum", "x", "p", "ends", "out"};
-    int got = 0;
-    for (; got < 7; got++)
+    if (!PyArg_ParseTuple(args, "OOOiiOOOnOO", &bo, &fo, &co, &S, &W, &xo, &po, &eo, &first, &oo, &to)) return NULL;
+    Py_buffer bufs[8];
+    PyObject *objs[8] = {bo, fo, co, xo, po, eo, oo, to};
+    const char *names[8] = {"buf", "f", "cum", "x", "p", "ends", "out", "tab"};
+    int nb = to == Py_None ? 7 : 8, got = 0;
+    for (; got < nb; got++)
         if (get_buf(objs[got], &bufs[got], got == 3 || got == 4 || got == 6, names[got]) < 0) {
             release_bufs(bufs, got);
             return NULL;
@@ -1052,7 +1054,7 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
     uint16_t *tab = NULL;
     if (W < 1 || W > 64 || S < 1 || S > 22 || first < 0 || fb->itemsize != 4 || cb->itemsize != 4
         || xb->len != 4 * W || pb->len != 8 * W || eb->len != 8 * W || ob->itemsize != 4 || fb->len / 4 > 65536
-        || cb->len != fb->len) {
+        || cb->len != fb->len || (nb == 8 && (bufs[7].itemsize != 2 || bufs[7].len != ((Py_ssize_t)2 << S)))) {
         PyErr_SetString(PyExc_ValueError, "rans_decode_part: bad arguments");
         goto done;
     }
@@ -1076,10 +1078,16 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "rans_decode_part: frequencies do not sum to 2^S");
             goto done;
         }
-        tab = (uint16_t *)malloc((size_t)M * sizeof(uint16_t));
-        if (!tab) { PyErr_NoMemory(); goto done; }
-        for (Py_ssize_t s = 0; s < k; s++)
-            for (uint32_t t = 0; t < f[s]; t++) tab[cum[s] + t] = (uint16_t)s;
+        const uint16_t *look;
+        if (nb == 8) {
+            look = (const uint16_t *)bufs[7].buf;
+        } else {
+            tab = (uint16_t *)malloc((size_t)M * sizeof(uint16_t));
+            if (!tab) { PyErr_NoMemory(); goto done; }
+            for (Py_ssize_t s = 0; s < k; s++)
+                for (uint32_t t = 0; t < f[s]; t++) tab[cum[s] + t] = (uint16_t)s;
+            look = tab;
+        }
         uint32_t x[64];
         int64_t p[64];
         for (int j = 0; j < W; j++) { x[j] = xs_[j]; p[j] = ps[j]; }
@@ -1087,7 +1095,8 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         int j = (int)(first % W);
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t xv = x[j], slot = xv & mask, s = tab[slot];
+            uint32_t xv = x[j], slot = xv & mask, s = look[slot];
+            if (s >= k) { err = 2; break; }  /* a caller's table that does not match f */
             xv = f[s] * (xv >> S) + slot - cum[s];
             while (xv < RANS_L) {
                 if (p[j] >= es[j]) { err = 1; break; }
@@ -1100,11 +1109,15 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
         for (int jj = 0; jj < W; jj++) { xs_[jj] = x[jj]; ps[jj] = p[jj]; }
+        if (err == 2) {
+            PyErr_SetString(PyExc_ValueError, "rans_decode_part: tab holds an id of no frequency");
+            goto done;
+        }
         res = PyLong_FromLong(err);
     }
 done:
     free(tab);
-    release_bufs(bufs, 7);
+    release_bufs(bufs, nb);
     return res;
 }
 

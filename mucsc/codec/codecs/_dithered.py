@@ -181,6 +181,9 @@ def _unescape(q: np.ndarray, out: np.ndarray, esc: dither.ZigzagReader, q_lo: in
         q[out] = got
 
 
+TABLES = 32 << 20  # bytes of the contexts' rANS slot tables kept between passes (else rebuilt each pass)
+
+
 class _Indices:
     """The n symbols of QIDX, a pass at a time: per context, an IDSA payload (FORMAT.md 4.4) of that
     context's symbols in element order.  The constructor counts each context's elements (one pass over
@@ -217,6 +220,10 @@ class _Indices:
             pos += length
         if pos != len(b):
             raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
+        kept = 0
+        for lanes in self.lanes:  # up to 64 contexts of 2^22-slot tables: those that fit TABLES are kept
+            kept += lanes.table_bytes()
+            lanes.keep_table = kept <= TABLES
 
     def take(self, t: np.ndarray) -> np.ndarray:
         """The symbols (uint32) of the next t.size elements, whose dither stream is ``t``."""

@@ -305,7 +305,7 @@ class Lanes:
         if int(lengths.sum()) != b.size - pos:
             raise FormatError(f"{tag}: lane streams take {int(lengths.sum())} bytes, the section has {b.size - pos}")
         T = lane_ids(n, W)
-        if np.any(lengths < 4) or np.any(lengths > 4 + 3 * T):
+        if np.any(lengths < 4) or np.any(lengths > 4 + 3 * int(T[0])):  # T[0]: the most any lane holds
             raise FormatError(f"{tag}: a lane stream has an impossible length")
         bits = min_code_bits(f, S)
         if bits > 0 and np.any(T * bits >= 8 * lengths - 22):
@@ -320,7 +320,22 @@ class Lanes:
         for sh in (0, 8, 16, 24):
             self.x |= b[starts + sh // 8].astype(np.uint32) << np.uint32(sh)
         self.done = 0
-        self._sym = None  # slot -> symbol (numpy path), built on first use
+        self.keep_table = True  # keep the slot -> ID table between parts (2^(S+1) bytes; see table_bytes)
+        self._tab: np.ndarray | None = None
+
+    def table_bytes(self) -> int:
+        """Bytes of the slot -> ID table kept between parts (a caller holding many decoders at once
+        may keep only some: ``keep_table = False`` builds it for each part instead)."""
+        return 2 << self.S
+
+    def _table(self) -> np.ndarray:
+        """The slot -> ID table (uint16, 2^S entries), built once when kept."""
+        if self._tab is not None:
+            return self._tab
+        tab = np.repeat(np.arange(self.f.size, dtype=np.uint16), self.f)
+        if self.keep_table:
+            self._tab = tab
+        return tab
 
     def take(self, m: int) -> np.ndarray:
         """The next ``m`` IDs (uint32)."""
@@ -331,7 +346,8 @@ class Lanes:
             return out
         if kernels.use_c() and hasattr(kernels.c_module(), "rans_decode_part"):
             err = kernels.c_module().rans_decode_part(self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32),
-                                                      self.S, self.W, self.x, self.p, self.ends, self.done, out)
+                                                      self.S, self.W, self.x, self.p, self.ends, self.done, out,
+                                                      self._table() if self.keep_table else None)
         else:
             err = self._take_numpy(out)
         if err:
@@ -342,8 +358,7 @@ class Lanes:
     def _take_numpy(self, out: np.ndarray) -> int:
         """:meth:`take` vectorised across the lanes, a row of W IDs at a time (the reference)."""
         S, W, m = self.S, self.W, out.size
-        if self._sym is None:
-            self._sym = np.repeat(np.arange(self.f.size), self.f).astype(np.int64)
+        tab = self._table()
         f64, c64 = self.f.astype(np.uint64), self.cum.astype(np.uint64)
         mask, L = np.uint64((1 << S) - 1), np.uint64(RANS_L)
         x, p, b, ends = self.x.astype(np.uint64), self.p, self.b, self.ends
@@ -355,7 +370,7 @@ class Lanes:
             at = r * W - first  # where lane 0's ID of this row goes in out
             act = everyone if 0 <= at and at + W <= m else (lane + at >= 0) & (lane + at < m)
             slot = (x & mask).astype(np.int64)
-            s = self._sym[slot]
+            s = tab[slot]
             nx = f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s]
             x = nx if act is everyone else np.where(act, nx, x)
             while True:  # renormalise while x < L (FORMAT.md 4.4), a byte at a time
