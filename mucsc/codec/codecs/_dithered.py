@@ -149,7 +149,8 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     esc = None
     if escape:
         esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
-    y = np.empty(n, dtype)
+    y = np.empty(n, dtype)  # reserved (not written) before the counting pass: an absurd n fails at once
+    indices.count()
     for a in range(0, n, CHUNK):
         t = dither.stream(key, min(CHUNK, n - a), a)
         sym = indices.take(t)
@@ -186,10 +187,10 @@ TABLES = 32 << 20  # bytes of the contexts' rANS slot tables kept between passes
 
 class _Indices:
     """The n symbols of QIDX, a pass at a time: per context, an IDSA payload (FORMAT.md 4.4) of that
-    context's symbols in element order.  The constructor counts each context's elements (one pass over
-    the dither stream, in chunks) and checks every context's payload against its count (the lengths,
-    and the bytes its count needs at its table's probabilities: :class:`rans.Lanes`) before any
-    symbol is decoded; :meth:`take` routes the next symbols of each context to their elements."""
+    context's symbols in element order.  The constructor parses every context's payload and checks
+    that together they can code n symbols at their tables' probabilities (:meth:`rans.Lanes.capacity`);
+    :meth:`count` counts each context's elements and checks each payload against its count; then
+    :meth:`take` routes the next symbols of each context to their elements."""
 
     def __init__(self, n: int, k: int, key: int, buf: memoryview):
         b = bytes(buf)
@@ -198,13 +199,7 @@ class _Indices:
         (c,) = CONTEXTS.unpack_from(b, 0)
         if not 1 <= c <= dither.MAX_CONTEXTS:
             raise FormatError(f"QIDX: {c} contexts (1..{dither.MAX_CONTEXTS})")
-        counts = np.zeros(c, np.int64)
-        if c > 1:
-            for a in range(0, n, CHUNK):
-                counts += dither.context_counts(dither.stream(key, min(CHUNK, n - a), a), c)
-        else:
-            counts[0] = n
-        self.c, self.lanes = c, []
+        self.n, self.key, self.c, self.lanes = n, key, c, []
         pos = 1
         for j in range(c):
             if pos + LENGTH.size > len(b):
@@ -214,16 +209,33 @@ class _Indices:
             if pos + length > len(b):
                 raise FormatError("QIDX: a context's stream runs past the end of the section")
             try:
-                self.lanes.append(rans.Lanes(memoryview(b)[pos: pos + length], int(counts[j]), k))
+                self.lanes.append(rans.Lanes(memoryview(b)[pos: pos + length], None if c > 1 else n, k))
             except FormatError as exc:
                 raise FormatError(f"QIDX context {j}: {exc}") from None
             pos += length
         if pos != len(b):
             raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
+        caps = [lanes.capacity() for lanes in self.lanes]
+        if None not in caps and n > sum(caps):
+            raise FormatError(f"QIDX: {n} indices cannot be coded in {len(b)} bytes with these tables")
         kept = 0
         for lanes in self.lanes:  # up to 64 contexts of 2^22-slot tables: those that fit TABLES are kept
             kept += lanes.table_bytes()
             lanes.keep_table = kept <= TABLES
+
+    def count(self) -> None:
+        """Count each context's elements (one pass over the dither stream, in chunks) and check each
+        context's payload against its count (FORMAT.md 4.4's bounds)."""
+        if self.c == 1:
+            return
+        counts = np.zeros(self.c, np.int64)
+        for a in range(0, self.n, CHUNK):
+            counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
+        for j, lanes in enumerate(self.lanes):
+            try:
+                lanes.expect(int(counts[j]))
+            except FormatError as exc:
+                raise FormatError(f"QIDX context {j}: {exc}") from None
 
     def take(self, t: np.ndarray) -> np.ndarray:
         """The symbols (uint32) of the next t.size elements, whose dither stream is ``t``."""

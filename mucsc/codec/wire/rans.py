@@ -286,7 +286,9 @@ class Lanes:
     decoded (:func:`decode` takes all n at once).  Validation as FORMAT.md 4.4; :meth:`finish`
     checks the final states once all n IDs have been taken."""
 
-    def __init__(self, buf: bytes | memoryview, n: int, k: int, tag: str = "IDSA"):
+    def __init__(self, buf: bytes | memoryview, n: int | None, k: int, tag: str = "IDSA"):
+        """Parse the header, the table and the lane lengths; with ``n``, check them against it
+        (:meth:`expect`; a caller that learns n later calls it then, after :meth:`capacity`)."""
         b = np.frombuffer(buf, np.uint8)
         self.tag = tag
         if b.size < 2:
@@ -304,16 +306,12 @@ class Lanes:
         pos += 4 * W
         if int(lengths.sum()) != b.size - pos:
             raise FormatError(f"{tag}: lane streams take {int(lengths.sum())} bytes, the section has {b.size - pos}")
-        T = lane_ids(n, W)
-        if np.any(lengths < 4) or np.any(lengths > 4 + 3 * int(T[0])):  # T[0]: the most any lane holds
+        if np.any(lengths < 4):
             raise FormatError(f"{tag}: a lane stream has an impossible length")
-        bits = min_code_bits(f, S)
-        if bits > 0 and np.any(T * bits >= 8 * lengths - 22):
-            raise FormatError(f"{tag}: {n} IDs cannot be coded in {int(lengths.sum())} lane bytes with this table "
-                              f"(at least {bits:.4f} bits each)")
         starts = pos + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        self.b, self.n, self.S, self.W = b, n, S, W
+        self.b, self.n, self.S, self.W, self.lengths = b, None, S, W, lengths
         self.f, self.cum = f, np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+        self.bits = min_code_bits(f, S)
         self.ends = starts + lengths
         self.p = starts + 4
         self.x = np.zeros(W, np.uint32)
@@ -322,6 +320,25 @@ class Lanes:
         self.done = 0
         self.keep_table = True  # keep the slot -> ID table between parts (2^(S+1) bytes; see table_bytes)
         self._tab: np.ndarray | None = None
+        if n is not None:
+            self.expect(n)
+
+    def capacity(self) -> int | None:
+        """The most IDs these lanes can code at this table's probabilities (FORMAT.md 4.4's lower
+        length bound, summed over the lanes); None when the table bounds nothing (b <= 0)."""
+        if self.bits <= 0:
+            return None
+        return int(np.sum(np.floor((8 * self.lengths - 22) / self.bits)))
+
+    def expect(self, n: int) -> None:
+        """Check the lanes against their count n (both length bounds of FORMAT.md 4.4)."""
+        T = lane_ids(n, self.W)
+        if np.any(self.lengths > 4 + 3 * int(T[0])):  # T[0]: the most any lane holds
+            raise FormatError(f"{self.tag}: a lane stream has an impossible length")
+        if self.bits > 0 and np.any(T * self.bits >= 8 * self.lengths - 22):
+            raise FormatError(f"{self.tag}: {n} IDs cannot be coded in {int(self.lengths.sum())} lane bytes with this "
+                              f"table (at least {self.bits:.4f} bits each)")
+        self.n = n
 
     def table_bytes(self) -> int:
         """Bytes of the slot -> ID table kept between parts (a caller holding many decoders at once
@@ -339,7 +356,7 @@ class Lanes:
 
     def take(self, m: int) -> np.ndarray:
         """The next ``m`` IDs (uint32)."""
-        if m < 0 or self.done + m > self.n:
+        if self.n is None or m < 0 or self.done + m > self.n:
             raise ValueError(f"{self.tag}: {m} more IDs asked of {self.n - self.done} left")
         out = np.empty(m, np.uint32)
         if m == 0:
