@@ -272,3 +272,14 @@ def test_terngrad_decodes_the_same_in_chunks(monkeypatch, packing):
     want = mucsc.decode(blob)
     monkeypatch.setattr(terngrad, "CHUNK", 20)
     assert mucsc.decode(blob).tobytes() == want.tobytes()
+
+
+def test_a_bounded_sections12_campaign_finds_nothing():
+    """fuzz/sections12.py's oracle on 200 mutants (the 10-minute campaign: docs/security.md)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sections12", ROOT / "fuzz" / "sections12.py")
+    s12 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s12)
+    res = s12.run(seed=0, mutants=200, seconds=None)
+    assert res["mutants"] == 200 and not res["problems"], res["problems"]
+    assert res["outcomes"].get("decoded", 0) and res["outcomes"].get("FormatError", 0)
