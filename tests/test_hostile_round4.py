@@ -276,6 +276,8 @@ def test_terngrad_decodes_the_same_in_chunks(monkeypatch, packing):
 
 def test_a_bounded_sections12_campaign_finds_nothing():
     """fuzz/sections12.py's oracle on 200 mutants (the 10-minute campaign: docs/security.md)."""
+    if PURE_NUMPY:
+        pytest.skip("grown mutants decode millions of rANS IDs: 7 minutes on the numpy reference coder")
     import importlib.util
     spec = importlib.util.spec_from_file_location("sections12", ROOT / "fuzz" / "sections12.py")
     s12 = importlib.util.module_from_spec(spec)
