@@ -1025,76 +1025,99 @@ done:
     return res;
 }
 
-static const char rans_decode_doc[] =
-    "rans_decode(buf u8, f u32, cum u32, S, W, starts i64, lengths i64, out u32): decode len(out) ids;\n"
-    "returns 0, or 1 if a lane ends early, does not end in state 2^23 or leaves bytes unread.";
+static const char rans_decode_part_doc[] =
+    "rans_decode_part(buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W], first, out u32, tab):\n"
+    "decode len(out) ids, the IDSA ids first .. first + len(out) - 1 (id i in lane i % W), each lane from\n"
+    "its state x[j] and read position p[j] (updated in place; a lane reads buf[p[j] .. ends[j])).\n"
+    "tab: the slot -> id table (u16 of 2^S entries, as the caller built it once for many calls) or None\n"
+    "(built here for this call). Returns 0, or 1 if a lane's stream ends before it renormalises (the\n"
+    "caller checks the final states).";
 
-static PyObject *py_rans_decode(PyObject *self, PyObject *args)
+static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
 {
-    PyObject *bo, *fo, *co, *so, *lo, *oo;
+    PyObject *bo, *fo, *co, *xo, *po, *eo, *oo, *to;
     int S, W;
-    if (!PyArg_ParseTuple(args, "OOOiiOOO", &bo, &fo, &co, &S, &W, &so, &lo, &oo)) return NULL;
-    Py_buffer bb, fb, cb, sb, lb, ob;
-    if (get_buf(bo, &bb, 0, "buf") < 0) return NULL;
-    if (get_buf(fo, &fb, 0, "f") < 0) { PyBuffer_Release(&bb); return NULL; }
-    if (get_buf(co, &cb, 0, "cum") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); return NULL; }
-    if (get_buf(so, &sb, 0, "starts") < 0) { PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); return NULL; }
-    if (get_buf(lo, &lb, 0, "lengths") < 0) {
-        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb); return NULL;
-    }
-    if (get_buf(oo, &ob, 1, "out") < 0) {
-        PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
-        PyBuffer_Release(&lb); return NULL;
-    }
+    Py_ssize_t first;
+    if (!PyArg_ParseTuple(args, "OOOiiOOOnOO", &bo, &fo, &co, &S, &W, &xo, &po, &eo, &first, &oo, &to)) return NULL;
+    Py_buffer bufs[8];
+    PyObject *objs[8] = {bo, fo, co, xo, po, eo, oo, to};
+    const char *names[8] = {"buf", "f", "cum", "x", "p", "ends", "out", "tab"};
+    int nb = to == Py_None ? 7 : 8, got = 0;
+    for (; got < nb; got++)
+        if (get_buf(objs[got], &bufs[got], got == 3 || got == 4 || got == 6, names[got]) < 0) {
+            release_bufs(bufs, got);
+            return NULL;
+        }
+    Py_buffer *bb = &bufs[0], *fb = &bufs[1], *cb = &bufs[2], *xb = &bufs[3], *pb = &bufs[4], *eb = &bufs[5],
+              *ob = &bufs[6];
     PyObject *res = NULL;
     uint16_t *tab = NULL;
-    if (W < 1 || W > 64 || S < 1 || S > 22 || fb.itemsize != 4 || cb.itemsize != 4 || sb.len != 8 * W
-        || lb.len != 8 * W || ob.itemsize != 4 || fb.len / 4 > 65536) {
-        PyErr_SetString(PyExc_ValueError, "rans_decode: bad arguments");
+    if (W < 1 || W > 64 || S < 1 || S > 22 || first < 0 || fb->itemsize != 4 || cb->itemsize != 4
+        || xb->len != 4 * W || pb->len != 8 * W || eb->len != 8 * W || ob->itemsize != 4 || fb->len / 4 > 65536
+        || cb->len != fb->len || (nb == 8 && (bufs[7].itemsize != 2 || bufs[7].len != ((Py_ssize_t)2 << S)))) {
+        PyErr_SetString(PyExc_ValueError, "rans_decode_part: bad arguments");
         goto done;
     }
     {
-        const uint8_t *buf = (const uint8_t *)bb.buf;
-        const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
-        const int64_t *st = (const int64_t *)sb.buf, *ln = (const int64_t *)lb.buf;
-        uint32_t *out = (uint32_t *)ob.buf;
-        Py_ssize_t n = ob.len / 4, k = fb.len / 4;
+        const uint8_t *buf = (const uint8_t *)bb->buf;
+        const uint32_t *f = (const uint32_t *)fb->buf, *cum = (const uint32_t *)cb->buf;
+        uint32_t *xs_ = (uint32_t *)xb->buf;
+        int64_t *ps = (int64_t *)pb->buf;
+        const int64_t *es = (const int64_t *)eb->buf;
+        uint32_t *out = (uint32_t *)ob->buf;
+        Py_ssize_t n = ob->len / 4, k = fb->len / 4;
         uint32_t M = 1u << S, mask = M - 1;
-        tab = (uint16_t *)malloc((size_t)M * sizeof(uint16_t));
-        if (!tab) { PyErr_NoMemory(); goto done; }
-        for (Py_ssize_t s = 0; s < k; s++)  /* the caller checked sum f == M */
-            for (uint32_t t = 0; t < f[s]; t++) tab[cum[s] + t] = (uint16_t)s;
-        uint32_t x[64];
-        int64_t p[64], end[64];
-        int err = 0;
-        for (int j = 0; j < W; j++) {
-            p[j] = st[j]; end[j] = st[j] + ln[j];
-            if (st[j] < 0 || ln[j] < 4 || end[j] > (int64_t)bb.len) { err = 1; break; }
-            x[j] = (uint32_t)buf[p[j]] | ((uint32_t)buf[p[j] + 1] << 8) | ((uint32_t)buf[p[j] + 2] << 16)
-                   | ((uint32_t)buf[p[j] + 3] << 24);
-            p[j] += 4;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n && !err; i++) {
-            int j = (int)(i % W);
-            uint32_t xs = x[j], slot = xs & mask, s = tab[slot];
-            xs = f[s] * (xs >> S) + slot - cum[s];
-            while (xs < RANS_L) {
-                if (p[j] >= end[j]) { err = 1; break; }
-                xs = (xs << 8) | buf[p[j]++];
+        for (int j = 0; j < W; j++)
+            if (ps[j] < 0 || es[j] < ps[j] || es[j] > (int64_t)bb->len) {
+                PyErr_SetString(PyExc_ValueError, "rans_decode_part: a lane's bytes lie outside buf");
+                goto done;
             }
-            x[j] = xs;
-            out[i] = s;
+        uint64_t total = 0;
+        for (Py_ssize_t s = 0; s < k; s++) total += f[s];
+        if (total != M) {  /* the caller checked the table; the slot lookup below relies on it */
+            PyErr_SetString(PyExc_ValueError, "rans_decode_part: frequencies do not sum to 2^S");
+            goto done;
         }
-        for (int j = 0; j < W && !err; j++)
-            if (x[j] != RANS_L || p[j] != end[j]) err = 1;
+        const uint16_t *look;
+        if (nb == 8) {
+            look = (const uint16_t *)bufs[7].buf;
+        } else {
+            tab = (uint16_t *)malloc((size_t)M * sizeof(uint16_t));
+            if (!tab) { PyErr_NoMemory(); goto done; }
+            for (Py_ssize_t s = 0; s < k; s++)
+                for (uint32_t t = 0; t < f[s]; t++) tab[cum[s] + t] = (uint16_t)s;
+            look = tab;
+        }
+        uint32_t x[64];
+        int64_t p[64];
+        for (int j = 0; j < W; j++) { x[j] = xs_[j]; p[j] = ps[j]; }
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        int j = (int)(first % W);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t xv = x[j], slot = xv & mask, s = look[slot];
+            if (s >= k) { err = 2; break; }  /* a caller's table that does not match f */
+            xv = f[s] * (xv >> S) + slot - cum[s];
+            while (xv < RANS_L) {
+                if (p[j] >= es[j]) { err = 1; break; }
+                xv = (xv << 8) | buf[p[j]++];
+            }
+            if (err) break;
+            x[j] = xv;
+            out[i] = s;
+            if (++j == W) j = 0;
+        }
         Py_END_ALLOW_THREADS
+        for (int jj = 0; jj < W; jj++) { xs_[jj] = x[jj]; ps[jj] = p[jj]; }
+        if (err == 2) {
+            PyErr_SetString(PyExc_ValueError, "rans_decode_part: tab holds an id of no frequency");
+            goto done;
+        }
         res = PyLong_FromLong(err);
     }
 done:
     free(tab);
-    PyBuffer_Release(&bb); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&sb);
-    PyBuffer_Release(&lb); PyBuffer_Release(&ob);
+    release_bufs(bufs, nb);
     return res;
 }
 
@@ -2752,7 +2775,7 @@ static PyMethodDef methods[] = {
     {"dp_polish", py_dp_polish, METH_VARARGS, dp_polish_doc},
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
-    {"rans_decode", py_rans_decode, METH_VARARGS, rans_decode_doc},
+    {"rans_decode_part", py_rans_decode_part, METH_VARARGS, rans_decode_part_doc},
     {"normalize", py_normalize, METH_VARARGS, normalize_doc},
     {"symbol_counts", py_symbol_counts, METH_VARARGS, symbol_counts_doc},
     {"pack_counts", py_pack_counts, METH_VARARGS, pack_counts_doc},

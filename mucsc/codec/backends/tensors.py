@@ -139,6 +139,10 @@ def from_record(array: np.ndarray, dtype: str, shape: tuple[int, ...], as_torch:
         if big is not None and array.is_floating_point() and torch.finfo(array.dtype).max > big:
             array = array.clamp(-big, big)
         return (array if tuple(array.shape) == tuple(shape) else array.reshape(shape)).to(getattr(torch, dtype))
+    if dtype != "bfloat16" and np.dtype(dtype).kind == "f" and array.dtype.kind == "f" \
+            and np.dtype(dtype).itemsize < array.dtype.itemsize:  # narrowed a chunk at a time, no full copy
+        out = saturate_into(array, np.empty(array.shape, np.dtype(dtype)), dtype).reshape(shape)
+        return require_torch(AS_TORCH).from_numpy(np.require(out, requirements="C")) if as_torch else out
     array = saturate(array, dtype)
     if dtype == "bfloat16":
         if as_torch:
@@ -199,6 +203,19 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 def bf16_round_trip(x: np.ndarray) -> np.ndarray:
     """float32 values as a bfloat16 record stores them (rounded to nearest even), back in float32."""
     return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
+SATURATE_CHUNK = 1 << 18  # elements clipped and narrowed at a time by saturate_into
+
+
+def saturate_into(array: np.ndarray, out: np.ndarray, dtype: str) -> np.ndarray:
+    """:func:`saturate` of ``array`` cast to ``out``'s (narrower) dtype, written into ``out`` a chunk
+    at a time: the same values as ``saturate(array, dtype).astype(out.dtype)`` without a full-size
+    copy of ``array`` (a decoder's scratch stays fixed whatever the record's size)."""
+    flat_in, flat_out = array.reshape(-1), out.reshape(-1)
+    for a in range(0, flat_in.size, SATURATE_CHUNK):
+        flat_out[a: a + SATURATE_CHUNK] = saturate(flat_in[a: a + SATURATE_CHUNK], dtype)
+    return out
 
 
 def name_label(name: str) -> str:

@@ -126,8 +126,14 @@ def _params(alpha: dither.Alphabet) -> dict:
     return {"escape": alpha.escape, "rounding": "dithered", "symbols": alpha.symbols}
 
 
+CHUNK = 1 << 18  # elements per decoding pass: the scratch is ~40 bytes an element, whatever n is
+
+
 def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype) -> np.ndarray:
-    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5)."""
+    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5).
+    Every length is checked against n before the output is allocated (:class:`_Indices`); then the
+    output is filled in passes of ``CHUNK`` elements, the dither regenerated for each from its
+    position in the counter stream, so the working memory is the output plus a fixed scratch."""
     k = param_int(params, "symbols", 1, dither.MAX_SYMBOLS)
     escape = params.get("escape")
     if not isinstance(escape, bool) or (escape and k < 2):
@@ -139,53 +145,116 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
         raise FormatError(f"GRID: share {share!r} must be in [0, 1]")
     if abs(q_lo) > dither.MAX_INDEX or q_lo + k - 1 > dither.MAX_INDEX:
         raise FormatError(f"GRID: lowest index {q_lo} out of range")
-    t = dither.stream(key, n)
-    sym = _symbols(n, k, t, section(sections, "QIDX"))
-    q = sym.astype(np.int64) + q_lo
+    indices = _Indices(n, k, key, section(sections, "QIDX"))
+    esc = None
     if escape:
-        out = sym == k - 1
-        esc = dither.read_zigzag_varints(section(sections, "QESC"), int(out.sum()), 2 * dither.MAX_INDEX)
-        if isinstance(esc, str):
-            raise FormatError(f"QESC: {esc}")
-        q[out] = esc + q_lo
-        if esc.size and (np.any(q[out] > dither.MAX_INDEX) or np.any(q[out] < -dither.MAX_INDEX)
-                         or np.any((q[out] >= q_lo) & (q[out] < q_lo + k - 1))):
-            raise FormatError("QESC: an escaped index is out of range or inside the alphabet")
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = dither.dequantize(q, step, offset, dither.uniforms(t), dtype, share)
-    if n and not np.all(np.isfinite(y)):
-        raise FormatError(f"the grid (step {step:g}, offset {offset:g}) decodes beyond the range of {dtype}")
+        esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
+    y = np.empty(n, dtype)  # reserved (not written) before the counting pass: an absurd n fails at once
+    indices.count()
+    for a in range(0, n, CHUNK):
+        t = dither.stream(key, min(CHUNK, n - a), a)
+        sym = indices.take(t)
+        q = sym.astype(np.int64) + q_lo
+        if esc is not None:
+            _unescape(q, sym == k - 1, esc, q_lo, k)
+        with np.errstate(over="ignore", invalid="ignore"):
+            part = dither.dequantize(q, step, offset, dither.uniforms(t), dtype, share)
+        if not np.all(np.isfinite(part)):
+            raise FormatError(f"the grid (step {step:g}, offset {offset:g}) decodes beyond the range of {dtype}")
+        y[a: a + t.size] = part
+    indices.finish()
+    if esc is not None and (left := esc.finish()):
+        raise FormatError(f"QESC: {left}")
     return y
 
 
-def _symbols(n: int, k: int, t: np.ndarray, buf: memoryview) -> np.ndarray:
-    """The n symbols of QIDX: per context, an IDSA payload (FORMAT.md 4.4) of that context's symbols."""
-    b = bytes(buf)
-    if len(b) < 1:
-        raise FormatError("QIDX: empty section")
-    (c,) = CONTEXTS.unpack_from(b, 0)
-    if not 1 <= c <= dither.MAX_CONTEXTS:
-        raise FormatError(f"QIDX: {c} contexts (1..{dither.MAX_CONTEXTS})")
-    counts = dither.context_counts(t, c) if c > 1 else np.array([n], np.int64)
-    ordered = np.zeros(n, np.uint32)  # the contexts' symbols one after the other
-    pos, at = 1, 0
-    for j in range(c):
-        if pos + LENGTH.size > len(b):
-            raise FormatError("QIDX: a context's length runs past the end of the section")
-        (length,) = LENGTH.unpack_from(b, pos)
-        pos += LENGTH.size
-        if pos + length > len(b):
-            raise FormatError("QIDX: a context's stream runs past the end of the section")
-        count = int(counts[j])
-        try:
-            ordered[at: at + count] = rans.decode(memoryview(b)[pos: pos + length], count, k)
-        except FormatError as exc:
-            raise FormatError(f"QIDX context {j}: {exc}") from None
-        pos += length
-        at += count
-    if pos != len(b):
-        raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
-    return dither.from_contexts(ordered, t, c)
+def _unescape(q: np.ndarray, out: np.ndarray, esc: dither.ZigzagReader, q_lo: int, k: int) -> None:
+    """Put the escaped indices of one pass (where ``out``) into q, the next ones from QESC, checked:
+    outside the alphabet's inner range and |q| <= MAX_INDEX."""
+    got = esc.take(int(out.sum()))
+    if isinstance(got, str):
+        raise FormatError(f"QESC: {got}")
+    if got.size:
+        got += q_lo
+        if (np.any(got > dither.MAX_INDEX) or np.any(got < -dither.MAX_INDEX)
+                or np.any((got >= q_lo) & (got < q_lo + k - 1))):
+            raise FormatError("QESC: an escaped index is out of range or inside the alphabet")
+        q[out] = got
+
+
+TABLES = 32 << 20  # bytes of the contexts' rANS slot tables kept between passes (else rebuilt each pass)
+
+
+class _Indices:
+    """The n symbols of QIDX, a pass at a time: per context, an IDSA payload (FORMAT.md 4.4) of that
+    context's symbols in element order.  The constructor parses every context's payload and checks
+    that together they can code n symbols at their tables' probabilities (:meth:`rans.Lanes.capacity`);
+    :meth:`count` counts each context's elements and checks each payload against its count; then
+    :meth:`take` routes the next symbols of each context to their elements."""
+
+    def __init__(self, n: int, k: int, key: int, buf: memoryview):
+        b = bytes(buf)
+        if len(b) < 1:
+            raise FormatError("QIDX: empty section")
+        (c,) = CONTEXTS.unpack_from(b, 0)
+        if not 1 <= c <= dither.MAX_CONTEXTS:
+            raise FormatError(f"QIDX: {c} contexts (1..{dither.MAX_CONTEXTS})")
+        self.n, self.key, self.c, self.lanes = n, key, c, []
+        pos = 1
+        for j in range(c):
+            if pos + LENGTH.size > len(b):
+                raise FormatError("QIDX: a context's length runs past the end of the section")
+            (length,) = LENGTH.unpack_from(b, pos)
+            pos += LENGTH.size
+            if pos + length > len(b):
+                raise FormatError("QIDX: a context's stream runs past the end of the section")
+            try:
+                self.lanes.append(rans.Lanes(memoryview(b)[pos: pos + length], None if c > 1 else n, k))
+            except FormatError as exc:
+                raise FormatError(f"QIDX context {j}: {exc}") from None
+            pos += length
+        if pos != len(b):
+            raise FormatError(f"QIDX: {len(b) - pos} bytes after the last context")
+        caps = [lanes.capacity() for lanes in self.lanes]
+        if None not in caps and n > sum(caps):
+            raise FormatError(f"QIDX: {n} indices cannot be coded in {len(b)} bytes with these tables")
+        kept = 0
+        for lanes in self.lanes:  # up to 64 contexts of 2^22-slot tables: those that fit TABLES are kept
+            kept += lanes.table_bytes()
+            lanes.keep_table = kept <= TABLES
+
+    def count(self) -> None:
+        """Count each context's elements (one pass over the dither stream, in chunks) and check each
+        context's payload against its count (FORMAT.md 4.4's bounds)."""
+        if self.c == 1:
+            return
+        counts = np.zeros(self.c, np.int64)
+        for a in range(0, self.n, CHUNK):
+            counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
+        for j, lanes in enumerate(self.lanes):
+            try:
+                lanes.expect(int(counts[j]))
+            except FormatError as exc:
+                raise FormatError(f"QIDX context {j}: {exc}") from None
+
+    def take(self, t: np.ndarray) -> np.ndarray:
+        """The symbols (uint32) of the next t.size elements, whose dither stream is ``t``."""
+        c = self.c
+        per = dither.context_counts(t, c) if c > 1 else (t.size,)
+        parts = []
+        for j in range(c):
+            try:
+                parts.append(self.lanes[j].take(int(per[j])))
+            except FormatError as exc:
+                raise FormatError(f"QIDX context {j}: {exc}") from None
+        return dither.from_contexts(np.concatenate(parts) if c > 1 else parts[0], t, c)
+
+    def finish(self) -> None:
+        for j, lanes in enumerate(self.lanes):
+            try:
+                lanes.finish()
+            except FormatError as exc:
+                raise FormatError(f"QIDX context {j}: {exc}") from None
 
 
 def format_minor(params: Mapping[str, Any]) -> int:

@@ -417,8 +417,7 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
             return quantize.dequantize(sym, cent, dtype, check=False)
         width, payload = w, sym
     elif width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
-        ids = rans.decode(payload, n, k)
-        return quantize.dequantize(ids, cent, dtype, check=False) if n else np.zeros(0, dtype)
+        return _decode_rans(payload, n, cent, dtype)
     if n == 0:
         return np.zeros(0, dtype)
     # fixed-width IDs (length checked): unpacked chunk by chunk on parallel.current() threads, each
@@ -482,6 +481,22 @@ def _add_taken(acc: np.ndarray, table: np.ndarray, ids: np.ndarray) -> None:
         np.add(acc[s:e], t, out=acc[s:e])
 
 
+RANS_CHUNK = 1 << 18  # IDs decoded per pass of :func:`_decode_rans`
+
+
+def _decode_rans(payload: memoryview, n: int, cent: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values of an IDSA payload (format 1.1): its lengths checked against n before the output
+    is allocated (:class:`rans.Lanes`), then the IDs decoded and looked up ``RANS_CHUNK`` at a time,
+    so the scratch stays fixed (all n IDs at once took 4 bytes an element besides the output)."""
+    ids = rans.Lanes(payload, n, cent.size)
+    out = np.empty(n, dtype)
+    for a in range(0, n, RANS_CHUNK):
+        b = min(a + RANS_CHUNK, n)
+        out[a:b] = quantize.dequantize(ids.take(b - a), cent, dtype, check=False)
+    ids.finish()
+    return out
+
+
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                           dtype: np.dtype, device) -> Any:
     """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor);
@@ -491,12 +506,10 @@ def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[s
         torch = torch_backend._torch()
         return torch.from_numpy(dithered.decode(n, params, sections, dtype)).to(device)
     cent, width, payload = _cluster_sections(n, params, sections)
+    if width is None:  # the coder is sequential: decoded on the host in passes, the values moved there
+        return torch_backend._torch().from_numpy(_decode_rans(payload, n, cent, dtype)).to(device)
     if width == "lanes":  # decoded on the device (mucsc.codec.backends.torch_lanes), then unpacked there
         ids = torch_lanes.decode_ids(payload, n, cent.size, device)
-        return torch_backend.gather(cent.astype(dtype), ids)
-    if width is None:
-        torch = torch_backend._torch()
-        ids = torch.from_numpy(rans.decode(payload, n, cent.size).astype(np.int64)).to(device)
         return torch_backend.gather(cent.astype(dtype), ids)
     bitpack.check_packed(payload, width, n)
     ids = torch_backend.unpack(payload, width, n, device)

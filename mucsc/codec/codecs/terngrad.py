@@ -25,7 +25,7 @@ _POW3 = np.array([1, 3, 9, 27, 81], np.int64)
 _BASE3_TABLE = (np.arange(243)[:, None] // _POW3[None, :]) % 3  # byte -> its 5 trits
 
 
-CHUNK = 5 << 16  # elements per chunk of the encoder's temporaries (a multiple of 5: whole base-3 bytes)
+CHUNK = 5 << 16  # elements per chunk of the encoder's temporaries and the decoder's (a multiple of 20: whole base-3 and 2-bit bytes)
 
 
 def clip_sigma(x: np.ndarray, clip: float) -> np.ndarray:
@@ -114,14 +114,20 @@ class TernGrad(Codec):
         s = float(array_from(section(sections, "SCAL", 4), "<f4")[0])
         if not np.isfinite(s) or s < 0:
             raise FormatError("terngrad: the scale must be finite and non-negative")
-        if packing == "base3":
-            trits = unpack_trits(section(sections, "VALS", -(-n // 5)), n)
-        else:
-            trits = bitpack.unpack(section(sections, "VALS", bitpack.packed_size(n, 2)), 2, n)
-            if np.any(trits == 3):
-                raise FormatError("terngrad: trit code 3 is invalid")
+        base3 = packing == "base3"
+        vals = section(sections, "VALS", -(-n // 5) if base3 else bitpack.packed_size(n, 2))
         lut = np.array([0.0, s, -s], dtype)
-        return lut[trits]
+        out = np.empty(n, dtype)
+        for a in range(0, n, CHUNK):  # whole bytes of either packing a chunk (CHUNK: a multiple of 20)
+            b = min(a + CHUNK, n)
+            if base3:
+                trits = unpack_trits(vals[a // 5: -(-b // 5)], b - a)
+            else:
+                trits = bitpack.unpack(vals[a // 4: bitpack.packed_size(b, 2)], 2, b - a)
+                if np.any(trits == 3):
+                    raise FormatError("terngrad: trit code 3 is invalid")
+            out[a:b] = lut[trits]
+        return out
 
 
 def _clipped_chunks(x: np.ndarray, c: float | None):

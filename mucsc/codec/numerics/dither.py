@@ -31,7 +31,7 @@ from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 
 __all__ = ["stream", "contexts", "context_counts", "by_context", "from_contexts", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
-           "zigzag_varints", "read_zigzag_varints", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
+           "zigzag_varints", "read_zigzag_varints", "ZigzagReader", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
            "MAX_CONTEXTS"]
 
 MAX_INDEX = 1 << 52  # |q| at most this: q + 1/2 is exact in float64
@@ -45,12 +45,13 @@ MANTISSA = 53
 SHARE_QUANTUM = 2.0**-16  # the chosen share's resolution (:func:`best_share`)
 
 
-def stream(key: int, n: int) -> np.ndarray:
-    """t_i = w_i >> 11 for i < n (uint64, 53 bits): FORMAT.md 4.3's stream with state ``key``;
+def stream(key: int, n: int, start: int = 0) -> np.ndarray:
+    """t_i = w_i >> 11 for start <= i < start + n (uint64, 53 bits): FORMAT.md 4.3's stream with
+    state ``key`` (position-addressable: a decoder regenerates it a chunk at a time);
     v_i = t_i 2^-53 is element i's uniform."""
     if n == 0:
         return np.zeros(0, np.uint64)
-    return kernels.splitmix64(key, 0, n, shift=64 - MANTISSA)
+    return kernels.splitmix64(key, start, n, shift=64 - MANTISSA)
 
 
 def uniforms(t: np.ndarray) -> np.ndarray:
@@ -206,29 +207,46 @@ def zigzag_varints(v: np.ndarray) -> bytes:
     return bytes(out)
 
 
+class ZigzagReader:
+    """Zigzag LEB128 varints read from ``buf`` a part at a time (each |value| <= ``limit``), so a
+    decoder holds only the part it is filling; :meth:`take` and :meth:`finish` return a string
+    saying what is wrong where the bytes do not fit (the caller raises it as its error type)."""
+
+    def __init__(self, buf: bytes | memoryview, limit: int):
+        self.b, self.limit, self.pos, self.count = bytes(buf), limit, 0, 0
+
+    def take(self, count: int) -> np.ndarray | str:
+        """The next ``count`` values (int64)."""
+        b, limit, pos = self.b, self.limit, self.pos
+        vals = np.zeros(count, np.int64)
+        for i in range(count):
+            z, shift = 0, 0
+            while True:
+                if pos >= len(b):
+                    return f"escaped index {self.count + i} runs past the end of the section"
+                byte = b[pos]
+                pos += 1
+                z |= (byte & 0x7F) << shift
+                if z > 2 * limit + 1:
+                    return f"escaped index {self.count + i} exceeds {limit}"
+                if not byte & 0x80:
+                    break
+                shift += 7
+            vals[i] = (z >> 1) ^ -(z & 1)
+        self.pos, self.count = pos, self.count + count
+        return vals
+
+    def finish(self) -> str | None:
+        """None when every byte was read, else what is left."""
+        return None if self.pos == len(self.b) else f"{len(self.b) - self.pos} bytes after the {self.count} escaped indices"
+
+
 def read_zigzag_varints(buf: bytes | memoryview, count: int, limit: int) -> np.ndarray | str:
     """``count`` zigzag varints filling ``buf`` exactly, each |value| <= ``limit``; a string saying
     what is wrong otherwise (the caller raises it as its error type)."""
-    b = bytes(buf)
-    vals = np.zeros(count, np.int64)
-    pos = 0
-    for i in range(count):
-        z, shift = 0, 0
-        while True:
-            if pos >= len(b):
-                return f"escaped index {i} runs past the end of the section"
-            byte = b[pos]
-            pos += 1
-            z |= (byte & 0x7F) << shift
-            if z > 2 * limit + 1:
-                return f"escaped index {i} exceeds {limit}"
-            if not byte & 0x80:
-                break
-            shift += 7
-        vals[i] = (z >> 1) ^ -(z & 1)
-    if pos != len(b):
-        return f"{len(b) - pos} bytes after the {count} escaped indices"
-    return vals
+    reader = ZigzagReader(buf, limit)
+    vals = reader.take(count)
+    return vals if isinstance(vals, str) else (reader.finish() or vals)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,12 +21,14 @@ producing identical bytes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mucsc.codec import kernels
 from mucsc.errors import FormatError
 
-__all__ = ["encode", "decode", "normalize", "lanes_for", "coded_size_bits", "estimated_size",
+__all__ = ["encode", "decode", "Lanes", "min_code_bits", "normalize", "lanes_for", "coded_size_bits", "estimated_size",
            "expected_size"]
 
 RANS_L = 1 << 23  # lower bound of the normalised state
@@ -264,69 +266,158 @@ def _short_varints(buf: np.ndarray, pos: int, k: int, limit: int) -> tuple[np.nd
     return vals, pos + int(last[-1]) + 1
 
 
-def decode(buf: bytes | memoryview, n: int, k: int) -> np.ndarray:
-    """IDs from an IDSA payload (validated: table sums, lane lengths, final states, every byte used)."""
-    b = np.frombuffer(buf, np.uint8)
-    if b.size < 2:
-        raise FormatError("IDSA: section shorter than its 2-byte header")
-    S, W = int(b[0]), int(b[1])
-    if not 1 <= S <= MAX_SCALE_BITS or not 1 <= W <= MAX_LANES:
-        raise FormatError(f"IDSA: scale bits {S} or lanes {W} out of range")
-    M = 1 << S
-    f, pos = _read_varints(b, 2, k, M)
-    if int(f.sum()) != M:
-        raise FormatError(f"IDSA: frequencies sum to {int(f.sum())}, expected {M}")
-    if pos + 4 * W > b.size:
-        raise FormatError("IDSA: lane lengths run past the end of the section")
-    lengths = b[pos: pos + 4 * W].copy().view("<u4").astype(np.int64)
-    pos += 4 * W
-    if int(lengths.sum()) != b.size - pos:
-        raise FormatError(f"IDSA: lane streams take {int(lengths.sum())} bytes, the section has {b.size - pos}")
-    starts = pos + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    T = -(-n // W) if n else 0
-    if np.any(lengths < 4) or np.any(lengths > 4 + 3 * T):
-        raise FormatError("IDSA: a lane stream has an impossible length")
-    cum = np.concatenate(([0], np.cumsum(f)[:-1]))
-    if kernels.use_c() and hasattr(kernels.c_module(), "rans_decode"):
-        out = np.empty(n, np.uint32)
-        err = kernels.c_module().rans_decode(b, f.astype(np.uint32), cum.astype(np.uint32), S, W,
-                                             starts.astype(np.int64), lengths, out)
+def min_code_bits(f: np.ndarray, S: int) -> float:
+    """A lower bound on the bits per ID of any IDSA lane with table ``f`` (sum 2^S), renormalisation
+    slack included: log2(M / max f) - log2(1 + 2^(S - 23)), rounded down (FORMAT.md 4.4: a lane of
+    T IDs needs 8 len > T b + 23).  At most 0 when one symbol holds (almost) all of M: then nothing
+    bounds n by the stream's length (a constant vector)."""
+    top = int(np.max(f)) if f.size else 1 << S
+    return math.log2((1 << S) / top) - math.log2(1.0 + 2.0 ** (S - 23)) - 1e-9
+
+
+def lane_ids(n: int, W: int) -> np.ndarray:
+    """T_j = ceil((n - j) / W), the IDs lane j holds (int64, W of them)."""
+    return np.maximum(0, (n - np.arange(W, dtype=np.int64) + W - 1) // W)
+
+
+class Lanes:
+    """An IDSA payload decoded a part at a time (:meth:`take`), in constant memory besides what each
+    part returns: the header and table parsed and every length checked against n before any ID is
+    decoded (:func:`decode` takes all n at once).  Validation as FORMAT.md 4.4; :meth:`finish`
+    checks the final states once all n IDs have been taken."""
+
+    def __init__(self, buf: bytes | memoryview, n: int | None, k: int, tag: str = "IDSA"):
+        """Parse the header, the table and the lane lengths; with ``n``, check them against it
+        (:meth:`expect`; a caller that learns n later calls it then, after :meth:`capacity`)."""
+        b = np.frombuffer(buf, np.uint8)
+        self.tag = tag
+        if b.size < 2:
+            raise FormatError(f"{tag}: section shorter than its 2-byte header")
+        S, W = int(b[0]), int(b[1])
+        if not 1 <= S <= MAX_SCALE_BITS or not 1 <= W <= MAX_LANES:
+            raise FormatError(f"{tag}: scale bits {S} or lanes {W} out of range")
+        M = 1 << S
+        f, pos = _read_varints(b, 2, k, M, tag)
+        if int(f.sum()) != M:
+            raise FormatError(f"{tag}: frequencies sum to {int(f.sum())}, expected {M}")
+        if pos + 4 * W > b.size:
+            raise FormatError(f"{tag}: lane lengths run past the end of the section")
+        lengths = b[pos: pos + 4 * W].copy().view("<u4").astype(np.int64)
+        pos += 4 * W
+        if int(lengths.sum()) != b.size - pos:
+            raise FormatError(f"{tag}: lane streams take {int(lengths.sum())} bytes, the section has {b.size - pos}")
+        if np.any(lengths < 4):
+            raise FormatError(f"{tag}: a lane stream has an impossible length")
+        starts = pos + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self.b, self.n, self.S, self.W, self.lengths = b, None, S, W, lengths
+        self.f, self.cum = f, np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
+        self.bits = min_code_bits(f, S)
+        self.ends = starts + lengths
+        self.p = starts + 4
+        self.x = np.zeros(W, np.uint32)
+        for sh in (0, 8, 16, 24):
+            self.x |= b[starts + sh // 8].astype(np.uint32) << np.uint32(sh)
+        self.done = 0
+        self.keep_table = True  # keep the slot -> ID table between parts (2^(S+1) bytes; see table_bytes)
+        self._tab: np.ndarray | None = None
+        if n is not None:
+            self.expect(n)
+
+    def capacity(self) -> int | None:
+        """The most IDs these lanes can code at this table's probabilities (FORMAT.md 4.4's lower
+        length bound, summed over the lanes); None when the table bounds nothing (b <= 0)."""
+        if self.bits <= 0:
+            return None
+        return int(np.sum(np.floor((8 * self.lengths - 22) / self.bits)))
+
+    def expect(self, n: int) -> None:
+        """Check the lanes against their count n (both length bounds of FORMAT.md 4.4)."""
+        T = lane_ids(n, self.W)
+        if np.any(self.lengths > 4 + 3 * int(T[0])):  # T[0]: the most any lane holds
+            raise FormatError(f"{self.tag}: a lane stream has an impossible length")
+        if self.bits > 0 and np.any(T * self.bits >= 8 * self.lengths - 22):
+            raise FormatError(f"{self.tag}: {n} IDs cannot be coded in {int(self.lengths.sum())} lane bytes with this "
+                              f"table (at least {self.bits:.4f} bits each)")
+        self.n = n
+
+    def table_bytes(self) -> int:
+        """Bytes of the slot -> ID table kept between parts (a caller holding many decoders at once
+        may keep only some: ``keep_table = False`` builds it for each part instead)."""
+        return 2 << self.S
+
+    def _table(self) -> np.ndarray:
+        """The slot -> ID table (uint16, 2^S entries), built once when kept."""
+        if self._tab is not None:
+            return self._tab
+        tab = np.repeat(np.arange(self.f.size, dtype=np.uint16), self.f)
+        if self.keep_table:
+            self._tab = tab
+        return tab
+
+    def take(self, m: int) -> np.ndarray:
+        """The next ``m`` IDs (uint32)."""
+        if self.n is None or m < 0 or self.done + m > self.n:
+            raise ValueError(f"{self.tag}: {m} more IDs asked of {self.n - self.done} left")
+        out = np.empty(m, np.uint32)
+        if m == 0:
+            return out
+        if kernels.use_c() and hasattr(kernels.c_module(), "rans_decode_part"):
+            err = kernels.c_module().rans_decode_part(self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32),
+                                                      self.S, self.W, self.x, self.p, self.ends, self.done, out,
+                                                      self._table() if self.keep_table else None)
+        else:
+            err = self._take_numpy(out)
         if err:
-            raise FormatError("IDSA: corrupt rANS stream (a lane does not end in its initial state)")
+            raise FormatError(f"{self.tag}: a lane stream ends early")
+        self.done += m
         return out
-    return _decode_lanes(b, f, cum, S, W, starts, lengths, n)
 
-
-def _decode_lanes(b, f, cum, S, W, starts, lengths, n):
-    M = 1 << S
-    sym = np.repeat(np.arange(f.size), f).astype(np.int64)  # slot -> symbol
-    lane = np.arange(W)
-    ends = starts + lengths
-    p = starts.copy()
-    x = np.zeros(W, np.uint64)
-    for sh in (0, 8, 16, 24):
-        x |= b[p].astype(np.uint64) << np.uint64(sh)
-        p += 1
-    T = -(-n // W) if n else 0
-    rows = np.zeros((T, W), np.int64)
-    f64, c64 = f.astype(np.uint64), cum.astype(np.uint64)
-    mask = np.uint64(M - 1)
-    L = np.uint64(RANS_L)
-    for t in range(T):
-        act = lane < n - t * W
-        slot = (x & mask).astype(np.int64)
-        s = sym[slot]
-        nx = f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s]
-        x = np.where(act, nx, x)
-        rows[t] = s
-        for _ in range(3):
-            m = act & (x < L)
-            if not m.any():
+    def _take_numpy(self, out: np.ndarray) -> int:
+        """:meth:`take` vectorised across the lanes, a row of W IDs at a time (the reference)."""
+        S, W, m = self.S, self.W, out.size
+        tab = self._table()
+        f64, c64 = self.f.astype(np.uint64), self.cum.astype(np.uint64)
+        mask, L = np.uint64((1 << S) - 1), np.uint64(RANS_L)
+        x, p, b, ends = self.x.astype(np.uint64), self.p, self.b, self.ends
+        first = self.done
+        lane = np.arange(W)
+        err = 0
+        everyone = np.ones(W, bool)
+        for r in range(first // W, (first + m - 1) // W + 1):
+            at = r * W - first  # where lane 0's ID of this row goes in out
+            act = everyone if 0 <= at and at + W <= m else (lane + at >= 0) & (lane + at < m)
+            slot = (x & mask).astype(np.int64)
+            s = tab[slot]
+            nx = f64[s] * (x >> np.uint64(S)) + slot.astype(np.uint64) - c64[s]
+            x = nx if act is everyone else np.where(act, nx, x)
+            while True:  # renormalise while x < L (FORMAT.md 4.4), a byte at a time
+                need = act & (x < L)
+                if not need.any():
+                    break
+                if np.any(p[need] >= ends[need]):
+                    err = 1
+                    break
+                x[need] = (x[need] << np.uint64(8)) | b[p[need]].astype(np.uint64)
+                p[need] += 1
+            if err:
                 break
-            if np.any(p[m] >= ends[m]):
-                raise FormatError("IDSA: a lane stream ends early")
-            x[m] = (x[m] << np.uint64(8)) | b[p[m]].astype(np.uint64)
-            p[m] += 1
-    if np.any(x != L) or np.any(p != ends):
-        raise FormatError("IDSA: corrupt rANS stream (a lane does not end in its initial state)")
-    return rows.reshape(-1)[:n].astype(np.uint32)
+            if act is everyone:
+                out[at: at + W] = s
+            else:
+                out[lane[act] + at] = s[act]
+        self.x[:] = x.astype(np.uint32)
+        return err
+
+    def finish(self) -> None:
+        """Check that every ID was taken and every lane ends in state L with no byte unread."""
+        if self.done != self.n or np.any(self.x != RANS_L) or np.any(self.p != self.ends):
+            raise FormatError(f"{self.tag}: corrupt rANS stream (a lane does not end in its initial state)")
+
+
+def decode(buf: bytes | memoryview, n: int, k: int) -> np.ndarray:
+    """IDs from an IDSA payload (validated: table sums, lane lengths against n, final states, every
+    byte used)."""
+    lanes = Lanes(buf, n, k)
+    out = lanes.take(n)
+    lanes.finish()
+    return out
