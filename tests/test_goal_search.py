@@ -89,13 +89,20 @@ def test_nearest_summary_search_meets_the_bound_in_no_more_bytes_than_the_trial_
     assert len(blob) <= len(mucsc.encode(x, "mucsc", rounding="nearest", max_error=max_error))
 
 
-def test_sorted_trial_assignment_gives_the_chunked_ids():
+def test_nearest_assignment_is_the_same_on_both_backends(monkeypatch):
+    # ties at a boundary and outlier columns: the compiled kernel and the numpy twin give the ids of
+    # the binary search and the same error, to the bit (it feeds the goal's choice)
+    from mucsc.codec import kernels
     from mucsc.codec.numerics import nearest
-    x = np.concatenate([_outlier_columns(4), np.float32([0.5, 0.5, -0.25])])  # with ties at a boundary
+    x = np.concatenate([_outlier_columns(4), np.float32([0.5, 0.5, -0.25])])
     for c in (np.float32([-0.25, 0.25, 0.75]), nearest.wire_levels(nearest.lloyd_max(x, 37), "float32")):
-        ids, J = nearest.assign(x, c)
-        cached, J2 = nearest.assign(x, c, {})
-        assert np.array_equal(ids, cached) and J2 == pytest.approx(J, rel=1e-12)
+        t = (c[:-1].astype(np.float64) + c[1:]) * 0.5
+        out = []
+        for backend in ("c", "numpy"):
+            monkeypatch.setattr(kernels, "BACKEND", backend)
+            out.append(nearest.assign(x, c))
+        assert np.array_equal(out[0][0], np.searchsorted(t, x.astype(np.float64), side="left"))
+        assert np.array_equal(out[0][0], out[1][0]) and out[0][1] == out[1][1]
 
 
 def test_a_small_group_under_an_error_bound_takes_no_trial_encode(monkeypatch):

@@ -394,6 +394,62 @@ def test_splitmix64_kernel_is_numpys(monkeypatch):
     assert int(kernels.splitmix64(1234567, 0, 1)[0]) == 6457827717110365317
 
 
+def _nearest_cases():
+    """(x, levels): Lloyd-Max and evenly spaced levels (Z 2..8092), ties on boundaries, +-inf and
+    values beyond the outer levels, float32 and float64 data."""
+    from mucsc.codec.numerics import nearest
+    rng = np.random.default_rng(35)
+    t3 = (rng.standard_t(3, 20_000) * 0.02).astype(np.float32)
+    out = []
+    for z in (2, 3, 16, 255, 256, 257, 1024, 8092):
+        lloyd = nearest.wire_levels(nearest.lloyd_max(t3, z), "float32")
+        grid = nearest.wire_levels(np.linspace(t3.min(), t3.max(), z), "float16")
+        for c in (lloyd, grid):
+            mid = ((c[:-1].astype(np.float64) + c[1:]) * 0.5).astype(np.float32)  # float32 where exact
+            x = np.concatenate([t3, mid, c, np.float32([np.inf, -np.inf, 1e30, -1e30, 0.0, -0.0])])
+            out += [(x, c), (x.astype(np.float64) * (1 + 1e-9), c)]
+    out.append((np.full(1000, 0.25, np.float32), np.float32([0.0, 0.5])))  # every element on the one boundary
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 1 << 16])
+def test_nearest_kernel_is_numpys(monkeypatch, chunk):
+    """The compiled nearest-level kernel gives the binary search's ids (ties to the lower level) in
+    the id dtype and the numpy twin's error to the bit, for any chunk (the order of the chunk sums)."""
+    from mucsc.codec.numerics.quantize import id_dtype
+    for x, c in _nearest_cases():
+        c64 = c.astype(np.float64)
+        t = (c64[:-1] + c64[1:]) * 0.5
+        dt = id_dtype(c.size)
+        for ids_dtype in {dt, np.dtype(np.uint32)}:
+            got = both(monkeypatch, lambda: (lambda ids: (ids, kernels.nearest(x, t, c64, ids, chunk)))(
+                np.zeros(x.size, ids_dtype)))
+            (ic, ec), (inp, en) = got
+            assert ic.dtype == ids_dtype
+            np.testing.assert_array_equal(ic, np.searchsorted(t, x.astype(np.float64), side="left"))
+            np.testing.assert_array_equal(ic, inp)
+            assert ec == en or (np.isinf(ec) and np.isinf(en))
+
+
+@needs_c
+def test_nearest_kernel_validates_buffers():
+    m = kernels.c_module()
+    x = np.zeros(4, np.float32)
+    t, c = np.array([0.5]), np.array([0.0, 1.0])
+    m.nearest(x, t, c, np.zeros(4, np.uint8), 2)
+    for args in ((x, t, c, np.zeros(3, np.uint8), 2),  # wrong length
+                 (x, t, c, np.zeros(4, np.int32), 2),  # wrong id type
+                 (x.astype(np.float16), t, c, np.zeros(4, np.uint8), 2),  # not float32/float64 data
+                 (x, t, c[:1], np.zeros(4, np.uint8), 2),  # levels and boundaries disagree
+                 (x, t.astype(np.float32), c, np.zeros(4, np.uint8), 2),  # float32 boundaries
+                 (x, np.arange(299.0), np.arange(300.0), np.zeros(4, np.uint8), 2),  # uint8 ids, 300 levels
+                 (x, t, c, np.zeros(4, np.uint8), 0),  # no chunk
+                 (x[::2], t, c, np.zeros(2, np.uint8), 2)):  # not contiguous
+        with pytest.raises(ValueError):
+            m.nearest(*args)
+
+
 @needs_c
 @pytest.mark.parametrize("count", [1, 2, 3, 8, 16, 64])
 def test_context_routing_kernels_are_numpys(monkeypatch, count):

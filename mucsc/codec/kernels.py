@@ -15,10 +15,11 @@ host steps (the centroid solver) still use ``BACKEND``.  ``TORCH`` records that 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot", "nearest"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -97,3 +98,32 @@ def dot(a, b) -> float:
     # column sums in row order: cumsum adds strictly in sequence (a reduction could go pairwise)
     acc = np.cumsum(p.reshape(-1, 8), axis=0)[-1] if p.size else np.zeros(8)
     return float(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])))
+
+
+def nearest(x: np.ndarray, t: np.ndarray, c: np.ndarray, ids: np.ndarray, chunk: int,
+            index: Callable[[np.ndarray], np.ndarray] | None = None) -> float:
+    """Nearest rounding (spec/FORMAT.md 4.3.1): ``ids[m]`` = the number of boundaries ``t`` (float64,
+    sorted, one fewer than the levels ``c``) with ``x[m] > t_k`` -- ties to the lower level -- and the
+    squared error sum (x - c[ids])^2, summed chunk by chunk (``chunk`` elements: :func:`dot` of each
+    chunk, the chunk sums added in order), so that the compiled kernel and the numpy twin give the
+    same float.  The kernel makes one pass with O(#levels) working memory; the numpy twin converts a
+    chunk at a time to float64.  ``index(xc)``: the twin's boundary count for a float64 chunk when
+    the caller has a faster one than the binary search (it must give the same counts)."""
+    x = np.asarray(x).reshape(-1)
+    t = np.ascontiguousarray(t, np.float64)
+    c = np.ascontiguousarray(c, np.float64)
+    if c.size != t.size + 1 or ids.size != x.size:
+        raise ValueError(f"nearest: {c.size} levels need {c.size - 1} boundaries (got {t.size}); "
+                         f"{x.size} elements need as many ids (got {ids.size})")
+    if (use_c() and hasattr(_c, "nearest") and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
+            and ids.flags.c_contiguous):
+        return _c.nearest(x, t, c, ids, chunk)
+    err = 0.0
+    for s in range(0, x.size, chunk):
+        xc = x[s : s + chunk].astype(np.float64)
+        # the number of boundaries below x
+        k = np.searchsorted(t, xc, side="left") if index is None else index(xc)
+        ids[s : s + chunk] = k
+        d = xc - c[k]
+        err += dot(d, d)
+    return err

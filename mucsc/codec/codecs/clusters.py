@@ -223,7 +223,7 @@ def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     if rounding_of(p) == "nearest":  # deterministic: draws nothing from rng
         c = nearest.lloyd_max(x, p.fixed_z, cache) if levels is None else levels
         wire = nearest.wire_levels(c, p.centroid_dtype)
-        return (wire, *nearest.assign(x, wire, cache))
+        return (wire, *nearest.assign(x, wire))
     if cache is not None and "bounds" in cache:
         bounds = cache["bounds"]
     else:

@@ -20,10 +20,7 @@ __all__ = ["lloyd_max", "wire_levels", "assign", "SortedSample"]
 
 SAMPLE = 1 << 20  # the levels are fitted on at most this many elements (a strided sample)
 ITERATIONS = 200  # Lloyd iterations at most (they stop earlier once no level moves)
-CHUNK = 1 << 16  # elements per chunk of the assignment (bounds the float64 temporaries)
-# trial assignments cut a sorted copy of x up to this many elements (12 bytes each: order and float64
-# values; a binary search per element costs ~5x more); larger x is assigned chunk by chunk
-SORTED_MAX = 1 << 24
+CHUNK = 1 << 16  # elements per chunk of the assignment (bounds the numpy path's float64 temporaries)
 
 
 def lloyd_max(x: np.ndarray, z: int, cache: dict | None = None, iterations: int = ITERATIONS) -> np.ndarray:
@@ -75,38 +72,23 @@ def wire_levels(c: np.ndarray, dtype) -> np.ndarray:
     return w
 
 
-def assign(x: np.ndarray, c: np.ndarray, cache: dict | None = None) -> tuple[np.ndarray, float]:
+def assign(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, float]:
     """(ids, squared error): element m gets the level nearest to it, ties to the lower one.  The
     boundaries t_k = (c_k + c_{k+1}) / 2 and the comparisons x > t_k are in float64 (exact for float32
-    data), so every backend that follows spec/FORMAT.md 4.3.1 makes the same choice.  ``cache``
-    (a goal's trial encodes of one x): x is sorted once and each assignment cuts the sorted copy
-    (the same ids; the error summed in another order, so it may differ in the last bits)."""
+    data), so every backend that follows spec/FORMAT.md 4.3.1 makes the same choice.  One pass of
+    :func:`kernels.nearest` (compiled: O(Z) working memory; numpy: a chunk at a time, the boundaries
+    of evenly spaced levels located on their grid), the error summed in its fixed chunk order, so a
+    goal's trial encodes of one x cost one pass each and keep no sorted copy of x (it was 12 bytes
+    per element: order and float64 values)."""
     x = np.asarray(x).reshape(-1)
     c64 = np.asarray(c, np.float64)
     ids = np.zeros(x.size, id_dtype(c64.size))
     if c64.size == 1:
         return ids, float(np.sum(np.square(x.astype(np.float64) - c64[0])))
     t = (c64[:-1] + c64[1:]) * 0.5
-    if cache is not None and x.size <= SORTED_MAX:
-        if "sorted" not in cache:
-            order = np.argsort(x).astype(np.int32)
-            cache["sorted"] = (order, x[order].astype(np.float64))
-        order, xs = cache["sorted"]
-        # the elements <= t_k are the first cuts[k] of the sorted copy: their ids are <= k
-        counts = np.diff(np.searchsorted(xs, t, side="right"), prepend=0, append=x.size)
-        ids[order] = np.repeat(np.arange(c64.size, dtype=ids.dtype), counts)
-        d = xs - np.repeat(c64, counts)
-        return ids, kernels.dot(d, d)
-    err = 0.0
     grid = _uniform(t)
-    for s in range(0, x.size, CHUNK):
-        xc = x[s : s + CHUNK].astype(np.float64)
-        # the number of boundaries below x
-        k = np.searchsorted(t, xc, side="left") if grid is None else _grid_index(t, xc, *grid)
-        ids[s : s + CHUNK] = k
-        d = xc - c64[k]
-        err += kernels.dot(d, d)
-    return ids, err
+    index = None if grid is None else (lambda xc: _grid_index(t, xc, *grid))
+    return ids, kernels.nearest(x, t, c64, ids, CHUNK, index)
 
 
 def _uniform(t: np.ndarray) -> tuple[float, float] | None:
