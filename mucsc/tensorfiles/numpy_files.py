@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import tokenize
 import zipfile
 from collections.abc import Mapping
@@ -52,16 +53,23 @@ def _read_npy(f: IO[bytes], label: str, available: int) -> np.ndarray:
     return _native(flat.reshape(shape, order="F" if fortran else "C"))
 
 
+_HEADER_LOCK = threading.Lock()
+
+
 def _npy_header(f: IO[bytes], label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, fortran order, dtype) from a .npy header, refusing object and structured dtypes."""
     try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise TensorFileError(f"{label}: unsupported .npy format version {version}")
+        # one header at a time: numpy parses it with ast.literal_eval, and CPython 3.11's AST constructor
+        # is not thread-safe ("SystemError: AST constructor recursion depth mismatch" when .npz members
+        # are read on the streaming encoder's threads)
+        with _HEADER_LOCK:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise TensorFileError(f"{label}: unsupported .npy format version {version}")
     except TensorFileError:
         raise
     except (ValueError, EOFError, OSError, SyntaxError, TypeError, tokenize.TokenError, RecursionError,
