@@ -53,6 +53,8 @@ RUN_ONCE = {
     "test_fedsim_workers.py": "the simulator calls the public API",
     "test_flower.py": "the Flower integration calls the public API",
     "test_plugins.py": "plugin registration; its codec is numpy only",
+    "test_settings.py": "validation of mucsc.Settings above the codecs; the bytes it gives equal the keyword "
+                        "arguments' on the default backend, and every backend's bytes are the marked files'",
 }
 MARK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.backends\b|^\s*@pytest\.mark\.backends\b", re.M)
 TOUCHES = re.compile(

@@ -9,8 +9,6 @@ import pytest
 import mucsc
 from mucsc import Compressor, Settings, SettingsError
 
-pytestmark = pytest.mark.backends
-
 X = np.random.default_rng(0).normal(size=5000).astype(np.float32)
 
 
