@@ -43,6 +43,19 @@ def _model_codec(**kw) -> mucsc.Codec:
 POLICY = mucsc.Policy(vector_max_error=0.001)
 
 
+def _count_encodes(monkeypatch) -> list[int]:
+    """The sizes of every array the mucsc codec encodes from now on (a list filled as they happen)."""
+    calls: list[int] = []
+    encode_array = Mucsc.encode_array
+
+    def counted(self, x, rng=None):
+        calls.append(x.size)
+        return encode_array(self, x, rng)
+
+    monkeypatch.setattr(Mucsc, "encode_array", counted)
+    return calls
+
+
 def _errors(sd, out):
     num = sum(float(np.sum((out[k] - v.astype(np.float64)) ** 2)) for k, v in sd.items())
     overall = np.sqrt(num / sum(float(np.sum(v.astype(np.float64) ** 2)) for v in sd.values()))
@@ -85,14 +98,7 @@ def test_size_budget_and_stochastic_rounding_are_met_too():
 
 
 def test_each_group_is_encoded_once(monkeypatch):
-    calls: list[int] = []
-    encode_array = Mucsc.encode_array
-
-    def counted(self, x, rng=None):
-        calls.append(x.size)
-        return encode_array(self, x, rng)
-
-    monkeypatch.setattr(Mucsc, "encode_array", counted)
+    calls = _count_encodes(monkeypatch)
     sd = _model()
     blob, st = mucsc.encode_with_stats(sd, _model_codec(bits=4.5), policy=POLICY)
     coded = [g for g in st.groups if g.codec == "mucsc"]
@@ -163,14 +169,7 @@ def _streamed(sd, codec, threads=1):
 
 
 def test_streamed_budget_reads_twice_encodes_once_and_meets_the_budget(monkeypatch):
-    calls: list[int] = []
-    encode_array = Mucsc.encode_array
-
-    def counted(self, x, rng=None):
-        calls.append(x.size)
-        return encode_array(self, x, rng)
-
-    monkeypatch.setattr(Mucsc, "encode_array", counted)
+    calls = _count_encodes(monkeypatch)
     sd = _model()
     n = sum(v.size for v in sd.values())
     blob, src = _streamed(sd, _model_codec(bits=4.5))

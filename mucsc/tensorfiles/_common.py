@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, Protocol
 
 import numpy as np
@@ -130,6 +131,18 @@ class Format:
     bfloat16: bool = True
     max_tensors: int | None = None
     needs_torch: bool = False
+
+
+@contextlib.contextmanager
+def opened_for_reader(path: str) -> Iterator[tuple[IO[bytes], int]]:
+    """(file, size) for a streaming reader's constructor: the file is closed again if the constructor
+    raises; a reader that was built owns it and closes it in ``close()``."""
+    f = open(path, "rb")  # noqa: SIM115 - owned by the reader
+    try:
+        yield f, os.fstat(f.fileno()).st_size
+    except BaseException:
+        f.close()
+        raise
 
 
 def _readinto_exact(f: IO[bytes], out: np.ndarray | bytearray, label: str, what: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from mucsc.tensorfiles._common import (
     _MAX_RANK, _NUMERIC_KINDS, BARE_NAME, Format, Loaded, TensorFileError, _is_torch, _native, _readinto_exact,
-    record_dtype,
+    opened_for_reader, record_dtype,
 )
 from mucsc.tensorfiles import zips
 from mucsc.tensorfiles.pt import _torch_to_numpy
@@ -91,9 +91,7 @@ class NpzReader:
     notes: tuple[str, ...] = ()
 
     def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-        try:
-            size = os.fstat(self._f.fileno()).st_size
+        with opened_for_reader(path) as (self._f, size):
             self._zf = zips.open_checked(self._f, label, limit, size, explicit, what=".npz (zip) file")
             self._infos = self._zf.infolist()
             self.entries = []
@@ -108,9 +106,6 @@ class NpzReader:
                 with self._member(len(self.entries), label) as m:
                     shape, _, dtype = _npy_header(m, f"{label}[{key}]")
                 self.entries.append((key, record_dtype(dtype, f"{label}[{key}]"), shape))
-        except BaseException:
-            self._f.close()
-            raise
         self._label = label
 
     def _member(self, i: int, label: str) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 
 from mucsc.tensorfiles._common import (
     _MAX_RANK, Format, Loaded, TensorFileError, _is_torch, _native, _readinto_exact,
+    opened_for_reader,
 )
 from mucsc.tensorfiles.pt import _torch, _torch_to_numpy
 
@@ -108,14 +109,9 @@ class Reader:
     notes: tuple[str, ...] = ()
 
     def __init__(self, path: str, label: str, limit: float = math.inf, explicit: bool = False) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-        try:
-            size = os.fstat(self._f.fileno()).st_size
+        with opened_for_reader(path) as (self._f, size):
             found, _, self.metadata = _read_header(self._f, label, size)
             self._start = self._f.tell()
-        except BaseException:
-            self._f.close()
-            raise
         self._label = label
         self._spans = [(dt, shape, b, e) for _, dt, shape, (b, e) in found]
         self.entries = [(key, "bfloat16" if dt == "BF16" else np.dtype(_ST_DTYPES[dt]).name, shape)
