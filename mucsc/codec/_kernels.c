@@ -2214,6 +2214,59 @@ done:
     return res;
 }
 
+/* ---- the realised error of a lookup decode (numpy twin: mucsc.codec.kernels.lookup_error) -------
+ * For a decode that is tables[r][ids] (a clustering's levels), acc[0][j] += x^2 and acc[1 + r][j] +=
+ * (tables[r][id] - x)^2 over element i of x in order, column j = i % 8: the accumulators of
+ * kernels.dot, carried in and out (acc: (1 + rows) * 8 float64), so a caller going chunk by chunk
+ * gets the same sums as one call, and the twin's cumulative sums the same float64 operations. */
+
+PyDoc_STRVAR(lookup_error_doc,
+"lookup_error(x f32|f64, ids u8|u16, tables f64 (rows, k), acc f64 ((1 + rows) * 8)) -> None\n\n"
+"acc[0..7] += x^2 and acc[8 (1 + r) ..] += (tables[r, ids] - x)^2 in kernels.dot's 8 columns, element\n"
+"i in column i % 8.  ValueError when an id is >= k.  GIL released.");
+
+static PyObject *py_lookup_error(PyObject *self, PyObject *args)
+{
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Py_buffer b[4];
+    const char *names[4] = {"x", "ids", "tables", "acc"};
+    for (int i = 0; i < 4; i++)
+        if (get_buf(o[i], &b[i], i == 3, names[i]) < 0) { release_bufs(b, i); return NULL; }
+    PyObject *res = NULL;
+    int xk = float_kind(&b[0]);
+    Py_ssize_t n = xk ? b[0].len / xk : 0, isz = b[1].itemsize, A = b[3].len / 64;
+    Py_ssize_t rows = A - 1, k = rows > 0 ? b[2].len / 8 / rows : 0;
+    if (!xk || (isz != 1 && isz != 2) || b[1].len != n * isz || float_kind(&b[2]) != 8 || float_kind(&b[3]) != 8
+        || b[3].len % 64 || rows < 1 || rows > 8 || k < 1 || b[2].len != rows * k * 8) {
+        PyErr_SetString(PyExc_ValueError, "lookup_error: bad arguments");
+        goto done;
+    }
+    {
+        const double *tab = (const double *)b[2].buf;
+        double *acc = (double *)b[3].buf;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            double v = xk == 4 ? (double)((const float *)b[0].buf)[i] : ((const double *)b[0].buf)[i];
+            Py_ssize_t id = isz == 1 ? ((const uint8_t *)b[1].buf)[i] : ((const uint16_t *)b[1].buf)[i];
+            int j = (int)(i & 7);
+            if (id >= k) { bad = 1; break; }
+            acc[j] += v * v;
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                double d = tab[r * k + id] - v;
+                acc[8 * (r + 1) + j] += d * d;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "lookup_error: an id is out of range");
+        else { Py_INCREF(Py_None); res = Py_None; }
+    }
+done:
+    release_bufs(b, 4);
+    return res;
+}
+
 /* ---- nearest-level assignment (spec/FORMAT.md 4.3.1; numpy twin: kernels.nearest) --------------
  * ids[m] = the number of boundaries t_k with x[m] > t_k (float64 comparisons: ties go to the lower
  * level; NaN, which numpy's searchsorted sorts last, to the top level), found from a table of
@@ -2893,6 +2946,7 @@ static PyMethodDef methods[] = {
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {"dot", py_dot, METH_VARARGS, dot_doc},
+    {"lookup_error", py_lookup_error, METH_VARARGS, lookup_error_doc},
     {"nearest", py_nearest, METH_VARARGS, nearest_doc},
     {"varints", py_varints, METH_VARARGS, varints_doc},
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},

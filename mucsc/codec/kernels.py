@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot", "nearest"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot", "lookup_error", "nearest"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -97,6 +97,39 @@ def dot(a, b) -> float:
     np.multiply(a, b, out=p[: a.size])
     # column sums in row order: cumsum adds strictly in sequence (a reduction could go pairwise)
     acc = np.cumsum(p.reshape(-1, 8), axis=0)[-1] if p.size else np.zeros(8)
+    return float(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])))
+
+
+def lookup_error(x: np.ndarray, ids: np.ndarray, tables: np.ndarray, acc: np.ndarray,
+                 chunk: int = 1 << 16) -> None:
+    """Add x^2 to ``acc[0]`` and (tables[r][ids] - x)^2 to ``acc[1 + r]`` (``acc``: float64, shape
+    (1 + rows, 8): :func:`dot`'s column sums, element i of this call's x in column i % 8, so calls
+    over consecutive pieces of a multiple of 8 elements give the sums of one call; :func:`dot_total`
+    ends them).  The
+    realised error of a decode that is a table lookup (``EncodedGroup.lookup``) without the decode:
+    one pass, no float64 copy (the numpy twin: the same float64 operations ``chunk`` at a time)."""
+    x = np.ascontiguousarray(x).reshape(-1)
+    ids = np.ascontiguousarray(ids).reshape(-1)
+    tables = np.ascontiguousarray(tables, np.float64)
+    if tables.ndim != 2 or acc.shape != (tables.shape[0] + 1, 8) or ids.size != x.size:
+        raise ValueError("lookup_error: bad arguments")
+    if use_c() and x.dtype in (np.float32, np.float64) and ids.dtype in (np.uint8, np.uint16):
+        _c.lookup_error(x, ids, tables, acc.reshape(-1))
+        return
+    if ids.size and int(ids.max()) >= tables.shape[1]:
+        raise ValueError("lookup_error: an id is out of range")
+    for a in range(0, x.size, chunk):
+        xc = x[a: a + chunk].astype(np.float64)
+        vals = [xc * xc] + [(t[ids[a: a + chunk]] - xc) ** 2 for t in tables]
+        for r, v in enumerate(vals):
+            p = np.zeros(-(-v.size // 8) * 8)
+            p[: v.size] = v
+            # column sums carried on in row order (cumsum adds in sequence from the carried row)
+            acc[r] = np.cumsum(np.vstack([acc[r][None], p.reshape(-1, 8)]), axis=0)[-1]
+
+
+def dot_total(acc: np.ndarray) -> float:
+    """:func:`dot`'s fixed tree over its 8 column sums."""
     return float(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])))
 
 

@@ -18,12 +18,12 @@ import numpy as np
 
 from mucsc.codec.wire import auth
 from mucsc.codec.wire import container as fmt
-from mucsc.codec import kernels, parallel
+from mucsc.codec import parallel
 from mucsc.codec.wire.auth import AuthSummary, Keys
 from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
 from mucsc.codec.backends import torch_backend
-from mucsc.codec.api.policy import Planned, Policy, decode_encoded
+from mucsc.codec.api.policy import Planned, Policy, measure
 from mucsc.codec.backends.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 from mucsc.optional import require_torch
@@ -462,10 +462,10 @@ def _resolve_plan(plan, tensors, codec, container, meta, seed, level, auth_bytes
     xs = [_host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0]) for gi in mine]
     done: dict[int, EncodedGroup] = {}  # groups the planner already encoded as chosen
     chosen = ratecontrol.plan(codec, xs, ctx, done)
-    del xs
     if chosen is None:
         return plan, ready
-    ready.update({mine[i]: enc for i, enc in done.items()})
+    ready.update({mine[i]: _held(chosen[i], enc, xs[i], len(plan[mine[i]][1])) for i, enc in done.items()})
+    del xs
     if len(chosen) != len(mine):
         raise RuntimeError(f"codec {codec.name!r} planned {len(chosen)} groups, expected {len(mine)}")
     plan = list(plan)
@@ -489,10 +489,20 @@ def _encode_budget(plan, mine, tensors, codec, ctx, seed, ready):
     plan = list(plan)
     for k, gi in enumerate(mine):
         x = _host(_group_vector(codec, [tensors[i] for i in plan[gi][1]])[0])
-        c, ready[gi] = budget.encode(k, x, lambda gi=gi: _group_rng(seed, gi))
+        c, enc = budget.encode(k, x, lambda gi=gi: _group_rng(seed, gi))
+        ready[gi] = _held(c, enc, x, len(plan[gi][1]))
         plan[gi] = (c, plan[gi][1])
         del x
     return plan, ready
+
+
+def _held(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: int) -> EncodedGroup:
+    """An encoding held until the message is written, without its lookup (the IDs: a byte or two per
+    element of every held group); a group of one tensor is measured first (what the report needs)."""
+    if enc.lookup is None:
+        return enc
+    measured = measure(codec, enc, x)[0][:2] if members == 1 else enc.measured
+    return dataclasses.replace(enc, lookup=None, measured=measured)
 
 
 def _group_dtype(codec: Codec, members: list[Tensor]) -> str:
@@ -504,31 +514,19 @@ def _group_dtype(codec: Codec, members: list[Tensor]) -> str:
 
 def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: tuple[int, ...],
                    tensors: list[Tensor]) -> dict[int, tuple[float | None, float]]:
-    """Per record of a group: (||decode - x|| / ||x||, ||decode - x||), measured by decoding the group
-    from its sections as the receiver will (lossless groups: exactly 0)."""
+    """Per record of a group: (||decode - x|| / ||x||, ||decode - x||): as the policy measured it, or
+    measured now (:func:`~mucsc.codec.api.policy.measure`: from the encoding's lookup, else by
+    decoding the group from its sections as the receiver will; lossless groups: exactly 0)."""
     if codec.lossless:
         return {i: (0.0, 0.0) for i in members}
-    x = _host(x)  # a group encoded on a device is measured on the host
-    y = decode_encoded(codec, enc, x.size, x.dtype)
-    out, offset = {}, 0
-    for i in members:
-        n = tensors[i].size
-        xs, ys = x[offset: offset + n], y[offset: offset + n]
-        offset += n
-        norm, err = _norms(xs, ys)
-        out[i] = ((0.0 if err == 0 else None) if norm == 0 else err / norm, err)
-    return out
-
-
-def _norms(x: np.ndarray, y: np.ndarray, chunk: int = 1 << 20) -> tuple[float, float]:
-    """(||x||, ||y - x||) in float64, a chunk at a time (no full-size float64 temporaries)."""
-    nx = ne = 0.0
-    for a in range(0, x.size, chunk):
-        xc = x[a: a + chunk].astype(np.float64)
-        d = y[a: a + chunk] - xc
-        nx += kernels.dot(xc, xc)
-        ne += kernels.dot(d, d)
-    return math.sqrt(nx), math.sqrt(ne)
+    if enc.measured is not None and len(members) == 1:  # measured when the policy checked its bound
+        found = [enc.measured]
+    else:
+        x = _host(x)  # a group encoded on a device is measured on the host
+        ends = np.cumsum([0] + [tensors[i].size for i in members]).tolist()
+        found = [m[:2] for m in measure(codec, enc, x, list(zip(ends[:-1], ends[1:])))]
+    return {i: ((0.0 if err == 0 else None) if norm == 0 else err / norm, err)
+            for i, (norm, err) in zip(members, found)}
 
 
 def _minor_needed(header: fmt.Header) -> int:

@@ -81,6 +81,15 @@ class EncodedGroup:
     # parameters this encoding settled that the codec's own left open (a goal's z, an "auto"
     # choice), named as the codec's parameters; never sent: reports show what was used
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # (table, ids) when the decode is a table lookup: ``decode_array`` returns ``table[ids]`` (the
+    # table in the encoded vector's dtype), kept by the encoder (a clustering's wire levels and IDs)
+    # so that whoever measures the realised error ||decode - x|| reads it chunk by chunk instead of
+    # decoding the sections (a full-size decode beside x; the rANS decode cost as much as the encode).
+    # Never sent; None when the encoder kept nothing (IDs on a device, other codecs): decode.
+    lookup: tuple[np.ndarray, np.ndarray] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # (||x||, ||decode - x||) once measured (the policy measures its error bound on the encoding it
+    # keeps), so the report need not measure again; the lookup is dropped then (it holds the IDs)
+    measured: tuple[float, float] | None = None
 
 
 class Codec(ABC):

@@ -203,10 +203,24 @@ def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     Given ``levels`` (a goal's choice, planned on the host) the host path encodes it; so is nearest
     rounding.  ``host``: a torch ``x``'s values already on the host (nothing more is copied for the
     solver)."""
+    return encode_clusters_kept(x, p, rng, levels, coding, estimate, levels_by, cache, host)[:3]
+
+
+def encode_clusters_kept(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
+                         levels: np.ndarray | None = None, coding: str | None = None,
+                         estimate: bool = False, levels_by: str = "ecsq", cache: dict | None = None,
+                         host: np.ndarray | None = None) -> tuple[dict, tuple, Any, tuple | None]:
+    """:func:`encode_clusters` and the lookup its decode is (``EncodedGroup.lookup``): (the wire
+    levels as ``x``'s dtype, the IDs), None when the IDs live on a device."""
     if (levels is not None or rounding_of(p) != "stochastic") and torch_backend.is_torch(x):
         x = x.cpu().numpy() if host is None else host
     wire, ids, J = round_clusters(x, p, rng, levels, cache, host)
-    return cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
+    params, sections, J = cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
+    lookup = None
+    if isinstance(ids, np.ndarray) and isinstance(x, np.ndarray) and ids.size == x.size:
+        # what decode_clusters looks the IDs up in: the CENT section's values as the decoded dtype
+        lookup = (np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]).astype(x.dtype), ids)
+    return params, sections, J, lookup
 
 
 def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,

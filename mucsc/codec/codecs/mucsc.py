@@ -26,7 +26,7 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
                                          GoalTarget, check_id_coding, check_levels, cluster_resolved,
                                          cluster_section_sizes,
-                                         cluster_accumulator, decode_clusters, decode_clusters_torch, encode_clusters,
+                                         cluster_accumulator, decode_clusters, decode_clusters_torch, encode_clusters_kept,
                                          format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids, levels_floor
@@ -214,9 +214,9 @@ class Mucsc(Codec):
             grid = dithered.Grid(*grid) if grid else dithered.fixed_grid(x, codec.params.fixed_z)
             params, sections, J = dithered.encode(x, rng, grid)
             return EncodedGroup(params, sections, {"J": J})
-        params, sections, J = encode_clusters(x, codec.params, rng, given_levels(codec.params),
-                                              levels_by=codec.params.levels_by)
-        return EncodedGroup(params, sections, {"J": J}, cluster_resolved(params))
+        params, sections, J, lookup = encode_clusters_kept(x, codec.params, rng, given_levels(codec.params),
+                                                           levels_by=codec.params.levels_by)
+        return EncodedGroup(params, sections, {"J": J}, cluster_resolved(params), lookup)
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
