@@ -395,13 +395,21 @@ class _NormedSource:
         value = self._reader.read(i)
         dtype = self.entries[i][1]
         if i not in self._seen and dtype.startswith(("float", "bfloat")):
-            flat = value if dtype != "bfloat16" or not isinstance(value, np.ndarray) else (
-                (value.astype(np.uint32) << 16).view(np.float32))
-            n2 = squared_norm({"": flat})
+            n2 = _squared_norm(value, dtype)
             with self._lock:
                 self._seen.add(i)
                 self.norm2 += n2
         return value
+
+
+def _squared_norm(value: Any, dtype: str) -> float:
+    """:func:`squared_norm` of one tensor; bfloat16 bit patterns widened a chunk at a time (the whole
+    tensor widened at once was a float32 copy of the largest one)."""
+    if dtype != "bfloat16" or not isinstance(value, np.ndarray):
+        return squared_norm({"": value})
+    flat, chunk = value.reshape(-1), 1 << 16
+    return sum(squared_norm({"": (flat[a: a + chunk].astype(np.uint32) << 16).view(np.float32)})
+               for a in range(0, flat.size, chunk))
 
 
 def _check_compress_paths(input: str, base: str | None, out: str, force: bool, as_json: bool) -> None:

@@ -963,9 +963,29 @@ done:
 #define RANS_L (1u << 23)
 
 static const char rans_encode_doc[] =
-    "rans_encode(ids u32, f u32, cum u32, S, W, out u8, lengths i64): lane j of W codes ids j, j+W, ...\n"
+    "rans_encode(ids u8|u16|u32, f u32, cum u32, S, W, out u8, lengths i64): lane j of W codes ids j, j+W, ...\n"
     "backwards into out[j*cap:(j+1)*cap] (cap = len(out) // W) from its end; lengths[j] = bytes used.\n"
     "Every id must have f > 0. Returns 0, or -1 if a lane ran out of room.";
+
+/* One symbol's division-free encoding step (ryg_rans' reciprocal, exact for states below 2^31, which
+ * RANS_L = 2^23 and 8-bit renormalisation keep them): ((x / f) << S) + x % f + cum computed as
+ * x + bias + q * (2^S - f) with q = floor(x / f) from a multiply and shifts. */
+typedef struct { uint32_t xmax, rcp, shift, bias, cmpl; } rans_sym;
+
+static void rans_sym_init(rans_sym *r, uint32_t f, uint32_t cum, int S)
+{
+    r->xmax = ((RANS_L >> S) << 8) * f;
+    r->cmpl = (1u << S) - f;
+    if (f < 2) {  /* f == 1: q = x - 1, and x + cum + 2^S - 1 + (x - 1)(2^S - 1) = (x << S) + cum */
+        r->rcp = ~0u; r->shift = 0; r->bias = cum + (1u << S) - 1;
+    } else {
+        uint32_t shift = 0;
+        while (f > (1u << shift)) shift++;
+        r->rcp = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+        r->shift = shift - 1;
+        r->bias = cum;
+    }
+}
 
 static PyObject *py_rans_encode(PyObject *self, PyObject *args)
 {
@@ -981,46 +1001,56 @@ static PyObject *py_rans_encode(PyObject *self, PyObject *args)
         PyBuffer_Release(&ib); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); return NULL;
     }
     PyObject *res = NULL;
-    if (W < 1 || W > 64 || S < 1 || S > 22 || ib.itemsize != 4 || fb.itemsize != 4 || cb.itemsize != 4
-        || lb.itemsize != 8 || lb.len / 8 != W || fb.len != cb.len) {
+    rans_sym *sym = NULL;
+    Py_ssize_t isz = ib.itemsize;
+    if (W < 1 || W > 64 || S < 1 || S > 22 || (isz != 1 && isz != 2 && isz != 4) || fb.itemsize != 4
+        || cb.itemsize != 4 || lb.itemsize != 8 || lb.len / 8 != W || fb.len != cb.len) {
         PyErr_SetString(PyExc_ValueError, "rans_encode: bad arguments");
         goto done;
     }
     {
-        const uint32_t *ids = (const uint32_t *)ib.buf, *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
+        const uint32_t *f = (const uint32_t *)fb.buf, *cum = (const uint32_t *)cb.buf;
         uint8_t *out = (uint8_t *)ob.buf;
         int64_t *lens = (int64_t *)lb.buf;
-        Py_ssize_t n = ib.len / 4, k = fb.len / 4, cap = ob.len / W;
+        Py_ssize_t n = ib.len / isz, k = fb.len / 4, cap = ob.len / W;
         uint32_t x[64];
         Py_ssize_t ptr[64], lim[64];
         int err = 0;
+        sym = (rans_sym *)PyMem_RawMalloc((size_t)(k ? k : 1) * sizeof(rans_sym));
+        if (!sym) { PyErr_NoMemory(); goto done; }
         Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < k; s++) rans_sym_init(&sym[s], f[s], cum[s], S);
         for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = (Py_ssize_t)(j + 1) * cap; lim[j] = (Py_ssize_t)j * cap; }
-        for (Py_ssize_t i = n - 1; i >= 0 && !err; i--) {
-            int j = (int)(i % W);
-            uint32_t s = ids[i];
+        int j = n ? (int)((n - 1) % W) : 0;
+        for (Py_ssize_t i = n - 1; i >= 0; i--) {
+            uint32_t s = isz == 1 ? ((const uint8_t *)ib.buf)[i]
+                       : isz == 2 ? ((const uint16_t *)ib.buf)[i] : ((const uint32_t *)ib.buf)[i];
             if ((Py_ssize_t)s >= k || f[s] == 0) { err = -2; break; }
-            uint32_t fs = f[s], xs = x[j];
-            uint32_t xmax = ((RANS_L >> S) << 8) * fs;
-            while (xs >= xmax) {
+            const rans_sym *r = &sym[s];
+            uint32_t xs = x[j];
+            while (xs >= r->xmax) {
                 if (ptr[j] <= lim[j]) { err = -1; break; }
                 out[--ptr[j]] = (uint8_t)(xs & 0xff);
                 xs >>= 8;
             }
-            x[j] = ((xs / fs) << S) + (xs % fs) + cum[s];
+            if (err) break;
+            uint32_t q = (uint32_t)(((uint64_t)xs * r->rcp) >> 32) >> r->shift;
+            x[j] = xs + r->bias + q * r->cmpl;
+            j = j ? j - 1 : W - 1;
         }
-        for (int j = 0; j < W && !err; j++) {
-            if (ptr[j] - 4 < lim[j]) { err = -1; break; }
-            ptr[j] -= 4;
-            out[ptr[j]] = (uint8_t)x[j]; out[ptr[j] + 1] = (uint8_t)(x[j] >> 8);
-            out[ptr[j] + 2] = (uint8_t)(x[j] >> 16); out[ptr[j] + 3] = (uint8_t)(x[j] >> 24);
-            lens[j] = (int64_t)((Py_ssize_t)(j + 1) * cap - ptr[j]);
+        for (int l = 0; l < W && !err; l++) {
+            if (ptr[l] - 4 < lim[l]) { err = -1; break; }
+            ptr[l] -= 4;
+            out[ptr[l]] = (uint8_t)x[l]; out[ptr[l] + 1] = (uint8_t)(x[l] >> 8);
+            out[ptr[l] + 2] = (uint8_t)(x[l] >> 16); out[ptr[l] + 3] = (uint8_t)(x[l] >> 24);
+            lens[l] = (int64_t)((Py_ssize_t)(l + 1) * cap - ptr[l]);
         }
         Py_END_ALLOW_THREADS
         if (err == -2) PyErr_SetString(PyExc_ValueError, "rans_encode: an id has no frequency");
         else res = PyLong_FromLong(err);
     }
 done:
+    PyMem_RawFree(sym);
     PyBuffer_Release(&ib); PyBuffer_Release(&fb); PyBuffer_Release(&cb); PyBuffer_Release(&ob); PyBuffer_Release(&lb);
     return res;
 }

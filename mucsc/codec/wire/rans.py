@@ -181,7 +181,7 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
     """The IDSA payload for ``ids`` (values < k)."""
     ids = np.ascontiguousarray(ids).reshape(-1)
     n = ids.size
-    counts = np.bincount(ids, minlength=k) if n else np.zeros(k, np.int64)
+    counts = _counts(ids, k)
     if counts.size > k:
         raise ValueError("an id is out of range")
     S = scale_bits_for(int((counts > 0).sum())) if scale_bits is None else scale_bits
@@ -195,14 +195,25 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
         cap = 4 + 3 * T
         out = np.empty(W * cap, np.uint8)
         lens = np.zeros(W, np.int64)
-        if kernels.c_module().rans_encode(ids.astype(np.uint32), f.astype(np.uint32), cum.astype(np.uint32),
-                                          S, W, out, lens) != 0:
+        narrow = ids if ids.dtype in (np.uint8, np.uint16, np.uint32) else ids.astype(np.uint32)
+        if kernels.c_module().rans_encode(narrow, f.astype(np.uint32), cum.astype(np.uint32), S, W, out, lens) != 0:
             raise RuntimeError("rans_encode: a lane overflowed its buffer")  # cannot happen (cap bound)
         streams = [out[(j + 1) * cap - int(lens[j]): (j + 1) * cap].tobytes() for j in range(W)]
     else:
         streams = _encode_lanes(ids, f, cum, S, W)
     lengths = np.array([len(s) for s in streams], "<u4")
     return bytes([S, W]) + _varints(f) + lengths.tobytes() + b"".join(streams)
+
+
+def _counts(ids: np.ndarray, k: int) -> np.ndarray:
+    """Occurrences of each id (at least k entries; more when an id is >= k): the compiled histogram
+    for 1- and 2-byte ids (np.bincount first copies them to 8-byte integers: 8 bytes an element)."""
+    if ids.dtype in (np.uint8, np.uint16) and kernels.use_c() and ids.size:
+        counts = np.zeros(256 if ids.dtype == np.uint8 else 65536, np.int64)
+        kernels.c_module().symbol_counts(ids, counts)
+        top = int(np.flatnonzero(counts)[-1]) + 1
+        return counts[: max(k, top)]
+    return np.bincount(ids, minlength=k) if ids.size else np.zeros(k, np.int64)
 
 
 def encode_row(x: np.ndarray, fs: np.ndarray, cs: np.ndarray, act: np.ndarray, S: int, out: np.ndarray,
