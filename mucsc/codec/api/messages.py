@@ -350,9 +350,13 @@ def _encode_group(gi: int, plan: list[tuple[Codec, list[int]]], ready: dict[int,
     """Group ``gi`` encoded (or taken from ``ready``): its header entry, sections, statistics and
     its members' errors (the last two only when measuring)."""
     gcodec, members = plan[gi]
-    x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
-    x = _for_codec(gcodec, x)
-    enc: EncodedGroup = ready.pop(gi) if gi in ready else gcodec.encode_array(x, _group_rng(req.seed, gi))
+    if gi in ready:  # encoded while planning: its vector is built again only if its error is not known
+        enc: EncodedGroup = ready.pop(gi)
+        x, gdtype = None, _group_dtype(gcodec, [tensors[i] for i in members])
+    else:
+        x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
+        x = _for_codec(gcodec, x)
+        enc = gcodec.encode_array(x, _group_rng(req.seed, gi))
     secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
     if not req.want_stats:
         return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, None, {}
@@ -512,9 +516,10 @@ def _group_dtype(codec: Codec, members: list[Tensor]) -> str:
     return "float64" if any(t.dtype == "float64" for t in members) else "float32"
 
 
-def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: tuple[int, ...],
+def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray | None, members: tuple[int, ...],
                    tensors: list[Tensor]) -> dict[int, tuple[float | None, float]]:
-    """Per record of a group: (||decode - x|| / ||x||, ||decode - x||): as the policy measured it, or
+    """Per record of a group: (||decode - x|| / ||x||, ||decode - x||) (``x``: the group vector, None
+    when not built: built here if needed): as the policy measured it, or
     measured now (:func:`~mucsc.codec.api.policy.measure`: from the encoding's lookup, else by
     decoding the group from its sections as the receiver will; lossless groups: exactly 0)."""
     if codec.lossless:
@@ -522,6 +527,8 @@ def _member_errors(codec: Codec, enc: EncodedGroup, x: np.ndarray, members: tupl
     if enc.measured is not None and len(members) == 1:  # measured when the policy checked its bound
         found = [enc.measured]
     else:
+        if x is None:
+            x = _group_vector(codec, [tensors[i] for i in members])[0]
         x = _host(x)  # a group encoded on a device is measured on the host
         ends = np.cumsum([0] + [tensors[i].size for i in members]).tolist()
         found = [m[:2] for m in measure(codec, enc, x, list(zip(ends[:-1], ends[1:])))]

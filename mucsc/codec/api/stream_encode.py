@@ -51,6 +51,11 @@ __all__ = ["TensorSource", "encode_to", "streamable", "WINDOW_BYTES"]
 # thread inside its codec.  The window bounds what is held across threads: its tensors and their
 # encodings stay until the window is spooled (a window of 1M-element tensors at 64 MiB held 110 MB).
 WINDOW_BYTES = 16 << 20
+# Tensors of at least GROUP_PARALLEL_MAX elements are read and encoded side by side too, one per
+# thread, up to this many bytes (as float32) in a window: most of a large tensor's encode runs on one
+# thread (the nearest-level pass, the rANS coder), so alone it left the other cores idle.  The
+# largest tensors (an embedding of 32.8M elements: 131 MB) stay alone: the peak is not raised.
+LARGE_WINDOW_BYTES = 64 << 20
 
 
 class TensorSource(Protocol):
@@ -148,7 +153,8 @@ class _StreamWriter:
         self.count = 0  # groups numbered so far
 
     def run(self, out: Any, container: str) -> api.EncodeStats:
-        for window in _windows([r.size * 4 for r in self.records], [r.size for r in self.records]):
+        for window in _windows([r.size * 4 for r in self.records], [r.size for r in self.records],
+                               self.req.threads):
             self._window(window)
         for gi in sorted(self.pending):  # the pools, complete now
             self._emit(gi, self.pending.pop(gi), self.held)
@@ -234,24 +240,21 @@ class _StreamWriter:
                                tuple(tstats))
 
 
-def _windows(nbytes: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
-    """Consecutive tensor indices in windows: small tensors together up to WINDOW_BYTES, a tensor of
-    at least GROUP_PARALLEL_MAX elements alone (its codec uses every thread)."""
+def _windows(nbytes: Sequence[int], sizes: Sequence[int], threads: int = 1) -> list[list[int]]:
+    """Consecutive tensor indices in windows: small tensors together up to WINDOW_BYTES; tensors of
+    at least GROUP_PARALLEL_MAX elements together up to ``threads`` of them and LARGE_WINDOW_BYTES
+    (alone when one thread, or when larger: then its codec uses every thread)."""
     out: list[list[int]] = []
     cur: list[int] = []
-    held = 0
+    held, large = 0, False
     for i, (b, n) in enumerate(zip(nbytes, sizes)):
-        if n >= parallel.GROUP_PARALLEL_MAX:
-            if cur:
-                out.append(cur)
-            out.append([i])
-            cur, held = [], 0
-            continue
-        if cur and held + b > WINDOW_BYTES:
+        big = n >= parallel.GROUP_PARALLEL_MAX
+        cap, most = (LARGE_WINDOW_BYTES, threads) if big else (WINDOW_BYTES, len(nbytes))
+        if cur and (big != large or held + b > cap or len(cur) >= most):
             out.append(cur)
             cur, held = [], 0
         cur.append(i)
-        held += b
+        held, large = held + b, big
     if cur:
         out.append(cur)
     return out
