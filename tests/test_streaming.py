@@ -154,7 +154,8 @@ def test_open_get_tensor_reads_one_group(tmp_path, monkeypatch):
 
     decoded = []
     real = messages._decode_group
-    monkeypatch.setattr(messages, "_decode_group", lambda m, gi, g, *a: decoded.append(gi) or real(m, gi, g, *a))
+    monkeypatch.setattr(messages, "_decode_group",
+                        lambda m, gi, g, *a, **k: decoded.append(gi) or real(m, gi, g, *a, **k))
     with mucsc.open(msg) as f:
         assert f.keys() == list(x)
         assert f.metadata() == {}

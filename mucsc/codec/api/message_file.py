@@ -64,11 +64,17 @@ class MessageFile:
 
         return api.summarize(self.msg, auth.summary(self.msg.auth, verified=False) if self.msg.auth else None)
 
-    def decode_group(self, gi: int, *, threads: int = 1) -> np.ndarray:
-        """Group ``gi``'s flat vector (threads inside the codec; the result never depends on them)."""
+    def decode_group(self, gi: int, *, threads: int = 1, bfloat16_bits: bool = False) -> np.ndarray:
+        """Group ``gi``'s flat vector (threads inside the codec; the result never depends on them).
+        ``bfloat16_bits``: when every record of a lossy group is bfloat16, its values come as the
+        records keep them, rounded to bfloat16 bit patterns (uint16; :func:`record_values` takes them
+        as they are), the rounding applied to the codec's lookup table where its decode is one: no
+        float32 vector and no pass over it."""
+        group = self.header.groups[gi]
+        bits = bfloat16_bits and all(self.header.records[ri].dtype == "bfloat16" for ri in group.records)
         try:
             with parallel.using(threads):
-                return api._decode_group(self.msg, gi, self.header.groups[gi])
+                return api._decode_group(self.msg, gi, group, table_map=_to_bf16 if bits else None)
         except MemoryError:
             raise LimitError("out of memory while decoding: the group decodes to more than this machine "
                              "can hold") from None
@@ -109,7 +115,8 @@ class MessageFile:
         gi = groups[g]
         def work() -> dict[int, Any]:
             with parallel.using(threads):  # the bfloat16 rounding of the split too
-                return dict(self._split(gi, self.decode_group(gi, threads=threads), wanted, bfloat16))
+                return dict(self._split(gi, self.decode_group(gi, threads=threads, bfloat16_bits=True), wanted,
+                                        bfloat16))
 
         return pool.submit(work)
 
@@ -137,8 +144,8 @@ def record_values(part: np.ndarray, rec: fmt.Record, lossless: bool, bfloat16: s
     """A record's slice of its group's vector in the record's dtype and shape (see
     :meth:`MessageFile.records` for ``bfloat16``); a lossless group carries bfloat16 as its bits."""
     torch = bfloat16 == "torch"
-    if rec.dtype == "bfloat16":
-        bits = part.view(np.uint16) if lossless else bf16_bits(saturate(part, "bfloat16"))
+    if rec.dtype == "bfloat16":  # a lossless group's bits, a lossy group's values or their bits already
+        bits = part.view(np.uint16) if lossless or part.dtype == np.uint16 else _to_bf16(part)
         if bfloat16 == "bits":
             return bits.reshape(rec.shape)
         wide = (bits.astype(np.uint32) << 16).view(np.float32).reshape(rec.shape)
@@ -147,6 +154,11 @@ def record_values(part: np.ndarray, rec: fmt.Record, lossless: bool, bfloat16: s
         t = require_torch(AS_TORCH)
         return t.from_numpy(bits.view(np.int16).reshape(rec.shape).copy()).view(t.bfloat16)
     return from_record(part, rec.dtype, rec.shape, torch)
+
+
+def _to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values as a bfloat16 record stores them: saturated, rounded, as uint16 bit patterns."""
+    return bf16_bits(saturate(values, "bfloat16"))
 
 
 class CheckpointFile:
@@ -207,7 +219,7 @@ class CheckpointFile:
             flat = self._cached[1]
         else:
             self._cached = None
-            flat = self._file.decode_group(gi, threads=self._threads)
+            flat = self._file.decode_group(gi, threads=self._threads, bfloat16_bits=True)
             if len(self._file.header.groups[gi].records) > 1:
                 self._cached = (gi, flat)
         group = self._file.header.groups[gi]

@@ -847,12 +847,19 @@ def _decode_dtype(msg: fmt.Message, gi: int, group: fmt.Group, cls: type[Codec])
     return np.dtype("<u2") if group.dtype == "bfloat16" else np.dtype(group.dtype).newbyteorder("<")
 
 
-def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
+def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None,
+                  table_map: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """Group ``gi`` decoded (on ``device`` when given and the codec can); ``table_map``: an
+    elementwise map of a lossy group's values, applied to its lookup table where the codec's decode
+    is one (``Codec.decode_mapped``), else to the decoded vector."""
     cls, n, dtype, sections = open_group(msg, gi, group)
     on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
     with malformed_as_format_error(gi, group):
         if on_device:
             flat = cls.decode_torch(n, group.params, sections, dtype, device)
+        elif table_map is not None and not cls.lossless:
+            flat = cls.decode_mapped(n, group.params, sections, dtype, table_map)
+            flat = table_map(cls.decode_array(n, group.params, sections, dtype)) if flat is None else flat
         else:
             flat = cls.decode_array(n, group.params, sections, dtype)
     if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):

@@ -246,6 +246,15 @@ class Codec(ABC):
         """Rebuild the length-``n`` vector of ``dtype`` from header ``params`` and raw ``sections``."""
 
     @classmethod
+    def decode_mapped(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                      dtype: np.dtype, table_map: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+        """``table_map(decode_array(...))`` for an elementwise ``table_map`` (a record's bfloat16
+        rounding), read and checked as :meth:`decode_array` reads them, when the decode is a table
+        lookup: the map then runs on the table, not on the ``n`` values, and no vector of ``dtype`` is
+        made.  None (the default) when it is not: the caller maps :meth:`decode_array`'s values."""
+        return None
+
+    @classmethod
     def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
         """For a server's running sum (:class:`mucsc.Aggregator`): read and check the group as

@@ -416,27 +416,32 @@ def format_minor(params: Mapping[str, Any]) -> int:
 
 
 def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                    dtype: np.dtype) -> np.ndarray:
-    """Inverse of :func:`encode_clusters`, validating the untrusted header and sections."""
+                    dtype: np.dtype, table_map: Callable[[np.ndarray], np.ndarray] | None = None
+                    ) -> np.ndarray | None:
+    """Inverse of :func:`encode_clusters`, validating the untrusted header and sections.
+    ``table_map``: an elementwise map applied to the table the IDs look up (the centroids as
+    ``dtype``), so the values come back mapped (``Codec.decode_mapped``); None then for a dithered
+    group (no table)."""
     if params.get("rounding") == "dithered":  # format 1.2: a dithered grid, no centroids
-        return dithered.decode(n, params, sections, dtype)
+        return dithered.decode(n, params, sections, dtype) if table_map is None else None
     cent, width, payload = _cluster_sections(n, params, sections, stream=True)
     k = cent.size
+    table = cent.astype(dtype) if table_map is None else np.ascontiguousarray(table_map(cent.astype(dtype)))
     if width == "lanes":  # format 1.2: values straight from the decoder, else symbols unpacked as IDS_ is
-        out = lanes.decode_values(payload, n, k, cent.astype(dtype))
+        out = lanes.decode_values(payload, n, k, table)
         if out is not None:
             return out
         sym, w = lanes.decode_symbols(payload, n, k)
         if w == lanes.WIDE:  # one symbol per ID, from a table of k symbols: ids < k
-            return quantize.dequantize(sym, cent, dtype, check=False)
+            return quantize.dequantize(sym, table, table.dtype, check=False)
         width, payload = w, sym
     elif width is None:  # format 1.1: every ID comes from a table of k symbols, so ids < k
-        return _decode_rans(payload, n, cent, dtype)
+        return _decode_rans(payload, n, table, table.dtype)
     if n == 0:
-        return np.zeros(0, dtype)
+        return np.zeros(0, table.dtype)
     # fixed-width IDs (length checked): unpacked chunk by chunk on parallel.current() threads, each
     # checked against k
-    return parallel.unpack_take(payload, width, n, cent.astype(dtype),
+    return parallel.unpack_take(payload, width, n, table,
                                 lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
 
 

@@ -224,6 +224,11 @@ class Mucsc(Codec):
         return decode_clusters(n, params, sections, dtype)
 
     @classmethod
+    def decode_mapped(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                      dtype: np.dtype, table_map: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+        return decode_clusters(n, params, sections, dtype, table_map)
+
+    @classmethod
     def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
         return cluster_accumulator(n, params, sections, dtype)
