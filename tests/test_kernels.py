@@ -433,6 +433,32 @@ def test_nearest_kernel_is_numpys(monkeypatch, chunk):
 
 
 @needs_c
+@pytest.mark.parametrize("n", [0, 5, 8, 1000, 70_003])
+def test_lookup_error_kernel_is_numpys(monkeypatch, n):
+    """The realised error of a lookup decode: the compiled pass and the numpy twin add the same float64
+    terms in the same order (dot's 8 columns, carried across calls), and equal the sums of the decode."""
+    rng = np.random.default_rng(n)
+    for xdt, idt, k in ((np.float32, np.uint8, 7), (np.float64, np.uint16, 300)):
+        x = rng.standard_t(4, n).astype(xdt)
+        ids = rng.integers(0, k, n).astype(idt)
+        tables = np.sort(rng.normal(size=(2, k)), axis=1).astype(xdt).astype(np.float64)
+
+        def sums():
+            acc = np.zeros((3, 8))
+            for a, b in ((0, n // 16 * 8), (n // 16 * 8, n)):  # two calls, the first a multiple of 8
+                kernels.lookup_error(x[a:b], ids[a:b], tables, acc)
+            return [kernels.dot_total(r) for r in acc]
+
+        c, py = both(monkeypatch, sums)
+        assert c == py
+        xd = x.astype(np.float64)
+        want = [float(xd @ xd)] + [float(np.sum((t[ids] - xd) ** 2)) for t in tables]
+        assert c == pytest.approx(want, rel=1e-12, abs=1e-300)
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.lookup_error(np.ones(4, np.float32), np.array([0, 1, 2, 3], np.uint8), np.zeros((1, 3)),
+                             np.zeros((2, 8)))
+
+
 def test_nearest_kernel_validates_buffers():
     m = kernels.c_module()
     x = np.zeros(4, np.float32)

@@ -312,6 +312,51 @@ class _Dict:
         return list(self.tensors.values())[i]
 
 
+@pytest.mark.parametrize("how", ["policy", "shared", "dithered"])
+def test_reported_errors_are_those_of_the_decoded_tensors(how):
+    """encode's per-tensor errors are read from the encoder's own IDs and levels (EncodedGroup.lookup),
+    not from a decode: they must still be each decoded tensor's true ||decode - x|| / ||x||.  Streamed
+    per-tensor groups (bfloat16 records as their bits: the error before the record's rounding, as
+    mucsc.decode returns it), a shared group of several tensors, and a decode that is no lookup."""
+    x = model(3, rows=400)
+    floats = [k for k, v in x.items() if v.dtype == np.float32 and v.any()]
+    if how == "policy":
+        src = _Dict({k: bf16_bits(v) if k in BF16 else v for k, v in x.items()})
+        src.entries = [(k, "bfloat16" if k in BF16 else d, s) for k, d, s in src.entries]
+        out = io.BytesIO()
+        stats = mucsc.encode_to(out, src, mucsc.get_codec("mucsc", rounding="nearest"),
+                                policy=mucsc.Policy(max_error=0.01))
+        blob = out.getvalue()
+    else:
+        codec = mucsc.get_codec("mucsc", z=16, **({"rounding": "dithered"} if how == "dithered" else {}))
+        blob, stats = mucsc.encode_with_stats({k: x[k] for k in floats}, codec, shared=how == "shared")
+    got = mucsc.decode(blob)
+    coded = [t for t in stats.tensors if t.codec == "mucsc"]
+    assert len(coded) >= (3 if how == "policy" else len(floats))
+    for t in coded:
+        v = x[t.name].astype(np.float64).ravel()
+        err = float(np.linalg.norm(np.asarray(got[t.name], np.float64).ravel() - v))
+        assert err > 0 and t.abs_error == pytest.approx(err, rel=1e-9), t.name
+        assert t.rel_error == pytest.approx(err / float(np.linalg.norm(v)), rel=1e-9), t.name
+
+
+def test_bfloat16_groups_decode_to_their_rounded_bits(tmp_path):
+    """mucsc.open / decompress round a bfloat16 group on the codec's table (Codec.decode_mapped): the
+    same bits as rounding the decoded float32 values, for each ID coding (packed, rANS, lanes)."""
+    x = model(4, rows=3000)
+    src = _Dict({k: bf16_bits(x[k]) for k in BF16})
+    src.entries = [(k, "bfloat16", s) for k, _, s in src.entries]
+    for coding in ("packed", "rans", "lanes"):
+        path = tmp_path / f"{coding}.mucsc"
+        with open(path, "wb") as f:
+            mucsc.encode_to(f, src, mucsc.get_codec("mucsc", z=16, id_coding=coding), policy=mucsc.Policy())
+        full = mucsc.decode(path.read_bytes())  # bfloat16 records: float32 before the rounding
+        with mucsc.open(path) as f:
+            for k in BF16:
+                want = (bf16_bits(full[k]).astype(np.uint32) << 16).view(np.float32)
+                assert np.array_equal(f.get_tensor(k), want), (coding, k)
+
+
 def test_budget_hook_two_passes():
     """The hook a budget planner plugs into: a codec with a message-wide budget is refused without
     ``choose``; a planner reads every tensor (pass 1), then ``choose`` gives each its fixed codec and
