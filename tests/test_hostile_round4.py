@@ -22,7 +22,7 @@ import pytest
 import mucsc
 from mucsc.codec import kernels
 from mucsc.codec.backends import tensors
-from mucsc.codec.codecs import _dithered, clusters
+from mucsc.codec.codecs import _dithered
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 from msgtools import peak_bytes
@@ -217,7 +217,7 @@ def test_dithered_passes_decode_the_same_values(monkeypatch, dithered_messages, 
     assert any("QESC" in {s.tag for s in mucsc.inspect(b).sections} for b in dithered_messages)
     monkeypatch.setattr(_dithered, "CHUNK", chunk if chunk > 1 else 1 << 10)
     monkeypatch.setattr(_dithered, "TABLES", 0 if chunk == 777 else _dithered.TABLES)  # tables rebuilt each pass
-    monkeypatch.setattr(clusters, "RANS_CHUNK", 333)
+    monkeypatch.setattr(rans, "VALUES_CHUNK", 333)
     for blob, want in zip(dithered_messages, whole):
         got = mucsc.decode(blob)
         assert got.tobytes() == want.tobytes()

@@ -1061,30 +1061,36 @@ static const char rans_decode_part_doc[] =
     "its state x[j] and read position p[j] (updated in place; a lane reads buf[p[j] .. ends[j])).\n"
     "tab: the slot -> id table (u16 of 2^S entries, as the caller built it once for many calls) or None\n"
     "(built here for this call). Returns 0, or 1 if a lane's stream ends before it renormalises (the\n"
-    "caller checks the final states).";
+    "caller checks the final states).  Optional values (k items of 2, 4 or 8 bytes): out, of that item\n"
+    "size, gets values[id] instead of the id (a lookup decode without an ID array).";
 
 static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
 {
-    PyObject *bo, *fo, *co, *xo, *po, *eo, *oo, *to;
+    PyObject *bo, *fo, *co, *xo, *po, *eo, *oo, *to, *vo = Py_None;
     int S, W;
     Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "OOOiiOOOnOO", &bo, &fo, &co, &S, &W, &xo, &po, &eo, &first, &oo, &to)) return NULL;
-    Py_buffer bufs[8];
+    if (!PyArg_ParseTuple(args, "OOOiiOOOnOO|O", &bo, &fo, &co, &S, &W, &xo, &po, &eo, &first, &oo, &to, &vo))
+        return NULL;
+    Py_buffer bufs[9], vb;
     PyObject *objs[8] = {bo, fo, co, xo, po, eo, oo, to};
     const char *names[8] = {"buf", "f", "cum", "x", "p", "ends", "out", "tab"};
-    int nb = to == Py_None ? 7 : 8, got = 0;
+    int nb = to == Py_None ? 7 : 8, got = 0, has_v = vo != Py_None;
     for (; got < nb; got++)
         if (get_buf(objs[got], &bufs[got], got == 3 || got == 4 || got == 6, names[got]) < 0) {
             release_bufs(bufs, got);
             return NULL;
         }
+    if (has_v && get_buf(vo, &vb, 0, "values") < 0) { release_bufs(bufs, nb); return NULL; }
     Py_buffer *bb = &bufs[0], *fb = &bufs[1], *cb = &bufs[2], *xb = &bufs[3], *pb = &bufs[4], *eb = &bufs[5],
               *ob = &bufs[6];
     PyObject *res = NULL;
     uint16_t *tab = NULL;
+    /* values: out gets values[id] (items of 2, 4 or 8 bytes, one per symbol) instead of the u32 id */
+    Py_ssize_t osz = has_v ? vb.itemsize : 4;
     if (W < 1 || W > 64 || S < 1 || S > 22 || first < 0 || fb->itemsize != 4 || cb->itemsize != 4
-        || xb->len != 4 * W || pb->len != 8 * W || eb->len != 8 * W || ob->itemsize != 4 || fb->len / 4 > 65536
-        || cb->len != fb->len || (nb == 8 && (bufs[7].itemsize != 2 || bufs[7].len != ((Py_ssize_t)2 << S)))) {
+        || xb->len != 4 * W || pb->len != 8 * W || eb->len != 8 * W || ob->itemsize != osz || fb->len / 4 > 65536
+        || cb->len != fb->len || (nb == 8 && (bufs[7].itemsize != 2 || bufs[7].len != ((Py_ssize_t)2 << S)))
+        || (has_v && ((osz != 2 && osz != 4 && osz != 8) || vb.len != fb->len / 4 * osz))) {
         PyErr_SetString(PyExc_ValueError, "rans_decode_part: bad arguments");
         goto done;
     }
@@ -1095,7 +1101,7 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
         int64_t *ps = (int64_t *)pb->buf;
         const int64_t *es = (const int64_t *)eb->buf;
         uint32_t *out = (uint32_t *)ob->buf;
-        Py_ssize_t n = ob->len / 4, k = fb->len / 4;
+        Py_ssize_t n = ob->len / osz, k = fb->len / 4;
         uint32_t M = 1u << S, mask = M - 1;
         for (int j = 0; j < W; j++)
             if (ps[j] < 0 || es[j] < ps[j] || es[j] > (int64_t)bb->len) {
@@ -1134,7 +1140,10 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
             }
             if (err) break;
             x[j] = xv;
-            out[i] = s;
+            if (!has_v) out[i] = s;
+            else if (osz == 2) ((uint16_t *)ob->buf)[i] = ((const uint16_t *)vb.buf)[s];
+            else if (osz == 4) out[i] = ((const uint32_t *)vb.buf)[s];
+            else ((uint64_t *)ob->buf)[i] = ((const uint64_t *)vb.buf)[s];
             if (++j == W) j = 0;
         }
         Py_END_ALLOW_THREADS
@@ -1148,6 +1157,7 @@ static PyObject *py_rans_decode_part(PyObject *self, PyObject *args)
 done:
     free(tab);
     release_bufs(bufs, nb);
+    if (has_v) PyBuffer_Release(&vb);
     return res;
 }
 

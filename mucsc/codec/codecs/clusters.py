@@ -500,18 +500,13 @@ def _add_taken(acc: np.ndarray, table: np.ndarray, ids: np.ndarray) -> None:
         np.add(acc[s:e], t, out=acc[s:e])
 
 
-RANS_CHUNK = 1 << 18  # IDs decoded per pass of :func:`_decode_rans`
-
-
 def _decode_rans(payload: memoryview, n: int, cent: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The values of an IDSA payload (format 1.1): its lengths checked against n before the output
-    is allocated (:class:`rans.Lanes`), then the IDs decoded and looked up ``RANS_CHUNK`` at a time,
-    so the scratch stays fixed (all n IDs at once took 4 bytes an element besides the output)."""
+    is allocated (:class:`rans.Lanes`), then each ID looked up as it is decoded
+    (:meth:`rans.Lanes.take_values`: no ID array; the numpy path ``VALUES_CHUNK`` IDs at a time)."""
     ids = rans.Lanes(payload, n, cent.size)
     out = np.empty(n, dtype)
-    for a in range(0, n, RANS_CHUNK):
-        b = min(a + RANS_CHUNK, n)
-        out[a:b] = quantize.dequantize(ids.take(b - a), cent, dtype, check=False)
+    ids.take_values(np.ascontiguousarray(cent.astype(dtype)), out)  # the values as the IDs are decoded
     ids.finish()
     return out
 

@@ -177,6 +177,8 @@ def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int, tag: str = "IDS
     return vals, pos
 
 
+VALUES_CHUNK = 1 << 18  # IDs decoded per pass when take_values gathers them in numpy
+
 def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | None = None) -> bytes:
     """The IDSA payload for ``ids`` (values < k)."""
     ids = np.ascontiguousarray(ids).reshape(-1)
@@ -382,6 +384,26 @@ class Lanes:
             raise FormatError(f"{self.tag}: a lane stream ends early")
         self.done += m
         return out
+
+    def take_values(self, table: np.ndarray, out: np.ndarray) -> None:
+        """The next ``out.size`` IDs looked up in ``table`` (one entry per symbol) into ``out`` (of
+        ``table``'s dtype): the compiled decoder writes each value as it decodes its ID, so there is
+        no ID array and no second pass; else :meth:`take` a chunk at a time and a gather."""
+        m = out.size
+        if (kernels.use_c() and hasattr(kernels.c_module(), "rans_decode_part") and table.size == self.f.size
+                and table.dtype.itemsize in (2, 4, 8) and out.dtype == table.dtype and out.flags.c_contiguous):
+            if self.n is None or self.done + m > self.n:
+                raise ValueError(f"{self.tag}: {m} more IDs asked of {(self.n or 0) - self.done} left")
+            if m and kernels.c_module().rans_decode_part(
+                    self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32), self.S, self.W, self.x, self.p,
+                    self.ends, self.done, out, self._table() if self.keep_table else None,
+                    np.ascontiguousarray(table)):
+                raise FormatError(f"{self.tag}: a lane stream ends early")
+            self.done += m
+            return
+        for a in range(0, m, VALUES_CHUNK):
+            b = min(a + VALUES_CHUNK, m)
+            np.take(table, self.take(b - a), out=out[a:b])
 
     def _take_numpy(self, out: np.ndarray) -> int:
         """:meth:`take` vectorised across the lanes, a row of W IDs at a time (the reference)."""
