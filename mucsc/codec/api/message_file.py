@@ -17,6 +17,7 @@ message is read unverified here (verification needs the whole message: ``mucsc.d
 from __future__ import annotations
 
 import builtins
+import collections
 import concurrent.futures
 import os
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,8 @@ from mucsc.errors import LimitError, ParameterError
 from mucsc.optional import require_torch
 
 __all__ = ["MessageFile", "CheckpointFile", "open", "bf16_bits"]
+
+DECODE_AHEAD_MAX = 4  # groups MessageFile.records decodes at once at most (memory: that many groups)
 
 
 class MessageFile:
@@ -82,10 +85,11 @@ class MessageFile:
     def records(self, names: Iterable[str] | None = None, *, bfloat16: str = "float32",
                 threads: int = 1) -> Iterator[tuple[fmt.Record, Any]]:
         """(record, values) for every record (or those named), in record order; each group is decoded
-        once, in the order of its first wanted record, one group ahead of the caller on a worker thread
-        (decoding overlaps the caller's writing; memory: two groups), and its other records are kept
-        until their turn (a pool of small tensors; a group of one tensor, the common case, is dropped
-        as soon as it is yielded).
+        once, in the order of its first wanted record, ahead of the caller on worker threads, one group
+        per thread (``threads``; 0: every core; at most DECODE_AHEAD_MAX): decoding overlaps the caller's writing, and the groups'
+        sequential decoders (rANS) run side by side; memory: one group per thread and the one being
+        written.  A group's other records are kept until their turn (a pool of small tensors; a group
+        of one tensor, the common case, is dropped as soon as it is yielded).
         ``bfloat16``: how bfloat16 records come back: "float32" (exact widening of the bfloat16
         values), "bits" (their uint16 bit patterns, for a writer of bfloat16 files without torch) or
         "torch" (a torch.bfloat16 tensor); every other record is numpy of its dtype, or torch with "torch"."""
@@ -93,15 +97,18 @@ class MessageFile:
         wanted = {self.index[r.name] for r in order}
         groups = list(dict.fromkeys(self.group_of[self.index[r.name]] for r in order))  # in first-use order
         waiting: dict[int, Any] = {}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            ahead = self._prefetch(pool, groups, 0, wanted, bfloat16, threads)
-            g = 0
+        depth = min(parallel.resolve(threads), DECODE_AHEAD_MAX)
+        inner = threads if depth == 1 else 1  # several workers: one thread each (the values never differ)
+        with concurrent.futures.ThreadPoolExecutor(depth) as pool:
+            ahead = collections.deque(self._prefetch(pool, groups, g, wanted, bfloat16, inner)
+                                      for g in range(depth))
+            g = depth
             for rec in order:
                 ri = self.index[rec.name]
                 if ri not in waiting:
-                    waiting.update(ahead.result())  # group g, decoded while the previous one was written
+                    waiting.update(ahead.popleft().result())  # the next group, decoded while others were written
+                    ahead.append(self._prefetch(pool, groups, g, wanted, bfloat16, inner))
                     g += 1
-                    ahead = self._prefetch(pool, groups, g, wanted, bfloat16, threads)
                 yield rec, waiting.pop(ri)
 
     def _prefetch(self, pool: Any, groups: list[int], g: int, wanted: set[int], bfloat16: str,
