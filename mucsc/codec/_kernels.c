@@ -2287,17 +2287,33 @@ static PyObject *py_lookup_error(PyObject *self, PyObject *args)
         double *acc = (double *)b[3].buf;
         int bad = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n && !bad; i++) {
-            double v = xk == 4 ? (double)((const float *)b[0].buf)[i] : ((const double *)b[0].buf)[i];
-            Py_ssize_t id = isz == 1 ? ((const uint8_t *)b[1].buf)[i] : ((const uint16_t *)b[1].buf)[i];
-            int j = (int)(i & 7);
-            if (id >= k) { bad = 1; break; }
-            acc[j] += v * v;
-            for (Py_ssize_t r = 0; r < rows; r++) {
-                double d = tab[r * k + id] - v;
-                acc[8 * (r + 1) + j] += d * d;
-            }
+        /* one loop per (x, id) type pair, the common one or two tables unrolled: the same operations */
+#define LOOKUP_ERROR_LOOP(XT, IT)                                                                      \
+        {                                                                                              \
+            const XT *xs = (const XT *)b[0].buf;                                                       \
+            const IT *is = (const IT *)b[1].buf;                                                       \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                       \
+                double v = (double)xs[i];                                                              \
+                Py_ssize_t id = is[i];                                                                 \
+                int j = (int)(i & 7);                                                                  \
+                if (id >= k) { bad = 1; break; }                                                       \
+                acc[j] += v * v;                                                                       \
+                if (rows == 1) { double d = tab[id] - v; acc[8 + j] += d * d; }                         \
+                else if (rows == 2) {                                                                  \
+                    double d = tab[id] - v, e = tab[k + id] - v;                                       \
+                    acc[8 + j] += d * d; acc[16 + j] += e * e;                                         \
+                } else                                                                                 \
+                    for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+                        double d = tab[r * k + id] - v;                                                \
+                        acc[8 * (r + 1) + j] += d * d;                                                 \
+                    }                                                                                  \
+            }                                                                                          \
         }
+        if (xk == 4 && isz == 1) LOOKUP_ERROR_LOOP(float, uint8_t)
+        else if (xk == 4) LOOKUP_ERROR_LOOP(float, uint16_t)
+        else if (isz == 1) LOOKUP_ERROR_LOOP(double, uint8_t)
+        else LOOKUP_ERROR_LOOP(double, uint16_t)
+#undef LOOKUP_ERROR_LOOP
         Py_END_ALLOW_THREADS
         if (bad) PyErr_SetString(PyExc_ValueError, "lookup_error: an id is out of range");
         else { Py_INCREF(Py_None); res = Py_None; }
