@@ -274,14 +274,32 @@ def _compressor(zstd_level: int, threads: int = 1) -> zstandard.ZstdCompressor:
     return parallel.zstd_compressor(zstd_level, threads)
 
 
-def section_bytes(data: Any, compressible: bool, zstd_level: int | None) -> int:
+@dataclasses.dataclass(frozen=True)
+class ZstdFrame:
+    """``compressible=`` for a section whose codec already compressed its payload (to choose a
+    layout): the frame at ``level`` (``parallel.zstd_compressor``'s, whatever its thread count).
+    Truthy like ``True``; a writer at the same level stores this frame instead of compressing the
+    same bytes again (the same message bytes, one zstd pass fewer), one at another level compresses."""
+
+    level: int
+    frame: bytes
+
+
+def _frame(data: Any, compressible: Any, level: int | None, cctx: Any) -> bytes:
+    """zstd's frame of the host bytes ``data`` at ``level`` (by ``cctx``), or the codec's own."""
+    if isinstance(compressible, ZstdFrame) and compressible.level == level:
+        return compressible.frame
+    return cctx.compress(data)
+
+
+def section_bytes(data: Any, compressible: bool | ZstdFrame, zstd_level: int | None) -> int:
     """Bytes one section adds to a message written by :func:`write_message` with ``zstd_level``:
     its 32-byte header, the payload as it would be stored (zstd when strictly smaller) and padding.
     Rate control uses it to know exact sizes before writing."""
     raw = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     stored = len(raw)
     if compressible and zstd_level is not None and stored > 0:
-        stored = min(stored, len(_compressor(zstd_level).compress(raw)))
+        stored = min(stored, len(_frame(raw, compressible, zstd_level, _compressor(zstd_level))))
     return SECTION.size + stored + padding(stored)
 
 
@@ -327,7 +345,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     head = header.to_json() if head is None else head
     for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", head, True), *sections]:
         _check_tag(tag)
-        raw_len, enc, stored = _stored(data, compressible, cctx)
+        raw_len, enc, stored = _stored(data, compressible, cctx, zstd_level)
         size = _length(stored)
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
                   bytes(padding(size))]
@@ -363,16 +381,17 @@ def _length(part: Any) -> int:
     return part.nbytes if hasattr(part, "write_into") else len(part)
 
 
-def _stored(data: Any, compressible: bool, cctx: Any) -> tuple[int, int, Any]:
+def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | None = None) -> tuple[int, int, Any]:
     """(raw length, encoding, payload as stored) of one section: zstd when that is strictly
-    smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed."""
+    smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
+    ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it."""
     lazy = hasattr(data, "write_into")
     raw = data if lazy else _byte_view(data)
     raw_len = _length(raw)
     if not (compressible and cctx is not None and raw_len > 0):
         return raw_len, ENC_RAW, raw
     host = _byte_view(data.host()) if lazy else raw
-    z = cctx.compress(host)
+    z = _frame(host, compressible, level, cctx)
     return (raw_len, ENC_ZSTD, z) if len(z) < raw_len else (raw_len, ENC_RAW, host)
 
 
@@ -633,7 +652,7 @@ class MessageSpool:
     def add(self, group: int, tag: str, data: Any, compressible: bool) -> int:
         """Append one section of ``group`` (as :func:`write_message`'s ``sections``); its bytes."""
         _check_tag(tag)
-        raw_len, enc, stored = _stored(data, compressible, self._cctx)
+        raw_len, enc, stored = _stored(data, compressible, self._cctx, self._level)
         if hasattr(stored, "write_into"):
             stored = _byte_view(stored.host())
         size = _length(stored)
