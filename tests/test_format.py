@@ -241,6 +241,22 @@ def test_writer_compresses_a_payload_from_its_host_bytes(monkeypatch):
     assert [got[pos + 8] for pos, *_ in section_offsets(got)] == [fmt.ENC_RAW, fmt.ENC_ZSTD, fmt.ENC_RAW]  # HEAD, ZERO, RAND
 
 
+def test_writer_stores_a_codecs_zstd_frame_of_its_level():
+    """compressible=ZstdFrame(level, frame): a writer at that level stores the frame as given (the
+    codec compressed those bytes already), at another level compresses the bytes itself; a frame
+    made by the same compressor gives the same message as compressible=True."""
+    header = fmt.Header((), ())
+    data = bytes(4000) + np.random.default_rng(2).bytes(500)
+    frame = parallel.zstd_compressor(3, 1).compress(data)
+    same = fmt.write_message(header, [(0, "IDS_", data, fmt.ZstdFrame(3, frame))])
+    assert same == fmt.write_message(header, [(0, "IDS_", data, True)])
+    marked = fmt.ZstdFrame(3, frame[:-1] + bytes([frame[-1] ^ 1]))  # not zstd's: shows which was stored
+    assert marked.frame in fmt.write_message(header, [(0, "IDS_", data, marked)])
+    other = fmt.write_message(header, [(0, "IDS_", data, marked)], zstd_level=9)
+    assert other == fmt.write_message(header, [(0, "IDS_", data, True)], zstd_level=9)
+    assert fmt.section_bytes(data, marked, 3) == fmt.section_bytes(data, True, 3)
+
+
 def test_new_bytes_gives_a_filled_bytes_object():
     new_bytes = getattr(kernels.c_module(), "new_bytes", None)
     if new_bytes is None:

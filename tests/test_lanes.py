@@ -486,3 +486,52 @@ def test_the_screen_kernel_counts_as_its_numpy_twin(seed, monkeypatch):
             assert c[0] == n[0] and np.array_equal(c[1], n[1])
     with pytest.raises(ValueError):
         structure.slice_stats(np.zeros(10, np.uint8), np.array([11], np.int64), 5)
+
+
+def test_size_floor_never_exceeds_the_payload():
+    """lanes.size_floor is a lower bound on the IDSL payload's length (the encoder skips coding on it):
+    never above, and within a few percent of it, for flat, skewed, sparse and two-symbol histograms
+    over one and several blocks (its slack was 2 bytes at least in 1,500 random trials)."""
+    rng = np.random.default_rng(37)
+    for m in (1, 7, 2049, 9000, 70_000):
+        for sym in (rng.integers(0, 256, m), np.minimum(rng.geometric(0.3, m), 255),
+                    np.where(rng.random(m) < 0.002, 9, 0), rng.integers(0, 2, m) * 255):
+            sym = sym.astype(np.uint8)
+            counts = lanes.counts_of(sym, 256)
+            real = len(lanes.payload(sym, 8, 256, counts))
+            floor = lanes.size_floor(counts, m)
+            assert floor <= real
+            assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
+
+
+@pytest.mark.parametrize("d, z", [(3000, 16), (10_000, 16), (10_000, 4), (20_000, 64), (40_000, 3)])
+def test_auto_id_coding_without_coding_the_lanes_chooses_as_coding_them(d, z, monkeypatch):
+    """Small messages ("auto", packed IDs <= EXACT_ZSTD_BYTES): skipping the lane coding when its size
+    floor loses to zstd changes no byte -- the same message as deciding on the coded lanes."""
+    _auto_lane_codings(d, z, monkeypatch)
+
+
+def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
+    """How many of three default encodes (Gaussian, Student-t, sparse Laplace) coded the lanes, each
+    checked against the encode that always codes them and against the smaller explicit coding."""
+    from mucsc.codec.codecs import clusters
+
+    rng = np.random.default_rng(d + z)
+    coded = []
+    real_payload = lanes.payload
+    for x in (rng.standard_normal(d), rng.standard_t(3, d), np.where(rng.random(d) < 0.6, 0.0, rng.laplace(size=d))):
+        x = x.astype(np.float32)
+        monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
+        fast = mucsc.encode(x, "mucsc", z=z)
+        monkeypatch.setattr(lanes, "size_floor", lambda counts, m: 0)  # never skip: always code the lanes
+        assert mucsc.encode(x, "mucsc", z=z) == fast
+        monkeypatch.undo()
+        assert len(fast) == min(len(mucsc.encode(x, "mucsc", z=z, id_coding=c)) for c in ("packed", "lanes"))
+    assert clusters.EXACT_ZSTD_BYTES >= 40_000 * 6 // 8
+    return len(coded) - 3  # lane codings beyond the 3 forced ones: < 3 when a floor skipped one
+
+
+def test_the_size_floor_skips_lane_coding_where_zstd_wins(monkeypatch):
+    """Gaussian IDs at Z = 16, d = 1e4 (zstd's frame of the packing beats the lanes by ~6%): the
+    lanes are not coded at all."""
+    assert _auto_lane_codings(10_000, 16, monkeypatch) < 3

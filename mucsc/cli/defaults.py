@@ -23,9 +23,10 @@ MODEL_MAX_ERROR = 0.01  # the default per-tensor target for a model: ||decoded -
 # feature goes through them) are carried as fp16 when that keeps them within this, else raw
 MODEL_VECTOR_ERROR = 0.001
 # a model's --bits / --size budget: no tensor above this relative error unless the budget cannot
-# keep them all there, each tensor's squared relative error weighted by its size
+# keep them all there, each tensor's squared relative error weighted by its size to the power 0.8
+# (weighting "damped": mucsc.codec.numerics.allocate.DAMPED_POWER)
 MODEL_ERROR_CAP = 0.10
-MODEL_BUDGET = {"weighting": "size", "error_cap": MODEL_ERROR_CAP}
+MODEL_BUDGET = {"weighting": "damped", "error_cap": MODEL_ERROR_CAP}
 # a stored model gains nothing from unbiased rounding; nearest rounding to its own levels has about
 # half the squared error at the same size (mucsc's rounding parameter)
 MODEL_ROUNDING = "nearest"

@@ -489,7 +489,7 @@ def _zero_update_notes(input: str, base: str | None, norm2: float) -> list[str]:
 compress.params.extend(click_options(CODEC_PARAMS, {
     "max_error": f"model mode (no --base): {defaults.percent(defaults.MODEL_MAX_ERROR)} per tensor",
     "error_cap": f"model mode with --bits/--size: {defaults.percent(defaults.MODEL_ERROR_CAP)}",
-    "weighting": "model mode with --bits/--size: size",
+    "weighting": "model mode with --bits/--size: damped",
     "rounding": f"model mode (no --base): {defaults.MODEL_ROUNDING}"}))
 
 

@@ -342,8 +342,10 @@ typedef struct {
 } dp_ctx;
 
 /* cur[j] = min_{olo <= i <= min(ohi, j-1)} prev[i] + C(i, j) for j in [lo, hi], leftmost argmin;
- * the recursion tree of centroids._dc_layer (which runs it breadth first). */
-static void dc(const dp_ctx *q, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t olo, Py_ssize_t ohi)
+ * the recursion tree of centroids._dc_layer (which runs it breadth first).  Aligned to 64 bytes so
+ * its loop's place against 32-byte boundaries does not move with the code before it: measured on a
+ * Xeon (Skylake-SP family), unaligned builds of the same source ran the DP at Z = 16 ~15% apart. */
+__attribute__((aligned(64))) static void dc(const dp_ctx *q, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t olo, Py_ssize_t ohi)
 {
     while (lo <= hi) {
         Py_ssize_t mid = (lo + hi) >> 1;
@@ -474,6 +476,28 @@ static inline Py_ssize_t search_left(const double *a, Py_ssize_t n, double key)
     return lo;
 }
 
+/* search_right / search_left of key given the answer for a nearby key (0 <= hint <= n): an
+ * exponential search outwards from the hint, then a binary search in the bracket found; the same
+ * answer (the first index past the key is unique in a sorted array), O(log distance) steps. */
+static inline Py_ssize_t search_from(const double *a, Py_ssize_t n, double key, Py_ssize_t hint, int right)
+{
+#define BELOW(i) (right ? a[i] <= key : a[i] < key)  /* a[i] is before the answer */
+    Py_ssize_t lo, hi, step = 1;
+    if (hint < n && BELOW(hint)) {  /* the answer is past the hint */
+        lo = hint + 1;
+        hi = lo;
+        while (hi < n && BELOW(hi)) { lo = hi + 1; hi += step; step <<= 1; }
+        if (hi > n) hi = n;
+    } else {  /* the answer is at or before the hint */
+        hi = hint;
+        lo = hi;
+        while (lo > 0 && !BELOW(lo - 1)) { hi = lo - 1; lo -= step; step <<= 1; if (lo < 0) lo = 0; }
+    }
+    while (lo < hi) { Py_ssize_t mid = lo + ((hi - lo) >> 1); if (BELOW(mid)) lo = mid + 1; else hi = mid; }
+    return lo;
+#undef BELOW
+}
+
 /* A run of searches for non-decreasing keys in one sorted array: each search starts from the last
  * answer (the answer for a key at or above the last key is at or after it) and gallops, so m sorted
  * keys cost O(m log(n / m)) instead of O(m log n).  A key below the last one searches afresh.  The
@@ -509,12 +533,22 @@ static inline Py_ssize_t gallop_search(gallop *g, double key, int right)
     return g->at;
 }
 
-/* centroids._polish on c (z levels) in place; fresh: z / 2 + 1 doubles.  Returns the sweeps run. */
+/* centroids._polish on c (z levels) in place; work: pos (2 z Py_ssize_t) and fresh (z / 2 + 1
+ * doubles).  Returns the sweeps run.  Each level's searchsorted positions (right in pos[0 .. z),
+ * left in pos[z .. 2 z)) are kept and, when the level moves, searched for again from where they were
+ * (levels move by little from sweep to sweep): the same answers as a binary search over all of xs
+ * every sweep, in a fraction of the steps.  As numpy's vector step, a parity's new values are all
+ * written when any differs (a 0.0 may become -0.0 then: equal values keep their positions). */
 static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const double *p1, double *c,
-                             Py_ssize_t z, int unit, Py_ssize_t sweeps, double *fresh)
+                             Py_ssize_t z, int unit, Py_ssize_t sweeps, Py_ssize_t *pos, double *fresh)
 {
-    Py_ssize_t done_sweeps = 0;
-    for (Py_ssize_t s = 0; s < sweeps && z > 2; s++) {
+    Py_ssize_t done_sweeps = 0, *right = pos, *left = pos + z;
+    if (z <= 2) return 0;
+    for (Py_ssize_t j = 0; j < z; j++) {
+        right[j] = search_right(xs, n, c[j]);
+        left[j] = search_left(xs, n, c[j]);
+    }
+    for (Py_ssize_t s = 0; s < sweeps; s++) {
         int changed = 0;
         done_sweeps++;
         for (Py_ssize_t parity = 1; parity <= 2; parity++) {
@@ -523,7 +557,7 @@ static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, co
             /* every new value of this parity from the levels before it (numpy's vector step) */
             for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
                 double a = c[j - 1], b = c[j + 1];
-                Py_ssize_t lo = search_right(xs, n, a), hi = search_left(xs, n, b);
+                Py_ssize_t lo = right[j - 1], hi = left[j + 1];
                 double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
                 double t = T / (b - a);
                 double v = c[j];
@@ -545,7 +579,13 @@ static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, co
             if (differ) {
                 changed = 1;
                 k = 0;
-                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) c[j] = fresh[k];
+                for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
+                    if (!(fresh[k] == c[j])) {  /* moved: its positions from the old ones */
+                        right[j] = search_from(xs, n, fresh[k], right[j], 1);
+                        left[j] = search_from(xs, n, fresh[k], left[j], 0);
+                    }
+                    c[j] = fresh[k];
+                }
             }
         }
         if (!changed) break;
@@ -567,6 +607,7 @@ static PyObject *py_polish(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOpn", &xo, &wo, &po, &co, &unit, &sweeps)) return NULL;
     Py_buffer xb, wb, pb, cb;
     PyObject *res = NULL;
+    Py_ssize_t *pos = NULL;
     double *fresh = NULL;
     if (get_buf(xo, &xb, 0, "polish xs") < 0) return NULL;
     if (get_buf(wo, &wb, 0, "polish W") < 0) goto f1;
@@ -578,16 +619,18 @@ static PyObject *py_polish(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "polish: xs (n), W, P1 (n + 1) and c must be float64, n >= 1");
         goto done;
     }
+    pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)z + 1) * sizeof(Py_ssize_t));
     fresh = (double *)PyMem_RawMalloc(((size_t)z / 2 + 1) * sizeof(double));
-    if (!fresh) { PyErr_NoMemory(); goto done; }
+    if (!pos || !fresh) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *p1 = (const double *)pb.buf;
         Py_BEGIN_ALLOW_THREADS
-        done_sweeps = polish_run(xs, n, W, p1, (double *)cb.buf, z, unit, sweeps, fresh);
+        done_sweeps = polish_run(xs, n, W, p1, (double *)cb.buf, z, unit, sweeps, pos, fresh);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(done_sweeps);
 done:
+    PyMem_RawFree(pos);
     PyMem_RawFree(fresh);
     PyBuffer_Release(&cb);
 f3:
@@ -618,6 +661,7 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
     double *work = NULL;
     int32_t *argm = NULL;
     int64_t *idx = NULL;
+    Py_ssize_t *pos = NULL;
     Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
     count = z < m ? z : m;
     int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && b[5].len / 8 >= count
@@ -630,8 +674,9 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
     }
     work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
     idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
+    pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)count + 1) * sizeof(Py_ssize_t));
     argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
-    if (!work || !idx || !argm) { PyErr_NoMemory(); goto done; }
+    if (!work || !idx || !pos || !argm) { PyErr_NoMemory(); goto done; }
     {
         const double *xc = (const double *)b[0].buf, *W = (const double *)b[1].buf;
         const double *P1 = (const double *)b[2].buf, *P2 = (const double *)b[3].buf;
@@ -646,13 +691,14 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
         if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
         else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
         for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
-        polish_run(xc, n, W, P1, out, count, unit, sweeps, fresh);
+        polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(count);
 done:
     PyMem_RawFree(work);
     PyMem_RawFree(idx);
+    PyMem_RawFree(pos);
     PyMem_RawFree(argm);
     release_bufs(b, 6);
     return res;

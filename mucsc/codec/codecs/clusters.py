@@ -20,7 +20,7 @@ from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, Z_RANGE, Codec, Section, add_scaled, array_from,
                                      ceil_log2, param_int, param_str, section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
-from mucsc.codec.wire import bitpack, lanes, rans, structure
+from mucsc.codec.wire import bitpack, container, lanes, rans, structure
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
@@ -270,7 +270,7 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
     ids_section = None
     if coding in ("auto", "lanes") and k > 1:  # format 1.2 (FORMAT.md 4.6), unless "auto" finds zstd smaller
         ids_section = lane_section(ids, k, p.id_packing, coding == "auto")
-    if ids_section is not None:
+    if ids_section is not None and ids_section.tag == "IDSL":
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_coding": "lanes", "solver": solver,
                   "z": z}
         sections = (cent, ids_section)
@@ -284,13 +284,15 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
         bits = packed_width(ids, k, p.id_packing)
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
                   "z": z}
-        if isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
+        if ids_section is not None:  # lane_section's packing, with the zstd frame it compared
+            packed = None
+        elif isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
             packed = ids.packed(bits)
         elif torch_backend.is_torch(ids):
             packed = torch_backend.pack(ids, bits)
         else:
             packed = parallel.pack(ids, bits)
-        sections = (cent, Section("IDS_", packed, compressible=True))
+        sections = (cent, ids_section if packed is None else Section("IDS_", packed, compressible=True))
     if rounding_of(p) != "stochastic":  # informative (decoding is the same): for `info` and honesty
         params["rounding"] = rounding_of(p)
 
@@ -319,8 +321,10 @@ def _exact_J(x: Any, wire: np.ndarray, J: Any) -> Any:
 
 def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     """The IDSL section of ``ids`` (k >= 2 centroids); with ``auto``, None when zstd on the IDS_
-    packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES).
-    Device IDs are coded on their device (:mod:`mucsc.codec.backends.torch_lanes`): the same bytes."""
+    packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES), or
+    for host IDs of at most EXACT_ZSTD_BYTES packed the IDS_ section itself (its packing and the zstd
+    frame compared, a ``container.ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already
+    loses).  Device IDs are coded on their device (:mod:`mucsc.codec.backends.torch_lanes`): the same bytes."""
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
     if isinstance(ids, device_rounding.Rounding) or torch_backend.is_torch(ids):
@@ -341,12 +345,28 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     packed = seen = None
     if auto:
         packed = sym if bits == w else parallel.pack_array(ids, bits)
-        if packed.size > EXACT_ZSTD_BYTES:  # screened before coding, while the bytes are in cache
-            seen = structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)
+        if packed.size <= EXACT_ZSTD_BYTES:
+            return _lanes_or_packed(sym, counts, w, k, packed)
+        seen = structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)  # while in cache
     data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
     if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
         return None
     return Section("IDSL", data)
+
+
+def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed: np.ndarray) -> Section:
+    """"auto"'s choice for host IDs of at most EXACT_ZSTD_BYTES packed (as :func:`_lanes_win`):
+    the IDSL section when its bytes are no more than the packed bytes and their zstd frame, else the
+    IDS_ section, carrying that frame for the writer.  The frame is taken first: when the lanes'
+    size floor is already above it, the lanes are never coded (Gaussian IDs at Z = 16 and d = 1e4:
+    ~70 us of a ~0.5 ms encode)."""
+    frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
+    best = min(packed.size, len(frame))
+    ids_ = Section("IDS_", packed, compressible=container.ZstdFrame(COMPARE_LEVEL, frame))
+    if lanes.size_floor(counts, sym.size) > best:
+        return ids_
+    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
+    return Section("IDSL", data) if len(data) <= best else ids_
 
 
 def _sample_spans(size: int) -> list[tuple[int, int]]:

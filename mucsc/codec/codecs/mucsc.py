@@ -32,7 +32,7 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
 from mucsc.codec.numerics import centroids, levels_floor
 from mucsc.errors import ParameterError, SizeError
 
-WEIGHTINGS = ("total", "size")  # how bits= / size= weigh each group's J (MucscParams)
+WEIGHTINGS = ("total", "size", "damped")  # how bits= / size= weigh each group's J (MucscParams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +52,11 @@ class MucscParams(GoalTarget):
     levels themselves instead of solving for z (what rate control resolves a goal to: explicit, so
     they take part in ==, hash and get_config) and who chose them (written to the header's solver).
     How bits= / size= split the budget over the groups: ``weighting`` "total" minimises the total J
-    (the paper's objective for an update) and "size" each group's squared relative error weighted by
-    its element count (a checkpoint: no small tensor starved); ``error_cap`` keeps every group within
+    (the paper's objective for an update), "size" each group's squared relative error weighted by
+    its element count (no small tensor starved: the weights' overall error) and "damped" by its
+    element count to the power :data:`~mucsc.codec.numerics.allocate.DAMPED_POWER` (a checkpoint: a
+    table as large as the rest together, an embedding, counts a little less than its share of the
+    elements toward what the model computes); ``error_cap`` keeps every group within
     that relative error where the budget allows, else within the smallest cap it allows.
     rounding: "stochastic" (eq. 7, unbiased: updates), "nearest" (each element to its nearest level,
     Lloyd-Max levels; deterministic and biased, J is the squared error: stored models; ``solver`` does
@@ -76,8 +79,9 @@ class MucscParams(GoalTarget):
     levels: tuple[float, ...] | None = param(None, LEVELS_HELP, cli=False)
     levels_by: Literal[LEVELS_BY] = param("ecsq", LEVELS_BY_HELP, cli=False)
     weighting: Literal[WEIGHTINGS] = param("total", "How bits / size split the budget over the groups: total "
-                                           "(least total J: updates) or size (each group's squared relative "
-                                           "error weighted by its elements: checkpoints)")
+                                           "(least total J: updates), size (each group's squared relative "
+                                           "error weighted by its elements) or damped (weighted by its "
+                                           "elements to the power 0.8: checkpoints)")
     error_cap: float | None = param(None, "With bits/size: keep every group within this relative error "
                                     "sqrt(J)/||x|| where the budget allows", min=0, min_open=True)
     grid: tuple[float, float] | None = param(None, "The dithered grid's (step, offset) instead of z (what rate "

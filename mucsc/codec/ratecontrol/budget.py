@@ -7,7 +7,7 @@ tensors can follow (issue 35: a checkpoint compressed tensor by tensor):
    numbers: the sample itself is dropped with the group, so memory is O(sample), not O(model).
 2. :class:`Budget` -- a pure split of the budget over the curves (the planner's
    :class:`~mucsc.codec.ratecontrol.planner.BudgetSplit`: size weighting, error cap, balance), each
-   group's choice a grid step (its levels rebuilt from the group when it is encoded).
+   group's choice a grid step (its levels kept from phase 1 as an array, not a tuple of floats).
 3. :meth:`Budget.encode` -- each group encoded once with its choice, in order, its exact bytes
    recorded.  The estimates err by a few bytes per group (and ~0.3% on a subsampled group's IDs), so
    the split aims ``MARGIN`` of the estimated bytes below the budget and, for the last
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,22 +48,32 @@ CORRECT = 8  # the last groups are split again from the bytes actually written
 # groups' estimates err by up to ~0.3%), plus SLACK_BYTES per group (rANS table and state rounding)
 MARGIN = 2e-3
 SLACK_BYTES = 8
-# A group's curve stops at this many bits per element above the message's mean (a split never gives
-# a tensor that much more than the rest; each grid beyond would only cost time and memory), plus
-# HEADROOM_BYTES (a small group's codebook: a 512-weight embedding at 8.5 bits/weight on average
-# takes ~18 bits/weight to stay within 2x the message's error)
-HEADROOM_BITS, HEADROOM_BYTES = 8.0, 4096
+# A group's curve stops at this many bits per element above the message's mean, plus HEADROOM_BYTES
+# (a small group's codebook: a 512-weight embedding at 8.5 bits/weight on average takes ~18
+# bits/weight to stay within 2x the message's error).  At equal relative error two large groups differ
+# by the differential entropies of their normalised values (a Gaussian's is the largest at a given
+# variance), about a bit between a transformer's matrices: the splits measured (all-MiniLM-L6-v2
+# at 4.5 and 8.5 bits, a generated 335M-weight model) give no group of 2^15 or more elements over
+# 0.7 bits above the mean.  Each finer grid costs time in proportion to its levels: 8 bits of
+# headroom measured grids of up to ~2^12 levels, a quarter of pass 1's time on the 335M-weight file.
+HEADROOM_BITS, HEADROOM_BYTES = 4.0, 4096
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupSummary:
     """What the split needs of one group: its element count, squared norm, the options measured on
-    its summary (keys without their grid levels: :func:`_rebuilt` makes them again) and whether the
-    summary was the data itself."""
+    its summary (keys without their grid levels) and each grid option's levels as the wire carries
+    them (``wires``: :meth:`full` puts them back into the chosen key; no second look at the data)."""
 
     size: int
     norm2: float
     options: tuple[allocate.Option, ...]
+    wires: Mapping[Any, np.ndarray] = dataclasses.field(default_factory=dict, compare=False)
+
+    def full(self, key: Any) -> Any:
+        """The choice of a compact key with its levels."""
+        wire = self.wires.get(key)
+        return key if wire is None else dataclasses.replace(key, levels=tuple(map(float, wire)))
 
 
 def applies(codec: Codec, elements: int) -> bool:
@@ -91,29 +101,19 @@ def summarize(codec: Codec, x: np.ndarray, zstd_level: int | None, max_bits: flo
     encoding (an empty or constant group: one trial option)."""
     g = _search(codec, x, zstd_level)
     g.packed_twins = x.size < summary_search.MIN_ELEMENTS  # small groups: packed IDs may be smaller
+    g.wires = {}  # the grids' keys without their levels (kept as arrays)
+    if x.size >= summary_search.MIN_ELEMENTS:  # a large group: octaves below mean - headroom
+        g.fine_from_bits = max_bits - 2 * HEADROOM_BITS
     g.sweep(lambda o: o.bytes > max_bits * x.size / 8 + HEADROOM_BYTES, "budget")
     if x.size and g.lo != g.hi:  # the coarse end, which that sweep stops at once: the fewest bits
         for j in range(2, summary_search.COARSEST + 1):  # (a few levels each: cheap)
             g.grid((g.hi - g.lo) * 2.0 ** j)
-    compact = tuple(dataclasses.replace(o, key=dataclasses.replace(o.key, levels=None))
-                    if o.key.grid_step is not None else o for o in g.options)
-    return GroupSummary(int(x.size), float(g.norm2), compact)
+    return GroupSummary(int(x.size), float(g.norm2), tuple(g.options), g.wires)
 
 
 def max_bits(goal: Goal, elements: int) -> float:
     """How far each group's curve goes: the message's mean rate plus :data:`HEADROOM_BITS`."""
     return 8 * goal.budget(elements) / max(elements, 1) + HEADROOM_BITS
-
-
-def _rebuilt(codec: Codec, x: np.ndarray, zstd_level: int | None, key: Any) -> Any:
-    """The full choice of a compact key: a grid's levels measured again on ``x`` (the same
-    summary, so the same levels as phase 1 saw)."""
-    if key.grid_step is None:
-        return key
-    g = _search(codec, x, zstd_level)
-    g.packed_twins = key.coding == "packed"
-    g.grid(key.grid_step)
-    return next(o.key for o in g.options if o.key.coding == key.coding)
 
 
 class Budget:
@@ -179,9 +179,8 @@ class Budget:
         (the fixed codec, the encoding); the last group again with cheaper options should the
         message still exceed the budget."""
         o = self.choice(i)
-        level = self.ctx.zstd_level
         last = i == len(self.summaries) - 1
-        key = self._squeezed(x, o) if last else _rebuilt(self.codec, x, level, o.key)
+        key = self._squeezed(x, o) if last else self.summaries[i].full(o.key)
         codec = resolve(self.codec, key)
         enc = codec.encode_array(x, rng())
         exact = self._exact(o, key, enc)
@@ -190,7 +189,7 @@ class Budget:
             while self.size([*self.written, exact]) > self.total and cheaper:
                 self.re_encodes += 1
                 c = cheaper.pop(0)
-                key = _rebuilt(self.codec, x, level, c.key)
+                key = self.summaries[i].full(c.key)
                 codec = resolve(self.codec, key)
                 enc = codec.encode_array(x, rng())
                 exact = self._exact(c, key, enc)

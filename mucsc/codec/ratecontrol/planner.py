@@ -150,7 +150,7 @@ def plan_goal(codec: Codec, goal: Goal, groups: Sequence[Any], ctx: PlanContext)
 class BudgetSplit:
     """A byte budget over the whole message split across groups' option curves (pure: the options'
     bytes and J as given, estimated or exact): each group's squared relative error weighted by its
-    size (``weighting="size"``) or the total J, within the codec's ``error_cap`` (or the smallest cap
+    size (``weighting="size"``; "damped": by its size to the power allocate.DAMPED_POWER) or the total J, within the codec's ``error_cap`` (or the smallest cap
     the budget allows) and, for a size-weighted split, :data:`allocate.BALANCE` times the message's
     overall error where the budget allows (:meth:`balanced`).  ``curves()[i]`` is group i's options
     (asked at each split: a search may add or rescale options between splits); ``notes[i](option)``:
@@ -162,7 +162,9 @@ class BudgetSplit:
         self.codec, self.what, self.curves, self.ctx = codec, str(goal), curves, ctx
         self.norm2s, self.sizes, self.notes = list(norm2s), list(sizes), notes
         self.cap: float | None = getattr(codec.params, "error_cap", None)  # raised or lowered by the splits
-        self.size_weighted = getattr(codec.params, "weighting", "total") == "size"
+        weighting = getattr(codec.params, "weighting", "total")
+        self.size_weighted = weighting in ("size", "damped")
+        self.power = allocate.DAMPED_POWER if weighting == "damped" else 1.0  # of the sizes weighing J
         self._heads: dict[tuple, int] = {}  # HEAD bytes by the groups' params (a JSON dump and zstd each)
 
     def cost(self, chosen: Sequence[allocate.Option]) -> int:
@@ -211,7 +213,7 @@ class BudgetSplit:
             if least is not None:
                 curves = allocate.capped(curves, self.norm2s, least)
         if self.size_weighted:
-            curves = allocate.relative_curves(curves, self.sizes, self.norm2s)
+            curves = allocate.relative_curves(curves, self.sizes, self.norm2s, self.power)
         return curves
 
     def balanced(self, total: int) -> list[allocate.Option]:
@@ -222,7 +224,7 @@ class BudgetSplit:
         best = self.split(total)
         if self.size_weighted and len(self.sizes) > 1:
             q, n = self.norm2s, self.sizes
-            overall = allocate.relative_error(sum(o.J * a / b for o, a, b in zip(best, q, n)), sum(q))
+            overall = allocate.relative_error(sum(o.J * a / b ** self.power for o, a, b in zip(best, q, n)), sum(q))
             if overall > 0 and (self.cap is None or allocate.BALANCE * overall < self.cap):
                 self.cap = allocate.BALANCE * overall
                 best = self.split(total)

@@ -88,6 +88,13 @@ class SummarySearch(ClusterSearch):
         self.J_goal: float | None = None  # an error bound's J (:meth:`aim`)
         self._twins: dict[Choice, allocate.Option] = {}  # a packed-ID option -> its rANS-coded twin
         self.packed_twins = False  # measure packed IDs beside rANS-coded ones without an error bound too
+        # A budget's summaries (:func:`mucsc.codec.ratecontrol.budget.summarize`) keep each option's
+        # levels as their wire array (``wires``) instead of in its key: a tuple of Python floats per
+        # option cost more than measuring it (~0.6 ms for a grid of a few thousand levels)
+        self.wires: dict[Choice, np.ndarray] | None = None
+        # A budget's ladder (:meth:`sweep`) steps by octaves while a grid takes fewer bits per element
+        # than this (budget.summarize: the message's mean rate less its headroom)
+        self.fine_from_bits = 0.0
 
     @property
     def summary(self) -> Summary:
@@ -123,8 +130,10 @@ class SummarySearch(ClusterSearch):
         by = "uniform" if step is not None else "ecsq"
         params = {"centroids": k, "centroid_dtype": self.p.centroid_dtype, "id_coding": "rans", "solver": by,
                   "z": max(MIN_Z, k), **self.ROUNDING_PARAMS}
-        key = Choice(max(MIN_Z, k), tuple(map(float, wire)), "rans", None, tuple(sorted(params.items())),
-                     None if step is None else k - 1, step)
+        key = Choice(max(MIN_Z, k), None if self.wires is not None else tuple(map(float, wire)), "rans", None,
+                     tuple(sorted(params.items())), None if step is None else k - 1, step)
+        if self.wires is not None:
+            self.wires[key] = wire
         o = allocate.Option(size, J, key)
         self.options.append(o)
         if (self.J_goal is None and not self.packed_twins) or k < 2:
@@ -137,6 +146,8 @@ class SummarySearch(ClusterSearch):
         packed = dataclasses.replace(key, coding="packed", params=tuple(sorted(
             {**{k_: v for k_, v in params.items() if k_ != "id_coding"}, "id_bits": width}.items())))
         p = allocate.Option(sum(container.SECTION.size + s + container.padding(s) for s in (cent, ids)), J, packed)
+        if self.wires is not None:
+            self.wires[packed] = wire
         self.options.append(p)
         self._twins[packed] = o
         return p if p.bytes < o.bytes else o
@@ -169,13 +180,16 @@ class SummarySearch(ClusterSearch):
             self._bracket(stop, span, limit)
             return
         per = LADDER_PER_OCTAVE if goal == "budget" else 1  # an error bound: octaves, then refine
-        for j in range(64 * per):
+        j = 0
+        while j < 64 * per:
             step = span * 2.0 ** (-j / per)
             if span / step > limit:
                 break
             o = self.grid(step)
             if stop(o) or o.J == 0.0:
                 break
+            # the same steps, every per-th below ``fine_from_bits`` (a split gives no large group so few)
+            j += per if 8 * o.bytes < self.fine_from_bits * self.x.size else 1
 
     def _bracket(self, stop: Callable[[allocate.Option], bool], span: float, limit: int) -> None:
         """An error bound (:meth:`aim`): the grid whose step fine grids predict to meet it, J ~
@@ -289,8 +303,11 @@ class NearestSummarySearch(SummarySearch):
     """An error bound under nearest rounding (``rounding="nearest"``, a stored model's default in
     ``mucsc compress``): the same grids k * ``step`` (a level at 0), each element to its nearest
     level, J and counts by :meth:`~mucsc.codec.numerics.summary.Summary.nearest_stats`.  Levels
-    need not bracket the data; those no element reaches are dropped where the summary is the data
-    (exact: their cells are empty)."""
+    need not bracket the data; those no element of the summary reaches are dropped (each costs its
+    centroid and a table entry: on a tensor with outlier columns at 8.5 bits per element over 90% of
+    a grid's levels are empty).  Where the summary is the data their cells are empty; where it is a
+    subsample the tails are kept exactly, and a bulk cell without a sampled element holds a few
+    elements at most, which go to the next level (the exact J after encoding counts them)."""
 
     CELL_J = 1 / 12  # x spread evenly over a cell, to its nearest level
     ROUNDING_PARAMS = {"rounding": "nearest"}
@@ -302,7 +319,6 @@ class NearestSummarySearch(SummarySearch):
     def _measured(self, levels: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
         wire = nearest.wire_levels(levels, self.dtype)
         J, counts = self.summary.nearest_stats(wire.astype(np.float64))
-        if self.summary.exact and wire.size > 1 and not counts.all():
-            wire = wire[counts > 0]
-            J, counts = self.summary.nearest_stats(wire.astype(np.float64))
+        if wire.size > 1 and not counts.all():  # no element was nearest to them: the rest keep theirs
+            wire, counts = wire[counts > 0], counts[counts > 0]
         return wire, J, counts

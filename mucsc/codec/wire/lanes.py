@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -36,7 +37,8 @@ from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
-           "encode", "encode_symbols", "payload", "decode_symbols", "decode_values", "table", "header_size"]
+           "encode", "encode_symbols", "payload", "decode_symbols", "decode_values", "table", "header_size",
+           "size_floor"]
 
 BLOCK = 1 << 16  # symbols per block
 LANES = 32  # lanes of a full block (a GPU warp)
@@ -121,6 +123,31 @@ def layout(m: int) -> Layout:
 def header_size(k: int, w: int, f: np.ndarray, m: int) -> int:
     """Bytes of the section before the lane streams."""
     return 2 + len(rans._varints(f)) + 2 * layout(m).total_lanes
+
+
+def size_floor(counts: np.ndarray, m: int) -> int:
+    """A lower bound on the length of :func:`payload` for m symbols with histogram ``counts``, from
+    the table alone (no coding): lets a caller that only wants the payload when it is short enough
+    skip coding it.
+
+    The header is exact; each lane's stream is bounded by the coder's information balance.  With
+    Phi = 8 (bytes out) + log2(x): Phi starts at log2(RANS_L) = 23 and ends below 8 (bytes) - 1
+    (the 4-byte flush holds x < 2^31); coding s raises it by at least log2(M / f_s) - delta
+    (x' >= floor(x / f_s) M and x / f_s >= 2^(23 - S) after renormalisation) and each byte out lowers
+    it by at most eps (a byte leaves only while x >= 2^(31 - S) f_s).  So a lane of n symbols writes
+    at least (24 + sum log2(M / f_s) - n delta) / (8 + eps) bytes."""
+    S, f = table(counts, m)
+    used = counts > 0
+    fu = f[used]
+    if fu.size and int(fu.min()) < 1:
+        return 0  # a used symbol without frequency: the coder refuses it; no bound
+    # the bound only decides whether to code (with its margin, never which bytes): any libm will do
+    ce = math.fsum((counts[used] * (S - np.log2(fu.astype(np.float64)))).tolist())
+    delta = -math.log2(1.0 - 2.0 ** (S - 23))
+    eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
+    lanes = layout(m).total_lanes
+    streams = (24.0 * lanes + ce - m * delta) / (8.0 + eps)
+    return header_size(0, 0, f, m) + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
