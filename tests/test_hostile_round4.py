@@ -149,7 +149,7 @@ def test_a_float16_record_decodes_without_its_groups_float32_vector(name, big_ve
     peak, exc = peak_bytes(mucsc.decode, blob)
     assert exc is None
     # a piece of 2^18 values and its scratch (the dithered passes: ~13 MiB); decoding the group's
-    # float32 vector first, then the record, took 24-37 MiB here
+    # float32 vector first, then the record, took 24.0-29.3 MiB here
     scratch = 16 * MiB if name == "mucsc-dithered" else 12 * MiB
     assert peak <= out + scratch, f"{name}: peak {peak / MiB:.1f} MiB for {out / MiB:.1f} MiB of output"
 
@@ -310,6 +310,22 @@ def test_records_decoded_in_pieces_equal_the_whole_vector_cast(monkeypatch, wide
             assert got[k].tobytes() == v.tobytes(), (codec, p, k)
 
 
+def test_a_message_file_splits_a_narrowing_group_from_its_records(tmp_path, big_vector):
+    """``mucsc decompress``'s reader (MessageFile.records) decodes such a group into its records too:
+    the same values as mucsc.decode, without the group's float32 vector (tracemalloc)."""
+    data = {"w": big_vector[:1000].copy(), "h": big_vector.astype(np.float16)}
+    blob = mucsc.encode(data, "bmucsc", seed=1)
+    path = tmp_path / "m.mucsc"
+    path.write_bytes(blob)
+    want = mucsc.decode(blob)
+    with open(path, "rb") as f:
+        mf = mucsc.MessageFile(f)
+        peak, exc = peak_bytes(lambda: [(rec.name, v) for rec, v in mf.records()])
+        got = dict((rec.name, v) for rec, v in mf.records())
+    assert exc is None and peak <= 8 * MiB + 12 * MiB, peak / MiB  # 24.0 MiB with the group's vector first
+    assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
+
+
 def test_a_decoder_giving_the_wrong_count_is_refused(monkeypatch):
     from mucsc.codec.codecs.topk import TopK
     blob = mucsc.encode({"a": np.ones(10, np.float32), "h": np.ones(10, np.float16)}, "topk", seed=1)
@@ -331,6 +347,24 @@ def test_raw_decodes_into_a_writable_output_of_its_own(x):
     assert got.flags.writeable and got.tobytes() == x.tobytes()
     got[:] = 1  # the message is untouched
     assert mucsc.decode(blob).tobytes() == x.tobytes()
+
+
+def test_a_signalling_nan_norm_is_refused_without_a_warning():
+    """Found by the sections12 campaign on qsgd dicts: a NORM of 0x7F800001 warned ("invalid value
+    encountered in cast") before its FormatError."""
+    import struct
+    import warnings
+    import zlib
+    from mucsc.codec.wire import container as fmt
+    blob = bytearray(mucsc.encode(np.ones(100, np.float32), "qsgd", seed=1))
+    norm = next(s for s in fmt.read_message(bytes(blob)).sections if s.tag == "NORM")
+    assert norm.encoding == "raw"
+    blob[norm.offset: norm.offset + 4] = struct.pack("<I", 0x7F800001)
+    blob[-4:] = struct.pack("<I", zlib.crc32(bytes(blob[:-4])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FormatError, match="bucket norms must be finite"):
+            mucsc.decode(bytes(blob))
 
 
 @pytest.mark.parametrize("packing", ["2bit", "base3"])

@@ -66,9 +66,19 @@ class MessageFile:
 
     def decode_group(self, gi: int, *, threads: int = 1) -> np.ndarray:
         """Group ``gi``'s flat vector (threads inside the codec; the result never depends on them)."""
+        return self._decoding(api._decode_group, gi, threads)
+
+    def _group_values(self, gi: int, threads: int) -> np.ndarray | list[np.ndarray]:
+        """Group ``gi`` as :meth:`_split` takes it: its records' arrays when one is narrower than the
+        group's values (decoded into them a piece at a time, FORMAT.md 3.2), else its vector."""
+        if api._narrows(self.header, self.header.groups[gi]):
+            return self._decoding(api._decode_records, gi, threads)
+        return self.decode_group(gi, threads=threads)
+
+    def _decoding(self, decoder: Any, gi: int, threads: int) -> Any:
         try:
             with parallel.using(threads):
-                return api._decode_group(self.msg, gi, self.header.groups[gi])
+                return decoder(self.msg, gi, self.header.groups[gi])
         except MemoryError:
             raise LimitError("out of memory while decoding: the group decodes to more than this machine "
                              "can hold") from None
@@ -109,7 +119,7 @@ class MessageFile:
         gi = groups[g]
         def work() -> dict[int, Any]:
             with parallel.using(threads):  # the bfloat16 rounding of the split too
-                return dict(self._split(gi, self.decode_group(gi, threads=threads), wanted, bfloat16))
+                return dict(self._split(gi, self._group_values(gi, threads), wanted, bfloat16))
 
         return pool.submit(work)
 
@@ -120,14 +130,16 @@ class MessageFile:
         wanted = {self.index[n] for n in names}
         return [r for ri, r in enumerate(self.header.records) if ri in wanted]
 
-    def _split(self, gi: int, flat: np.ndarray, wanted: set[int], bfloat16: str) -> Iterator[tuple[int, Any]]:
-        """(record index, values) of group ``gi``'s wanted records, cut from its vector ``flat``."""
+    def _split(self, gi: int, flat: np.ndarray | list[np.ndarray], wanted: set[int], bfloat16: str
+               ) -> Iterator[tuple[int, Any]]:
+        """(record index, values) of group ``gi``'s wanted records, cut from its vector ``flat`` (or
+        given as its records' arrays, :meth:`_group_values`)."""
         group = self.header.groups[gi]
         lossless = codec_class(group.codec).lossless
         offset = 0
-        for ri in group.records:
+        for j, ri in enumerate(group.records):
             rec = self.header.records[ri]
-            part = flat[offset: offset + rec.size]
+            part = flat[j] if isinstance(flat, list) else flat[offset: offset + rec.size]
             offset += rec.size
             if ri in wanted:
                 yield ri, record_values(part, rec, lossless, bfloat16)

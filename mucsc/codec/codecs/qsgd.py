@@ -118,7 +118,8 @@ class QSGD(Codec):
         bucket = param_int(params, "bucket", 1, MAX_BUCKET)
         coding = param_str(params, "coding", ("fixed", "elias"))
         nb = -(-n // bucket)
-        norms = array_from(section(sections, "NORM", 4 * nb), "<f4").astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN from untrusted bytes: refused below
+            norms = array_from(section(sections, "NORM", 4 * nb), "<f4").astype(np.float64)
         if not np.all(np.isfinite(norms)) or np.any(norms < 0):
             raise FormatError("qsgd: bucket norms must be finite and non-negative")
         step = norms / s
