@@ -878,16 +878,17 @@ def _decode_records(msg: fmt.Message, gi: int, group: fmt.Group) -> list[np.ndar
     cls, n, dtype, sections = open_group(msg, gi, group)
     records = [msg.header.records[i] for i in group.records]
     narrower = _NARROWER.get(group.dtype, ())
+    dtypes = [np.dtype(r.dtype) if r.dtype in narrower else dtype for r in records]
     wrong = FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
     outs: list[np.ndarray] = []
     j = at = got = 0  # the record being filled, its values so far, the group's values so far
     with malformed_as_format_error(gi, group):
         for part in cls.decode_parts(n, group.params, sections, dtype):
-            got += part.size
-            if got > n:
+            if not isinstance(part, np.ndarray) or part.ndim != 1 or got + part.size > n:
                 raise wrong
+            got += part.size
             if not outs:  # allocated once the decoder's checks before its first piece have passed
-                outs = [np.empty(r.size, r.dtype if r.dtype in narrower else dtype) for r in records]
+                outs = [np.empty(r.size, dt) for r, dt in zip(records, dtypes)]
             s = 0
             while s < part.size:
                 while at == outs[j].size:
@@ -898,7 +899,7 @@ def _decode_records(msg: fmt.Message, gi: int, group: fmt.Group) -> list[np.ndar
     if got != n:
         raise wrong
     check_all_read(gi, group, sections)
-    return outs or [np.empty(0, r.dtype if r.dtype in narrower else dtype) for r in records]
+    return outs or [np.empty(0, dt) for dt in dtypes]
 
 
 def open_group(msg: fmt.Message, gi: int, group: fmt.Group) -> tuple[type[Codec], int, np.dtype, Any]:
