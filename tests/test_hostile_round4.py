@@ -94,20 +94,16 @@ def test_hostile4_reproducer_within_its_bound(name):
         return
     assert got["result"] is None, got
     assert abs(got["out"] / MiB - want) < 0.5
-    if got["group"] > got["out"]:
-        # a float16 record in a float32 group (FORMAT.md 2.4): the group's float32 values are decoded
-        # first, so the floor is the group's array + the output; only a chunk of scratch above it
-        bound = got["group"] + got["out"] + 8 * MiB
-    else:
-        bound = 2 * got["out"] + 32 * MiB
-    assert got["growth"] <= bound, got
+    # the issue's bound for every file, rss_dict_bmucsc_head286 included: a float16 record of 32 MiB
+    # in a float32 group of 64 MiB is decoded into the record a piece at a time (FORMAT.md 3.2)
+    assert got["growth"] <= 2 * got["out"] + 32 * MiB, got
 
 
 # ---- each codec's decode against its output ----------------------------------------------------------
 
 N = 1 << 22
 OUT = 4 * N  # float32
-CODECS = {  # (encode parameters, bound on the decode's traced peak)
+CODECS = {  # (encode parameters, bound on the decode's traced peak); dgc and stc decode as topk, none as fp16
     "mucsc-dithered": ({"codec": "mucsc", "rounding": "dithered", "z": 16}, OUT + 16 * MiB),
     "mucsc-idsa": ({"codec": "mucsc", "z": 16, "id_coding": "rans"}, OUT + 6 * MiB),
     "mucsc-idsl": ({"codec": "mucsc", "z": 16}, OUT + OUT // 4 + 8 * MiB),
@@ -118,8 +114,8 @@ CODECS = {  # (encode parameters, bound on the decode's traced peak)
     "terngrad": ({"codec": "terngrad"}, OUT + OUT // 4 + 8 * MiB),
     "signsgd": ({"codec": "signsgd"}, OUT + OUT // 4 + 8 * MiB),
     "fp16": ({"codec": "fp16"}, OUT + 8 * MiB),
-    # the zstd-inflated DATA section, then the output array copied from it (lossless: 2 x)
-    "raw": ({"codec": "raw"}, 2 * OUT + 4 * MiB),
+    # the zstd DATA section decompressed straight into the output array
+    "raw": ({"codec": "raw"}, OUT + 4 * MiB),
 }
 
 
@@ -137,6 +133,25 @@ def test_codec_decode_memory_is_its_output_plus_scratch(name, big_vector):
     peak, exc = peak_bytes(mucsc.decode, blob)
     assert exc is None
     assert peak <= bound, f"{name}: peak {peak / MiB:.1f} MiB for {OUT / MiB:.0f} MiB of output"
+
+
+@pytest.mark.parametrize("name", sorted(set(CODECS) - {"raw"}))  # lossless: a record is its group's dtype
+def test_a_float16_record_decodes_without_its_groups_float32_vector(name, big_vector):
+    """A float16 record of N elements in a float32 group (FORMAT.md 2.4) takes its 2N bytes plus a
+    fixed piece, not the group's 4N bytes of float32 as well (the dict decode of issue 38: 5x)."""
+    if PURE_NUMPY and name in ("mucsc-dithered", "mucsc-idsa"):
+        pytest.skip("the numpy reference rANS decoder takes minutes at 2^22 IDs (the passes are checked below)")
+    params, _ = CODECS[name]
+    data = {"w": big_vector[:1000].copy(), "h": big_vector.astype(np.float16)}
+    out = sum(a.nbytes for a in data.values())
+    blob = mucsc.encode(data, seed=1, **params)
+    assert [g.dtype for g in mucsc.inspect(blob).groups] == ["float32"]
+    peak, exc = peak_bytes(mucsc.decode, blob)
+    assert exc is None
+    # a piece of 2^18 values and its scratch (the dithered passes: ~13 MiB); decoding the group's
+    # float32 vector first, then the record, took 24.0-29.3 MiB here
+    scratch = 16 * MiB if name == "mucsc-dithered" else 12 * MiB
+    assert peak <= out + scratch, f"{name}: peak {peak / MiB:.1f} MiB for {out / MiB:.1f} MiB of output"
 
 
 # ---- the rANS length bound (FORMAT.md 4.4) ------------------------------------------------------------
@@ -262,6 +277,93 @@ def test_narrowing_in_chunks_equals_saturate_then_cast(monkeypatch):
     assert got.dtype == np.float16
     assert got.tobytes() == tensors.saturate(x, "float16").astype(np.float16).tobytes()
     assert np.isfinite(got[::7]).all()
+
+
+NARROW_CODECS = [("mucsc", {}), ("mucsc", {"rounding": "dithered"}), ("mucsc", {"id_coding": "rans"}),
+                 ("mucsc", {"id_coding": "packed"}), ("mucsc", {"z": 300}), ("bmucsc", {"keep": 0.3}),
+                 ("topk", {}), ("stc", {}), ("qsgd", {}), ("qsgd", {"coding": "elias"}), ("terngrad", {}),
+                 ("signsgd", {}), ("fp16", {}), ("none", {})]
+
+
+@pytest.mark.parametrize("wide", ["float32", "float64"])
+def test_records_decoded_in_pieces_equal_the_whole_vector_cast(monkeypatch, wide):
+    """Every codec's pieces (Codec.decode_parts), small enough to straddle records and passes, give
+    a narrower record the same bytes as the group's whole vector saturated and cast (FORMAT.md 2.4)."""
+    from mucsc.codec.api import messages
+    from mucsc.codec.codecs import _cast, base, qsgd, signsgd, terngrad
+    rng = np.random.default_rng(38)
+    data = {"a": rng.standard_normal(1234).astype(wide), "h": np.clip(rng.standard_normal((50, 61)) * 3e4, -65000, 65000).astype(np.float16),
+            "e": np.zeros(0, np.float16), "f": rng.standard_normal(999).astype(np.float32), "z": np.ones(7, np.float16)}
+    blobs = [mucsc.encode(data, codec, seed=2, **p) for codec, p in NARROW_CODECS]
+    for blob in blobs:
+        assert mucsc.inspect(blob).groups[0].dtype == wide
+    with monkeypatch.context() as m:
+        m.setattr(messages, "_narrows", lambda header, group: False)  # the whole vector, then each record cast
+        wants = [mucsc.decode(b) for b in blobs]
+    for mod, name, size in ((base, "PART", 104), (clusters, "PART", 104), (_cast, "PART", 104), (clusters, "RANS_CHUNK", 333),
+                            (_dithered, "CHUNK", 1 << 10), (qsgd, "CHUNK", 200), (signsgd, "CHUNK", 96), (terngrad, "CHUNK", 100)):
+        monkeypatch.setattr(mod, name, size)
+    for (codec, p), blob, want in zip(NARROW_CODECS, blobs, wants):
+        got = mucsc.decode(blob)
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (codec, p, k)
+            assert got[k].tobytes() == v.tobytes(), (codec, p, k)
+
+
+def test_a_message_file_splits_a_narrowing_group_from_its_records(tmp_path, big_vector):
+    """``mucsc decompress``'s reader (MessageFile.records) decodes such a group into its records too:
+    the same values as mucsc.decode, without the group's float32 vector (tracemalloc)."""
+    data = {"w": big_vector[:1000].copy(), "h": big_vector.astype(np.float16)}
+    blob = mucsc.encode(data, "bmucsc", seed=1)
+    path = tmp_path / "m.mucsc"
+    path.write_bytes(blob)
+    want = mucsc.decode(blob)
+    with open(path, "rb") as f:
+        mf = mucsc.MessageFile(f)
+        peak, exc = peak_bytes(lambda: [(rec.name, v) for rec, v in mf.records()])
+        got = dict((rec.name, v) for rec, v in mf.records())
+    assert exc is None and peak <= 8 * MiB + 12 * MiB, peak / MiB  # 24.0 MiB with the group's vector first
+    assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
+
+
+def test_a_decoder_giving_the_wrong_count_is_refused(monkeypatch):
+    from mucsc.codec.codecs.topk import TopK
+    blob = mucsc.encode({"a": np.ones(10, np.float32), "h": np.ones(10, np.float16)}, "topk", seed=1)
+    for pieces in ([np.zeros(19)], [np.zeros(20), np.zeros(1)], [np.zeros((2, 10))], [[0.0] * 20]):
+        monkeypatch.setattr(TopK, "decode_parts", classmethod(
+            lambda cls, n, params, sections, dtype, pieces=pieces: iter(pieces)))
+        with pytest.raises(FormatError, match="wrong number of values"):
+            mucsc.decode(blob)
+
+
+def test_raw_decodes_into_a_writable_output_of_its_own():
+    """A zstd DATA is decompressed straight into the output (no second copy); a stored one is
+    copied out of the message: either way the array is the caller's, writable."""
+    for x, encoding in ((np.zeros(100_000, np.float32), "zstd"), (np.array([1, -7], np.int16), "raw")):
+        blob = mucsc.encode(x, "raw")
+        assert next(s for s in mucsc.inspect(blob).sections if s.tag == "DATA").encoding == encoding
+        got = mucsc.decode(blob)
+        assert got.flags.writeable and got.tobytes() == x.tobytes()
+        got[:] = 1  # the message is untouched
+        assert mucsc.decode(blob).tobytes() == x.tobytes()
+
+
+def test_a_signalling_nan_norm_is_refused_without_a_warning():
+    """Found by the sections12 campaign on qsgd dicts: a NORM of 0x7F800001 warned ("invalid value
+    encountered in cast") before its FormatError."""
+    import struct
+    import warnings
+    import zlib
+    from mucsc.codec.wire import container as fmt
+    blob = bytearray(mucsc.encode(np.ones(100, np.float32), "qsgd", seed=1))
+    norm = next(s for s in fmt.read_message(bytes(blob)).sections if s.tag == "NORM")
+    assert norm.encoding == "raw"
+    blob[norm.offset: norm.offset + 4] = struct.pack("<I", 0x7F800001)
+    blob[-4:] = struct.pack("<I", zlib.crc32(bytes(blob[:-4])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FormatError, match="bucket norms must be finite"):
+            mucsc.decode(bytes(blob))
 
 
 @pytest.mark.parametrize("packing", ["2bit", "base3"])

@@ -75,9 +75,21 @@ class MessageFile:
         float32 vector and no pass over it."""
         group = self.header.groups[gi]
         bits = bfloat16_bits and all(self.header.records[ri].dtype == "bfloat16" for ri in group.records)
+        table_map = _to_bf16 if bits else None
+        return self._decoding(lambda msg, g, grp: api._decode_group(msg, g, grp, table_map=table_map), gi, threads)
+
+    def _group_values(self, gi: int, threads: int) -> np.ndarray | list[np.ndarray]:
+        """Group ``gi`` as :meth:`_split` takes it: its records' arrays when one is narrower than the
+        group's values (decoded into them a piece at a time, FORMAT.md 3.2), else its vector (bfloat16
+        bit patterns for an all-bfloat16 group)."""
+        if api._narrows(self.header, self.header.groups[gi]):
+            return self._decoding(api._decode_records, gi, threads)
+        return self.decode_group(gi, threads=threads, bfloat16_bits=True)
+
+    def _decoding(self, decoder: Any, gi: int, threads: int) -> Any:
         try:
             with parallel.using(threads):
-                return api._decode_group(self.msg, gi, group, table_map=_to_bf16 if bits else None)
+                return decoder(self.msg, gi, self.header.groups[gi])
         except MemoryError:
             raise LimitError("out of memory while decoding: the group decodes to more than this machine "
                              "can hold") from None
@@ -122,8 +134,7 @@ class MessageFile:
         gi = groups[g]
         def work() -> dict[int, Any]:
             with parallel.using(threads):  # the bfloat16 rounding of the split too
-                return dict(self._split(gi, self.decode_group(gi, threads=threads, bfloat16_bits=True), wanted,
-                                        bfloat16))
+                return dict(self._split(gi, self._group_values(gi, threads), wanted, bfloat16))
 
         return pool.submit(work)
 
@@ -134,14 +145,16 @@ class MessageFile:
         wanted = {self.index[n] for n in names}
         return [r for ri, r in enumerate(self.header.records) if ri in wanted]
 
-    def _split(self, gi: int, flat: np.ndarray, wanted: set[int], bfloat16: str) -> Iterator[tuple[int, Any]]:
-        """(record index, values) of group ``gi``'s wanted records, cut from its vector ``flat``."""
+    def _split(self, gi: int, flat: np.ndarray | list[np.ndarray], wanted: set[int], bfloat16: str
+               ) -> Iterator[tuple[int, Any]]:
+        """(record index, values) of group ``gi``'s wanted records, cut from its vector ``flat`` (or
+        given as its records' arrays, :meth:`_group_values`)."""
         group = self.header.groups[gi]
         lossless = codec_class(group.codec).lossless
         offset = 0
-        for ri in group.records:
+        for j, ri in enumerate(group.records):
             rec = self.header.records[ri]
-            part = flat[offset: offset + rec.size]
+            part = flat[j] if isinstance(flat, list) else flat[offset: offset + rec.size]
             offset += rec.size
             if ri in wanted:
                 yield ri, record_values(part, rec, lossless, bfloat16)

@@ -23,6 +23,7 @@ from mucsc.codec.wire.auth import AuthSummary, Keys
 from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
 from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.tensors import saturate_into
 from mucsc.codec.api.policy import Planned, Policy, measure
 from mucsc.codec.backends.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
@@ -803,8 +804,10 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
     sizes = [sum(header.records[i].size for i in g.records) for g in header.groups]
     reporter = _Reporter(progress, sum(sizes))
 
-    def decode_group(gi: int) -> np.ndarray:
-        flat = _decode_group(msg, gi, header.groups[gi], device)
+    def decode_group(gi: int) -> Any:
+        group = header.groups[gi]
+        narrows = device is None and _narrows(header, group)
+        flat = _decode_records(msg, gi, group) if narrows else _decode_group(msg, gi, group, device)
         reporter.add(sizes[gi])
         return flat
 
@@ -815,7 +818,8 @@ def _decode(blob, as_torch: bool, max_elements: int | None, max_expansion: float
         offset = 0
         lossless = codec_class(group.codec).lossless  # known: _decode_group found it
         # decoded on a device: the records' views in one op (a slice each would be an op each)
-        parts = None if isinstance(flat, np.ndarray) else flat.split([header.records[ri].size for ri in group.records])
+        parts = flat if isinstance(flat, list) else None if isinstance(flat, np.ndarray) else \
+            flat.split([header.records[ri].size for ri in group.records])
         for j, ri in enumerate(group.records):
             rec = header.records[ri]
             part = flat[offset: offset + rec.size] if parts is None else parts[j]
@@ -866,6 +870,48 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = Non
         raise FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
     check_all_read(gi, group, sections)
     return flat
+
+
+# the record dtypes narrower than a lossy group's values (FORMAT.md 2.4; bfloat16 decodes as float32)
+_NARROWER = {"float64": ("float32", "float16"), "float32": ("float16",)}
+
+
+def _narrows(header: fmt.Header, group: fmt.Group) -> bool:
+    """Whether a record of ``group`` stores its values narrower than the group decodes them."""
+    narrower = _NARROWER.get(group.dtype, ())
+    return any(header.records[i].dtype in narrower for i in group.records)
+
+
+def _decode_records(msg: fmt.Message, gi: int, group: fmt.Group) -> list[np.ndarray]:
+    """Group ``gi`` decoded straight into its records' flat arrays, a piece of its codec's
+    ``decode_parts`` at a time, each record's piece saturated and cast as :func:`from_record` does:
+    the group's vector is never whole, so a float16 record of a float32 group costs its own size
+    plus a piece, not the group's float32 values too (FORMAT.md 3.2)."""
+    cls, n, dtype, sections = open_group(msg, gi, group)
+    records = [msg.header.records[i] for i in group.records]
+    narrower = _NARROWER.get(group.dtype, ())
+    dtypes = [np.dtype(r.dtype) if r.dtype in narrower else dtype for r in records]
+    wrong = FormatError(f"group {gi} ({group.codec}): decoder returned the wrong number of values")
+    outs: list[np.ndarray] = []
+    j = at = got = 0  # the record being filled, its values so far, the group's values so far
+    with malformed_as_format_error(gi, group):
+        for part in cls.decode_parts(n, group.params, sections, dtype):
+            if not isinstance(part, np.ndarray) or part.ndim != 1 or got + part.size > n:
+                raise wrong
+            got += part.size
+            if not outs:  # allocated once the decoder's checks before its first piece have passed
+                outs = [np.empty(r.size, dt) for r, dt in zip(records, dtypes)]
+            s = 0
+            while s < part.size:
+                while at == outs[j].size:
+                    j, at = j + 1, 0
+                m = min(part.size - s, outs[j].size - at)
+                saturate_into(part[s: s + m], outs[j][at: at + m], records[j].dtype)
+                s, at = s + m, at + m
+    if got != n:
+        raise wrong
+    check_all_read(gi, group, sections)
+    return outs or [np.empty(0, dt) for dt in dtypes]
 
 
 def open_group(msg: fmt.Message, gi: int, group: fmt.Group) -> tuple[type[Codec], int, np.dtype, Any]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
-from mucsc.codec.codecs.base import Codec, EncodedGroup, Section, array_from, section
+from mucsc.codec.codecs.base import PART, Codec, EncodedGroup, Section, array_from, section
 from mucsc.errors import FormatError
 
 
@@ -68,7 +68,18 @@ class CastCodec(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        return cls._wire_values(n, sections).astype(dtype)
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
+        v = cls._wire_values(n, sections)  # a view of the section: only the pieces are new
+        for a in range(0, n, PART):
+            yield v[a: a + PART].astype(dtype)
+
+    @classmethod
+    def _wire_values(cls, n: int, sections: Mapping[str, memoryview]) -> np.ndarray:
         v = array_from(section(sections, "VALS", np.dtype(cls.wire).itemsize * n), cls.wire)
         if not np.all(np.isfinite(v)):
             raise FormatError(f"{cls.name}: values must be finite")
-        return v.astype(dtype)
+        return v

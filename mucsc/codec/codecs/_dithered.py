@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from mucsc.codec.codecs.base import Section, param_int, section
+from mucsc.codec.codecs.base import Section, joined, param_int, section
 from mucsc.codec.numerics import dither, quantize
 from mucsc.codec.numerics.centroids import _sample_sorted
 from mucsc.codec.wire import rans
@@ -130,10 +130,16 @@ CHUNK = 1 << 18  # elements per decoding pass: the scratch is ~40 bytes an eleme
 
 
 def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype) -> np.ndarray:
-    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5).
-    Every length is checked against n before the output is allocated (:class:`_Indices`); then the
-    output is filled in passes of ``CHUNK`` elements, the dither regenerated for each from its
-    position in the counter stream, so the working memory is the output plus a fixed scratch."""
+    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5): the
+    passes of :func:`decode_parts` written into the output."""
+    return joined(n, dtype, decode_parts(n, params, sections, dtype))
+
+
+def decode_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype
+                 ) -> Iterator[np.ndarray]:
+    """:func:`decode`'s values in passes of ``CHUNK`` elements (``Codec.decode_parts``).  Every
+    length is checked against n before the first pass (:class:`_Indices`); the dither is regenerated
+    for each pass from its position in the counter stream, so the working memory is a fixed scratch."""
     k = param_int(params, "symbols", 1, dither.MAX_SYMBOLS)
     escape = params.get("escape")
     if not isinstance(escape, bool) or (escape and k < 2):
@@ -149,7 +155,6 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     esc = None
     if escape:
         esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
-    y = np.empty(n, dtype)  # reserved (not written) before the counting pass: an absurd n fails at once
     indices.count()
     for a in range(0, n, CHUNK):
         t = dither.stream(key, min(CHUNK, n - a), a)
@@ -161,11 +166,10 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
             part = dither.dequantize(q, step, offset, dither.uniforms(t), dtype, share)
         if not np.all(np.isfinite(part)):
             raise FormatError(f"the grid (step {step:g}, offset {offset:g}) decodes beyond the range of {dtype}")
-        y[a: a + t.size] = part
+        yield part
     indices.finish()
     if esc is not None and (left := esc.finish()):
         raise FormatError(f"QESC: {left}")
-    return y
 
 
 def _unescape(q: np.ndarray, out: np.ndarray, esc: dither.ZigzagReader, q_lo: int, k: int) -> None:

@@ -14,7 +14,7 @@ import math
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -255,6 +255,16 @@ class Codec(ABC):
         return None
 
     @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
+        """:meth:`decode_array`'s vector as consecutive 1-D pieces of ``dtype`` (together its n values),
+        each checked before it is yielded; a piece may be reused by the next one, so a caller copies it.
+        For a caller that stores the values elsewhere (a float16 record of a float32 group, narrowed
+        a piece at a time): a codec whose decoder works in passes yields each pass, so the group's
+        whole vector is never held (FORMAT.md 3.2).  The default yields the whole vector."""
+        yield cls.decode_array(n, params, sections, dtype)
+
+    @classmethod
     def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                     dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
         """For a server's running sum (:class:`mucsc.Aggregator`): read and check the group as
@@ -279,6 +289,37 @@ def add_scaled(acc: np.ndarray, weight: float, x: np.ndarray) -> None:
         t = buf[: e - s]
         np.multiply(x[s:e], w, out=t, dtype=np.float64)
         np.add(acc[s:e], t, out=acc[s:e])
+
+
+def joined(n: int, dtype: np.dtype, parts: Iterator[np.ndarray]) -> np.ndarray:
+    """The length-``n`` vector of ``dtype`` made of a :meth:`Codec.decode_parts` sequence: a codec's
+    ``decode_array`` written as its passes.  The output is allocated when the first piece has come,
+    so the checks a decoder makes before its first pass run before anything of size n is."""
+    out = None
+    a = 0
+    for part in parts:
+        out = np.empty(n, dtype) if out is None else out
+        out[a: a + part.size] = part
+        a += part.size
+    if a != n:
+        raise FormatError(f"the decoder gave {a} values for {n} elements")
+    return np.empty(n, dtype) if out is None else out
+
+
+PART = 1 << 18  # elements per piece of a decoder's parts that are not its passes (1 MiB of float32)
+
+
+def scattered(n: int, pos: np.ndarray, vals: np.ndarray, fill: float, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """The pieces (:meth:`Codec.decode_parts`) of ``out = full(n, fill); out[pos] = vals``, ``PART``
+    at a time into one reused buffer; ``pos`` strictly increasing in [0, n) (as its decoder checks)."""
+    buf = np.empty(min(PART, n), dtype)
+    for a in range(0, n, PART):
+        b = min(a + PART, n)
+        lo, hi = np.searchsorted(pos, (a, b))
+        part = buf[: b - a]
+        part.fill(fill)
+        part[pos[lo:hi] - a] = vals[lo:hi]
+        yield part
 
 
 # Rate control's planner of a lone group (mucsc.codec.ratecontrol installs it when imported, and
@@ -597,6 +638,21 @@ def section(sections: Mapping[str, memoryview], tag: str, nbytes: int | None = N
     zstd-encoded section of the wrong size is never decompressed (FORMAT.md 3)."""
     _check_section(sections, tag, nbytes)
     return sections[tag]
+
+
+def section_array(sections: Mapping[str, memoryview], tag: str, nbytes: int) -> np.ndarray:
+    """:func:`section` as a new writable uint8 array the caller keeps: a zstd section decompressed
+    straight into it (the container's progressive decompressor, read to the end), a stored one copied
+    out of the message; so a lossless decode holds its output once, not the payload and a copy."""
+    _check_section(sections, tag, nbytes)
+    stream = getattr(sections, "stream", None)
+    got = stream(tag) if stream is not None and nbytes else sections[tag]
+    if hasattr(got, "read_to"):
+        got.read_to(nbytes)
+        if got.buffer.flags.writeable:  # else decompressed in one shot into bytes: copied below
+            return got.buffer
+        got = got.buffer
+    return np.frombuffer(got, np.uint8).copy()
 
 
 def section_stream(sections: Mapping[str, memoryview], tag: str, nbytes: int) -> Any:

@@ -24,14 +24,15 @@ compress="off" and positions="paper" the payload equals the paper's count exactl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from,
-                                     ceil_log2, param, param_int, param_str, plan_alone, register, section)
+                                     ceil_log2, param, param_int, param_str, plan_alone, register, scattered,
+                                     section)
 from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LIMITS, ID_CODING_HELP, ID_CODINGS,
                                          ID_PACKING_HELP, ID_PACKINGS, LEVELS_BY, LEVELS_BY_HELP, LEVELS_HELP, MAX_Z,
                                          MIN_Z, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials, GoalTarget,
@@ -250,12 +251,25 @@ class BMUCSC(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
-        k = cls._kept_count(n, params)
-        vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
-        pos, mean = cls._rest(n, k, params, sections)
+        pos, vals, mean = cls._kept(n, params, sections, dtype)
         out = np.full(n, mean, dtype)
         out[pos] = vals
         return out
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
+        """:meth:`decode_array` a piece at a time: the k kept values (decoded whole: k is the kept
+        fraction) scattered over the mean piece by piece, so the n values are never held at once."""
+        yield from scattered(n, *cls._kept(n, params, sections, dtype), dtype)
+
+    @classmethod
+    def _kept(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype):
+        """(the k kept positions, their values, the rest's mean), checked."""
+        k = cls._kept_count(n, params)
+        vals = decode_clusters(k, params, sections, dtype)  # CENT + IDS_ exactly as the mucsc codec
+        pos, mean = cls._rest(n, k, params, sections)
+        return pos, vals, mean
 
     @classmethod
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

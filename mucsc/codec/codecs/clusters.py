@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,8 +17,8 @@ import numpy as np
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import device_rounding, torch_backend, torch_lanes
 from mucsc.codec.codecs import _dithered as dithered
-from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, Z_RANGE, Codec, Section, add_scaled, array_from,
-                                     ceil_log2, param_int, param_str, section, section_stream)
+from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, PART, Z_RANGE, Codec, Section, add_scaled,
+                                     array_from, ceil_log2, param_int, param_str, section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
 from mucsc.codec.wire import bitpack, container, lanes, rans, structure
 from mucsc.errors import FormatError, ParameterError, SizeError
@@ -465,6 +465,32 @@ def decode_clusters(n: int, params: Mapping[str, Any], sections: Mapping[str, me
                                 lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
 
 
+def cluster_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                  dtype: np.dtype) -> Iterator[np.ndarray]:
+    """:func:`decode_clusters`'s values a piece at a time (``Codec.decode_parts``): a dithered
+    group's and rANS-coded IDs' decoding passes; packed IDs, and lane-coded IDs decoded to their
+    symbols (n x w bits: 1-2 bytes an ID at most), unpacked and looked up ``PART`` at a time."""
+    if params.get("rounding") == "dithered":
+        yield from dithered.decode_parts(n, params, sections, dtype)
+        return
+    cent, width, payload = _cluster_sections(n, params, sections)
+    k = cent.size
+    if width is None:
+        yield from _rans_parts(payload, n, cent, dtype)
+        return
+    if width == "lanes":
+        payload, width = lanes.decode_symbols(payload, n, k)
+        if width == lanes.WIDE:  # one symbol per ID, from a table of k symbols: ids < k
+            for a in range(0, n, PART):
+                yield quantize.dequantize(payload[a: a + PART], cent, dtype, check=False)
+            return
+    table = cent.astype(dtype)
+    for a in range(0, n, PART):  # PART: a multiple of 8, so every piece starts on a whole byte
+        b = min(a + PART, n)
+        yield parallel.unpack_take(payload[a * width // 8: bitpack.packed_size(b, width)], width, b - a, table,
+                                   lambda top: FormatError(f"cluster id {top} out of range for {k} centroids"))
+
+
 def cluster_accumulator(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                         dtype: np.dtype) -> Callable[[np.ndarray, float], None]:
     """:meth:`Codec.accumulator` of a mucsc group without the decoded vector: the sections are read
@@ -529,6 +555,22 @@ def _decode_rans(payload: memoryview, n: int, cent: np.ndarray, dtype: np.dtype)
     ids.take_values(np.ascontiguousarray(cent.astype(dtype)), out)  # the values as the IDs are decoded
     ids.finish()
     return out
+
+
+RANS_CHUNK = 1 << 18  # values per piece of :func:`_rans_parts`
+
+
+def _rans_parts(payload: memoryview, n: int, cent: np.ndarray, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """:func:`_decode_rans`'s values ``RANS_CHUNK`` at a time into one reused buffer, so the scratch
+    stays fixed; the stream finished after the last piece."""
+    ids = rans.Lanes(payload, n, cent.size)
+    table = np.ascontiguousarray(cent.astype(dtype))
+    buf = np.empty(min(RANS_CHUNK, n), dtype)
+    for a in range(0, n, RANS_CHUNK):
+        piece = buf[: min(RANS_CHUNK, n - a)]
+        ids.take_values(table, piece)
+        yield piece
+    ids.finish()
 
 
 def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

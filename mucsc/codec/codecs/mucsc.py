@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -26,7 +26,8 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
                                          GoalTarget, check_id_coding, check_levels, cluster_resolved,
                                          cluster_section_sizes,
-                                         cluster_accumulator, decode_clusters, decode_clusters_torch, encode_clusters_kept,
+                                         cluster_accumulator, cluster_parts, decode_clusters, decode_clusters_torch,
+                                         encode_clusters_kept,
                                          format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids, levels_floor
@@ -231,6 +232,11 @@ class Mucsc(Codec):
     def decode_mapped(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                       dtype: np.dtype, table_map: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
         return decode_clusters(n, params, sections, dtype, table_map)
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
+        return cluster_parts(n, params, sections, dtype)
 
     @classmethod
     def accumulator(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

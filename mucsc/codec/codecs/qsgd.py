@@ -9,14 +9,14 @@ levels and one sign bit each (the paper's coding).  Layouts: spec/codecs.md "qsg
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.wire import bitpack
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
-                              param_int, param_str, register, section)
+                              joined, param_int, param_str, register, scattered, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MAX_S = (1 << 15) - 1  # fixed width 1 + ceil(log2(s + 1)) <= 16 bits (bitpack's limit)
@@ -109,22 +109,27 @@ class QSGD(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        return joined(n, dtype, cls.decode_parts(n, params, sections, dtype))
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
         s = param_int(params, "s", 1, MAX_S)
         bucket = param_int(params, "bucket", 1, MAX_BUCKET)
         coding = param_str(params, "coding", ("fixed", "elias"))
         nb = -(-n // bucket)
-        norms = array_from(section(sections, "NORM", 4 * nb), "<f4").astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN from untrusted bytes: refused below
+            norms = array_from(section(sections, "NORM", 4 * nb), "<f4").astype(np.float64)
         if not np.all(np.isfinite(norms)) or np.any(norms < 0):
             raise FormatError("qsgd: bucket norms must be finite and non-negative")
         step = norms / s
-        out = np.empty(n, dtype)
         if coding == "fixed":
             w = level_width(s)
             buf = section(sections, "VALS", bitpack.packed_size(n, w))
             for a, b in _chunks(n, 8):  # whole bytes per chunk (a and b multiples of 8 but the last)
                 vals = bitpack.unpack(buf[a * w // 8: bitpack.packed_size(b, w)], w, b - a)
-                _levels_into(out, a, b, vals >> 1, (vals & 1).astype(bool), step, bucket, s)
-            return out
+                yield _levels(a, b, vals >> 1, (vals & 1).astype(bool), step, bucket, s).astype(dtype)
+            return
         nnz = param_int(params, "nnz", 0, n)
         gaps = bitpack.gamma_decode(section(sections, "INDX"), nnz, n)
         if float(gaps.sum(dtype=np.float64)) > n:
@@ -136,11 +141,9 @@ class QSGD(Codec):
         sign_bytes = np.frombuffer(section(sections, "SIGN", (nnz + 7) // 8), np.uint8)
         bitpack.check_padding(sign_bytes, nnz, "qsgd signs")
         neg = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
-        out[:] = 0
         vals = step[pos // bucket] * levels
         np.negative(vals, out=vals, where=neg)
-        out[pos] = vals
-        return out
+        yield from scattered(n, pos, vals, 0.0, dtype)
 
 
 CHUNK = 1 << 18  # elements per chunk of the encoder's and decoder's float64 temporaries
@@ -171,16 +174,15 @@ def _bucket_squares(x: np.ndarray, bucket: int) -> np.ndarray:
     return sq
 
 
-def _levels_into(out: np.ndarray, a: int, b: int, lev: np.ndarray, neg: np.ndarray, step: np.ndarray,
-                 bucket: int, s: int) -> None:
-    """out[a:b] = -+ (norm / s) * level, checking the levels (canonical: no sign on a zero level)."""
+def _levels(a: int, b: int, lev: np.ndarray, neg: np.ndarray, step: np.ndarray, bucket: int, s: int) -> np.ndarray:
+    """Elements a..b-1: -+ (norm / s) * level (float64), checking the levels (canonical: no sign on a
+    zero level)."""
     if lev.size and int(lev.max()) > s:
         raise FormatError(f"qsgd: a level exceeds s = {s}")
     if np.any(neg & (lev == 0)):
         raise FormatError("qsgd: a zero level carries a sign bit")  # canonical encoding
     v = _per_element(step, bucket, b - a, a) * lev
-    np.negative(v, out=v, where=neg)
-    out[a:b] = v
+    return np.negative(v, out=v, where=neg)
 
 
 def _per_element(per_bucket: np.ndarray, bucket: int, n: int, start: int = 0) -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.codecs.base import Codec, EncodedGroup, Section, register, section
+from mucsc.codec.codecs.base import Codec, EncodedGroup, Section, register, section_array
 
 
 @register
@@ -30,5 +30,4 @@ class Raw(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
-        data = section(sections, "DATA", n * dtype.itemsize)
-        return np.frombuffer(data, dtype=dtype).copy()
+        return section_array(sections, "DATA", n * dtype.itemsize).view(dtype)

@@ -9,14 +9,14 @@ server-side aggregation of the paper's SSGD is :func:`majority_vote`.  Layout: s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
 
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, Section, array_from, param, param_str, register,
-                              section)
+                              joined, section)
 from mucsc.codec.wire.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
 
@@ -110,13 +110,19 @@ class SignSGD(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        return joined(n, dtype, cls.decode_parts(n, params, sections, dtype))
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
         bits, mag = cls._signs_and_scale(n, params, sections)
-        out = np.full(n, mag, dtype)
-        for a in range(0, n, CHUNK):  # bytes of one chunk unpacked at a time: output-size memory only
+        buf = np.empty(min(CHUNK, n), dtype)  # one chunk's values, reused
+        for a in range(0, n, CHUNK):  # bytes of one chunk unpacked at a time: a fixed scratch
             b = min(a + CHUNK, n)
             neg = np.unpackbits(bits[a // 8: -(-b // 8)], count=b - a, bitorder="little").view(bool)
-            np.negative(out[a:b], out=out[a:b], where=neg)
-        return out
+            part = buf[: b - a]
+            part.fill(mag)
+            yield np.negative(part, out=part, where=neg)
 
 
 def majority_vote(updates: Iterable[np.ndarray]) -> np.ndarray:

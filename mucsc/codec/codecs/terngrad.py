@@ -9,7 +9,7 @@ default) or 5 per byte (``"base3"``, 1.6 bits).  Layout: spec/codecs.md "terngra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from mucsc.codec import kernels
 from mucsc.codec.wire import bitpack
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_float,
-                              param_str, register, section)
+                              joined, param_str, register, section)
 from mucsc.codec.codecs.qsgd import round_up_f32
 from mucsc.errors import FormatError, ParameterError
 
@@ -108,6 +108,11 @@ class TernGrad(Codec):
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
+        return joined(n, dtype, cls.decode_parts(n, params, sections, dtype))
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
         packing = param_str(params, "packing", ("2bit", "base3"))
         if param_float(params, "clip") < 0:  # informative (how the encoder clipped), but well-formed
             raise FormatError("terngrad: header parameter 'clip' must be >= 0")
@@ -117,7 +122,6 @@ class TernGrad(Codec):
         base3 = packing == "base3"
         vals = section(sections, "VALS", -(-n // 5) if base3 else bitpack.packed_size(n, 2))
         lut = np.array([0.0, s, -s], dtype)
-        out = np.empty(n, dtype)
         for a in range(0, n, CHUNK):  # whole bytes of either packing a chunk (CHUNK: a multiple of 20)
             b = min(a + CHUNK, n)
             if base3:
@@ -126,8 +130,7 @@ class TernGrad(Codec):
                 trits = bitpack.unpack(vals[a // 4: bitpack.packed_size(b, 2)], 2, b - a)
                 if np.any(trits == 3):
                     raise FormatError("terngrad: trit code 3 is invalid")
-            out[a:b] = lut[trits]
-        return out
+            yield lut[trits]
 
 
 def _clipped_chunks(x: np.ndarray, c: float | None):

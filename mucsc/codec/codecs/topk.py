@@ -7,7 +7,7 @@ default), or one method by name.  Layout: spec/codecs.md "topk".
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -16,7 +16,7 @@ from mucsc.codec import kernels
 from mucsc.codec.backends import torch_backend
 from mucsc.codec.wire import sparse
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
-                              param_float, param_int, register, section)
+                              param_float, param_int, register, scattered, section)
 from mucsc.errors import FormatError, ParameterError
 
 KEEP_LIMITS = {"keep": (0.0, 1.0)}  # a fraction of the elements, (0, 1]
@@ -82,6 +82,12 @@ class ScatterDecoder:
         out = np.zeros(n, dtype)
         out[pos] = vals
         return out
+
+    @classmethod
+    def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                     dtype: np.dtype) -> Iterator[np.ndarray]:
+        """:meth:`decode_array` a piece at a time: the k values scattered over zeros, piece by piece."""
+        yield from scattered(n, *cls._sent(n, params, sections), 0.0, dtype)
 
     @classmethod
     def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
