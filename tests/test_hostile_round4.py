@@ -22,7 +22,7 @@ import pytest
 import mucsc
 from mucsc.codec import kernels
 from mucsc.codec.backends import tensors
-from mucsc.codec.codecs import _dithered
+from mucsc.codec.codecs import _dithered, clusters
 from mucsc.codec.wire import rans
 from mucsc.errors import FormatError
 from msgtools import peak_bytes
