@@ -10,7 +10,7 @@ run looping a small case until it takes >= ~50 ms):
 - goals (bits=2, max_error=0.05) at d = 1e5 and 1e6: time / the fixed Z = 16 encode of the same
   vector, with the bits per element and J / |x|^2 they send;
 - state_dicts shaped like LeNet (10 tensors, 61,706 parameters), fedsim's FEMNIST LeNet (8 tensors,
-  1.33M), ALL-CNN (18 tensors, 1.37M) and a BERT-shaped encoder (all-MiniLM-L6's shapes: 101
+  1.33M; with torch also the state_dict ``mucsc sim`` initialises), ALL-CNN (18 tensors, 1.37M) and a BERT-shaped encoder (all-MiniLM-L6's shapes: 101
   tensors, 22.7M at 6 layers): shared Z = 16,
   per-tensor Z = 16 (``shared=False``), ``Policy(max_error=0.01)`` (``mucsc compress``'s model mode),
   fp16, each / the shared encode (the Policy rows with the message's bytes and bits per element);
@@ -74,6 +74,16 @@ def femnist_lenet() -> dict[str, tuple[int, ...]]:
     1,331,758 parameters, one of them 1,254,400 (the shapes of its state_dict, named as torch names them)."""
     return {"0.weight": (32, 1, 5, 5), "0.bias": (32,), "3.weight": (64, 32, 5, 5), "3.bias": (64,),
             "7.weight": (400, 3136), "7.bias": (400,), "9.weight": (62, 400), "9.bias": (62,)}
+
+
+def fedsim_lenet() -> dict[str, np.ndarray] | None:
+    """fedsim's FEMNIST LeNet as ``mucsc sim`` builds it (torch's initialisation, seed 0): its
+    state_dict as numpy arrays; None without torch."""
+    try:
+        from mucsc.fedsim.models import build_model
+    except ImportError:
+        return None
+    return {k: v.detach().numpy().copy() for k, v in build_model("lenet", (1, 28, 28), 62).state_dict().items()}
 
 
 def all_cnn() -> dict[str, tuple[int, ...]]:
@@ -206,6 +216,9 @@ def main() -> int:
     sizes = [10**3, 10**4, 10**5, 10**6, 10**7]
     dicts = {"LeNet": weights(lenet()), "FEMNIST LeNet": weights(femnist_lenet()), "ALL-CNN": weights(all_cnn()),
              "BERT-shaped": weights(bert(a.bert_layers))}
+    fedsim = fedsim_lenet()
+    if fedsim is not None:  # the same shapes, torch's uniform initialisation
+        dicts = {**dict(list(dicts.items())[:2]), "FEMNIST LeNet (fedsim init)": fedsim, **dict(list(dicts.items())[2:])}
     print(f"mucsc {mucsc.__version__} from {Path(mucsc.__file__).parent}; kernels "
           f"{__import__('mucsc.codec.kernels').codec.kernels.BACKEND}; best of {a.repeat}, {a.clock} clock; load average "
           f"{os.getloadavg()[0]:.2f} at start")
