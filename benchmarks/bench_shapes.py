@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
 """The codec at the shapes people have (issue 21): one table of ratios measured in one run.
 
-    python benchmarks/bench_shapes.py [--repeat 5] [--only fixed,goals,dicts,policy,cli,torch] [--bert-layers 6] [--cpu]
+    python benchmarks/bench_shapes.py [--repeat 5] [--only fixed,goals,dicts,policy,cli,torch] [--bert-layers 6]
+                                      [--clock wall|cpu]
 
 Rows (Gaussian float32 data, seed 0, one thread; every time is the best of ``--repeat`` runs, each
 run looping a small case until it takes >= ~50 ms):
 - fixed Z = 16 at d = 1e3 .. 1e7: MB/s and the rate as a share of the d = 1e7 rate;
 - goals (bits=2, max_error=0.05) at d = 1e5 and 1e6: time / the fixed Z = 16 encode of the same
   vector, with the bits per element and J / |x|^2 they send;
-- state_dicts shaped like LeNet (10 tensors, 61,706 parameters), ALL-CNN (18 tensors, 1.37M) and a
-  BERT-shaped encoder (all-MiniLM-L6's shapes: 101 tensors, 22.7M at 6 layers): shared Z = 16,
+- state_dicts shaped like LeNet (10 tensors, 61,706 parameters), fedsim's FEMNIST LeNet (8 tensors,
+  1.33M; with torch also the state_dict ``mucsc sim`` initialises), ALL-CNN (18 tensors, 1.37M) and a BERT-shaped encoder (all-MiniLM-L6's shapes: 101
+  tensors, 22.7M at 6 layers): shared Z = 16,
   per-tensor Z = 16 (``shared=False``), ``Policy(max_error=0.01)`` (``mucsc compress``'s model mode),
   fp16, each / the shared encode (the Policy rows with the message's bytes and bits per element);
 - ``mucsc compress`` on the BERT-shaped dict saved as safetensors: the default / ``--codec fp16``
   (the real command in a subprocess, interpreter start-up included in both), with the output's size;
 - with torch installed, the fixed-Z and state_dict rows again on torch CPU tensors.
-The machine is shared: compare ratios within one run, and repeat the run.  ``--cpu`` times the
-process's CPU time (``time.process_time``: every thread of it, zstd's workers included) instead of
-wall time, which leaves out the time other jobs hold the core (not their contention for caches and
-memory bandwidth); the ``cli`` rows (a subprocess) stay wall time.
+The machine is shared: compare ratios within one run, and repeat the run; ``--clock cpu`` times
+the process's CPU time instead of the wall clock (other jobs' load then counts less).
 """
 
 from __future__ import annotations
@@ -43,21 +43,22 @@ import mucsc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_RUN_S = 0.05
-CLOCK = time.perf_counter  # --cpu: time.process_time
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCK["wall"]  # main() sets --clock
 
 
 def best_time(fn: Callable[[], object], repeat: int) -> float:
     """Best seconds per call of ``repeat`` runs; a fast call is looped so a run lasts >= MIN_RUN_S."""
-    t = CLOCK()
+    t = clock()
     fn()
-    one = CLOCK() - t
+    one = clock() - t
     loops = max(1, int(MIN_RUN_S / max(one, 1e-6)))
     best = one
     for _ in range(repeat):
-        t = CLOCK()
+        t = clock()
         for _ in range(loops):
             fn()
-        best = min(best, (CLOCK() - t) / loops)
+        best = min(best, (clock() - t) / loops)
     return best
 
 
@@ -66,6 +67,23 @@ def lenet() -> dict[str, tuple[int, ...]]:
     return {"conv1.weight": (6, 1, 5, 5), "conv1.bias": (6,), "conv2.weight": (16, 6, 5, 5), "conv2.bias": (16,),
             "fc1.weight": (120, 400), "fc1.bias": (120,), "fc2.weight": (84, 120), "fc2.bias": (84,),
             "fc3.weight": (10, 84), "fc3.bias": (10,)}
+
+
+def femnist_lenet() -> dict[str, tuple[int, ...]]:
+    """fedsim's LeNet for FEMNIST (mucsc.fedsim.models.lenet: 62 classes, hidden 400): 8 tensors,
+    1,331,758 parameters, one of them 1,254,400 (the shapes of its state_dict, named as torch names them)."""
+    return {"0.weight": (32, 1, 5, 5), "0.bias": (32,), "3.weight": (64, 32, 5, 5), "3.bias": (64,),
+            "7.weight": (400, 3136), "7.bias": (400,), "9.weight": (62, 400), "9.bias": (62,)}
+
+
+def fedsim_lenet() -> dict[str, np.ndarray] | None:
+    """fedsim's FEMNIST LeNet as ``mucsc sim`` builds it (torch's initialisation, seed 0): its
+    state_dict as numpy arrays; None without torch."""
+    try:
+        from mucsc.fedsim.models import build_model
+    except ImportError:
+        return None
+    return {k: v.detach().numpy().copy() for k, v in build_model("lenet", (1, 28, 28), 62).state_dict().items()}
 
 
 def all_cnn() -> dict[str, tuple[int, ...]]:
@@ -187,19 +205,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--bert-layers", type=int, default=6)
+    ap.add_argument("--clock", choices=tuple(CLOCK), default="wall",
+                    help="wall clock, or the process's CPU time (a loaded machine; the cli rows stay wall)")
     ap.add_argument("--only", default="fixed,goals,dicts,policy,cli,torch",
                     help="sections to run, comma-separated (default: all; policy: the Policy rows of dicts)")
-    ap.add_argument("--cpu", action="store_true", help="time the process's CPU time instead of wall time")
     a = ap.parse_args()
-    if a.cpu:
-        global CLOCK
-        CLOCK = time.process_time
+    global clock
+    clock = CLOCK[a.clock]
     only = set(a.only.split(","))
     sizes = [10**3, 10**4, 10**5, 10**6, 10**7]
-    dicts = {"LeNet": weights(lenet()), "ALL-CNN": weights(all_cnn()), "BERT-shaped": weights(bert(a.bert_layers))}
+    dicts = {"LeNet": weights(lenet()), "FEMNIST LeNet": weights(femnist_lenet()), "ALL-CNN": weights(all_cnn()),
+             "BERT-shaped": weights(bert(a.bert_layers))}
+    fedsim = fedsim_lenet()
+    if fedsim is not None:  # the same shapes, torch's uniform initialisation
+        dicts = {**dict(list(dicts.items())[:2]), "FEMNIST LeNet (fedsim init)": fedsim, **dict(list(dicts.items())[2:])}
     print(f"mucsc {mucsc.__version__} from {Path(mucsc.__file__).parent}; kernels "
-          f"{__import__('mucsc.codec.kernels').codec.kernels.BACKEND}; best of {a.repeat}; "
-          f"{'process CPU' if a.cpu else 'wall'} time; load average "
+          f"{__import__('mucsc.codec.kernels').codec.kernels.BACKEND}; best of {a.repeat}, {a.clock} clock; load average "
           f"{os.getloadavg()[0]:.2f} at start")
     print(row(["case", "ms", "ratio", "sends"]))
     print(row(["---"] * 4))

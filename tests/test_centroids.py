@@ -337,3 +337,20 @@ def test_finish_shortcut_is_np_unique():
     for c, lo, hi in cases:
         assert np.array_equal(centroids._finish(np.array(c), lo, hi).view(np.int64),
                               reference(c, lo, hi).view(np.int64)), (c, lo, hi)
+
+
+def test_levels_on_sorted_are_about_the_solvers():
+    # rate control's J-optimal levels of a sorted summary: the DP over 3 z candidates (z <= 256): J
+    # within 2% of the default solver's (measured 0-1.9%); above, greedy insertion without the
+    # solver's refining DP: within 12% (measured 4-11% for 300-1000 levels, -2% to +1% beyond)
+    from mucsc.codec.numerics.summary import Summary
+    x = np.random.default_rng(3).standard_t(3, 6000).astype(np.float32)
+    s = Summary(x, float(x.min()), float(x.max()))
+    cache = {}
+    for z in (3, 64, 256, 700, 1500):
+        c = centroids.levels_on_sorted(s.S, z, cache) + s.shift
+        assert c.size == z and np.all(np.diff(c) > 0) and c[0] == x.min() and c[-1] == x.max()
+        assert centroids.variance_J(x, c) <= (1.02 if z <= 256 else 1.12) * centroids.variance_J(x, solve(x, z))
+        assert np.array_equal(c - s.shift, centroids.levels_on_sorted(s.S, z))  # the cache changes nothing
+    with pytest.raises(ParameterError):
+        centroids.levels_on_sorted(s.S, 1)

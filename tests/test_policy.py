@@ -159,6 +159,14 @@ def test_fp16_exact():
     assert fp16_exact(np.array([0.5, -2.0, 0.0, -0.0], np.float32))
     assert not fp16_exact(np.array([0.1], np.float32))
     assert not fp16_exact(np.array([1e6], np.float32))
+    # checked a chunk at a time: the first value float16 misses decides, wherever it lies
+    exact = np.random.default_rng(0).integers(-2048, 2048, 200_000).astype(np.float32) / 64
+    exact[150_000] = -0.0
+    assert fp16_exact(exact) and fp16_exact(exact.astype(np.float64))
+    for at in (0, 1023, 1024, 70_000, 199_999):
+        y = exact.copy()
+        y[at] = 1.0 + 2.0 ** -12  # between two float16 values
+        assert not fp16_exact(y) and not fp16_exact(y.astype(np.float64))
 
 
 def test_stats_tensors_in_record_order_and_to_dict():

@@ -311,9 +311,19 @@ def fp16_round_trip(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(x.dtype)
 
 
-def fp16_exact(x: np.ndarray) -> bool:
-    """Whether every value survives float16 exactly (-0.0 included: its sign bit is kept)."""
-    return bool(np.array_equal(fp16_round_trip(x).view(_uint(x)), x.view(_uint(x))))
+def fp16_exact(x: np.ndarray, first: int = 1 << 10, chunk: int = 1 << 16) -> bool:
+    """Whether every value survives float16 exactly (-0.0 included: its sign bit is kept).  Checked
+    a chunk at a time, ``first`` elements first: a tensor that float16 does not hold (most) fails
+    within its first values, where the whole cast took ~30 ms for 1.25M update values (float16
+    subnormals are converted slowly) and ~6 ms for 1.25M weights."""
+    bits = x.view(_uint(x))
+    a, size = 0, first
+    while a < x.size:
+        part = x[a: a + size]
+        if not np.array_equal(fp16_round_trip(part).view(_uint(x)), bits[a: a + size]):
+            return False
+        a, size = a + size, chunk
+    return True
 
 
 def _uint(x: np.ndarray) -> type:

@@ -101,7 +101,7 @@ class GoalTarget:
 
 
 
-LEVELS_BY = ("ecsq", "uniform")  # who chose given levels: entropy-constrained, or uniform steps
+LEVELS_BY = ("ecsq", "uniform", "optimal")  # who chose given levels: entropy-constrained, uniform steps, J-optimal
 # help texts of the Params fields mucsc and bmucsc share (base.param; the command line shows them)
 SOLVER_HELP = "How centroids are chosen for a fixed z (the goals use entropy-constrained levels as well)"
 ID_PACKING_HELP = ("IDs' bit widths: tight (ceil(log2 z)), aligned (byte-aligned where the entropy allows, for a "

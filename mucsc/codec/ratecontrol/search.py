@@ -55,11 +55,12 @@ class Choice:
     params: tuple
     steps: int | None = None  # uniform levels: this many steps of the data's span, a level at 0
     grid_step: float | None = None  # uniform levels k * grid_step (summary_search's grids; informative)
+    by: str | None = None  # who chose given levels when neither ecsq nor uniform steps did ("optimal")
 
     @property
     def levels_by(self) -> str:
         """Who chose the levels, as the header's solver records it."""
-        return "ecsq" if self.steps is None else "uniform"
+        return self.by or ("ecsq" if self.steps is None else "uniform")
 
     def settings(self) -> dict[str, Any]:
         """The codec parameters that fix this choice (what the planner resolves a goal to)."""

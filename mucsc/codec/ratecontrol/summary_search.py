@@ -23,7 +23,7 @@ import numpy as np
 
 from mucsc.codec.codecs.base import EncodedGroup
 from mucsc.codec.codecs.clusters import CENTROID_DTYPES, MAX_Z, MIN_Z, ClusterTrials, id_width, rounding_of
-from mucsc.codec.numerics import allocate, nearest, quantize
+from mucsc.codec.numerics import allocate, centroids, nearest, quantize
 from mucsc.codec.numerics.summary import Summary
 from mucsc.codec.ratecontrol.goal import Goal
 from mucsc.codec.ratecontrol.search import Choice, ClusterSearch, bisect, group_bytes
@@ -41,12 +41,23 @@ BRACKET_MARGIN = 1e-2  # an error bound's first grids aim this share of the step
 # An estimated J (subsampled summary) is taken this much larger: ~2 standard errors of the sample
 # mean at 2^17 samples, so that the exact J of an error goal's choice rarely misses the bound.
 SAMPLED_J_MARGIN = 3e-3
+# An error bound on a small group (its summary is the data, under MIN_ELEMENTS elements) whose grid
+# choice spends at least OPTIMAL_TABLE_SHARE of its bytes on the levels: J-optimal levels searched
+# too, about the fewest whose J meets the bound (2-4 level counts, ~1-2 ms each at z ~ 200, ~5 ms
+# at z ~ 2,000).  The grids alone sent 2-6% more bytes than the trial search's J-optimal levels
+# (Gaussian 500-8,000 elements at 1%; Student-t(3) up to 14%; 8,000-30,000 at 0.1%: 4-12%); where
+# the levels are a smaller share (a 25,000-element tensor at 1%: ~4%) the gain is < 1%.
+OPTIMAL_TABLE_SHARE, OPTIMAL_TRIES = 0.08, 4
+OPTIMAL_FIRST = 0.8  # the first count tried, of the grid's (J-optimal levels needed 70-92% as many)
+OPTIMAL_CLEAR = 0.05  # estimates this much smaller need no exact comparison (rANS and zstd'd packed IDs differ less)
+OPTIMAL_SLACK = 1 / 50  # done once the count that meets is this close to the fewest predicted (~1% of the bytes)
 
 
 # Smaller groups under a budget keep the trial-encoding search (:class:`ClusterSearch`): there the
 # levels' own bytes weigh, and J-optimal levels with packed IDs (not in this search's families) often
-# win.  Under an error bound every group is searched here (a small group is its own exact summary):
-# the trial search cost ~1 s per small tensor (its ecsq DPs), for ~1% more bytes on a few tensors.
+# win.  Under an error bound every group is searched here (a small group is its own exact summary),
+# J-optimal levels among its options (OPTIMAL_TABLE_SHARE): the trial search cost 0.2-2 s per small
+# tensor (its ecsq DPs) for about the same bytes (benchmarks/bench_small_goals.py: -7% to +1%).
 MIN_ELEMENTS = 1 << 15
 
 
@@ -117,9 +128,10 @@ class SummarySearch(ClusterSearch):
             k = self.summary.thin(k, counts, 16 * math.log(2) * J / self.x.size, self.dtype.itemsize + 1)
         return self.levels(k, step)
 
-    def levels(self, levels: np.ndarray, step: float | None) -> allocate.Option:
+    def levels(self, levels: np.ndarray, step: float | None, by: str | None = None) -> allocate.Option:
         """The option of these levels (as the wire carries them: rounded to the centroid dtype,
-        still bracketing the data), rANS-coded IDs; recorded."""
+        still bracketing the data), rANS-coded IDs; recorded.  ``by``: who chose them, when neither
+        a grid (``step``) nor the distinct values did ("optimal")."""
         wire, J, counts = self._measured(levels)
         k = int(wire.size)
         if not self.summary.exact:
@@ -127,11 +139,12 @@ class SummarySearch(ClusterSearch):
         idsa = rans.expected_size(counts, self.x.size)
         cent = k * self.dtype.itemsize
         size = sum(container.SECTION.size + s + container.padding(s) for s in (cent, idsa))
-        by = "uniform" if step is not None else "ecsq"
+        by = by or ("uniform" if step is not None else "ecsq")
         params = {"centroids": k, "centroid_dtype": self.p.centroid_dtype, "id_coding": "rans", "solver": by,
                   "z": max(MIN_Z, k), **self.ROUNDING_PARAMS}
         key = Choice(max(MIN_Z, k), None if self.wires is not None else tuple(map(float, wire)), "rans", None,
-                     tuple(sorted(params.items())), None if step is None else k - 1, step)
+                     tuple(sorted(params.items())), None if step is None else k - 1, step,
+                     None if by in ("uniform", "ecsq") else by)
         if self.wires is not None:
             self.wires[key] = wire
         o = allocate.Option(size, J, key)
@@ -216,7 +229,24 @@ class SummarySearch(ClusterSearch):
         if not any(stop(p) for p in self.options):  # thinning keeps a tiny group's grids coarse:
             every = self.summary.distinct(MAX_Z)  # its values themselves (J = 0), where it is its summary
             if every is not None:
-                self.levels(every, None)
+                near = self._optimal_beyond_grids(every.size)
+                if near is None or not stop(near):
+                    self.levels(every, None)
+
+    def _optimal_beyond_grids(self, distinct: int) -> allocate.Option | None:
+        """Where no grid meets an error bound (grids no finer than the span / MAX_Z: a heavy tail's
+        bulk gets too few levels), J-optimal levels at the count the closest grid predicts (J ~
+        1/z^2; the optimal levels' J is lower than the grid's) before the distinct values (J = 0):
+        Student-t(3), 15,000 elements at 0.1%: ~28 KB instead of 86 KB.  None when that is no
+        fewer levels than the distinct values."""
+        grids = (o for o in self.options if o.key.grid_step is not None and o.J > 0)
+        near = min(grids, key=lambda o: o.J, default=None)
+        if near is None:
+            return None
+        z = math.ceil(dict(near.key.params)["centroids"] * math.sqrt(near.J / self.J_goal))
+        if z >= min(distinct, MAX_Z):
+            return None
+        return self.levels(centroids.levels_on_sorted(self.summary.S, z) + self.summary.shift, None, "optimal")
 
     def trials_search(self) -> ClusterSearch:
         """The trial-encoding search of the same group: where no grid meets an error bound (a small
@@ -271,8 +301,57 @@ class SummarySearch(ClusterSearch):
         return mid
 
     def refine_z(self, best: allocate.Option, ok, better) -> allocate.Option:
-        """Nothing more to search (the step is continuous)."""
-        return best
+        """The step is continuous: nothing more to search on the grids.  An error bound on a small
+        group: J-optimal levels too (:meth:`_fewest_optimal`)."""
+        k = dict(best.key.params).get("centroids", 0) if best.key is not None else 0
+        if (self.J_goal is None or not self.J_goal > 0 or self.x.size >= MIN_ELEMENTS or not self.summary.exact
+                or self.ROUNDING_PARAMS or k <= 2 or k * self.dtype.itemsize < OPTIMAL_TABLE_SHARE * best.bytes):
+            return best
+        return self._fewest_optimal(best, k, ok, better)
+
+    def _fewest_optimal(self, best: allocate.Option, k: int, ok: Callable[[allocate.Option], bool],
+                        better: Callable[[allocate.Option, allocate.Option], bool]) -> allocate.Option:
+        """The cheaper of ``best`` (a grid's, ``k`` levels) and J-optimal levels
+        (:func:`~mucsc.codec.numerics.centroids.levels_on_sorted`) at about the fewest level count
+        that meets the bound, compared by their exact encodings (a small group's packed IDs may be
+        zstd'd: the estimates do not see it).  Each next count is where J ~ z^-a through the last
+        two (a = 2 from the first) meets the bound; done once the count that meets is within
+        OPTIMAL_SLACK of the one predicted (or of one that fails), or after OPTIMAL_TRIES DPs."""
+        S, shift, J_goal, cache = self.summary.S, self.summary.shift, self.J_goal, {}
+        fails, meets, found, prev = 2, None, None, None  # z = 2 (the ends) fails: the grid needed k > 2
+        most = min(MAX_Z, self.x.size // 2)  # beyond, the distinct values (or the grid) do as well
+        if most <= 3:
+            return best
+        z = min(most - 1, max(3, math.ceil(OPTIMAL_FIRST * k)))
+        for _ in range(OPTIMAL_TRIES):
+            o = self.levels(centroids.levels_on_sorted(S, z, cache) + shift, None, "optimal")
+            if ok(o):
+                meets = z
+                if found is None or better(o, found):
+                    found = o
+            else:
+                fails = z
+            top = most if meets is None else meets
+            a = 2.0
+            if prev is not None and prev[0] != z and prev[1] > 0 and o.J > 0 and prev[1] != o.J:
+                a = min(4.0, max(1.0, math.log(prev[1] / o.J) / math.log(z / prev[0])))
+            prev = (z, o.J)
+            guess = math.ceil(z * (o.J / J_goal) ** (1.0 / a)) if o.J > 0 else fails + 1
+            slack = max(1, int(OPTIMAL_SLACK * top))
+            if top - fails <= 1 or (meets is not None and top - max(fails, guess) < slack):
+                break
+            z = guess if fails < guess < top else (fails + top) // 2
+        if found is None:
+            return best
+        exact_found = self.exact(self._packed_twin(found))
+        if found.bytes < best.bytes * (1.0 - OPTIMAL_CLEAR) and ok(exact_found):
+            return exact_found  # clearly smaller: no need to encode the grid's choice to compare
+        exact_best = self.exact(best)
+        return exact_found if better(exact_found, exact_best) and ok(exact_found) else exact_best
+
+    def _packed_twin(self, o: allocate.Option) -> allocate.Option:
+        """The packed-ID twin of rANS-coded option ``o`` (whose :meth:`exact` encodes both), else ``o``."""
+        return next((p for p in reversed(self.options) if p.key in self._twins and self._twins[p.key].key == o.key), o)
 
     def exact(self, o: allocate.Option) -> allocate.Option:
         """``o`` encoded (the encoding kept for the message): its exact bytes and J.  Packed IDs
