@@ -20,7 +20,8 @@ from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, PART, Z_RANGE, Codec, Section, add_scaled,
                                      array_from, ceil_log2, param_int, param_str, section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
-from mucsc.codec.wire import bitpack, container, lanes, rans, structure
+from mucsc.codec.wire import bitpack, lanes, rans, structure
+from mucsc.codec.wire.zstdframe import ZstdFrame
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
@@ -323,7 +324,7 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     """The IDSL section of ``ids`` (k >= 2 centroids); with ``auto``, None when zstd on the IDS_
     packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES), or
     for host IDs of at most EXACT_ZSTD_BYTES packed the IDS_ section itself (its packing and the zstd
-    frame compared, a ``container.ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already
+    frame compared, a ``ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already
     loses).  Device IDs are coded on their device (:mod:`mucsc.codec.backends.torch_lanes`): the same bytes."""
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
@@ -362,7 +363,7 @@ def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed
     ~70 us of a ~0.5 ms encode)."""
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
-    ids_ = Section("IDS_", packed, compressible=container.ZstdFrame(COMPARE_LEVEL, frame))
+    ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
     if lanes.size_floor(counts, sym.size) > best:
         return ids_
     data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)

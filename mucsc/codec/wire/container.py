@@ -23,6 +23,7 @@ import numpy as np
 import zstandard
 
 from mucsc.codec import parallel
+from mucsc.codec.wire.zstdframe import ZstdFrame
 from mucsc.errors import ChecksumError, FormatError, LimitError, TruncatedError, VersionError
 
 #: ``read(offset, n)``: n bytes of a message from ``offset`` (a slice of a buffer, or a file's pread)
@@ -272,17 +273,6 @@ def message_size(payload_sizes: Iterable[int]) -> int:
 def _compressor(zstd_level: int, threads: int = 1) -> zstandard.ZstdCompressor:
     """zstd's multi-threaded mode: the same frame for any ``threads`` (``parallel.zstd_compressor``)."""
     return parallel.zstd_compressor(zstd_level, threads)
-
-
-@dataclasses.dataclass(frozen=True)
-class ZstdFrame:
-    """``compressible=`` for a section whose codec already compressed its payload (to choose a
-    layout): the frame at ``level`` (``parallel.zstd_compressor``'s, whatever its thread count).
-    Truthy like ``True``; a writer at the same level stores this frame instead of compressing the
-    same bytes again (the same message bytes, one zstd pass fewer), one at another level compresses."""
-
-    level: int
-    frame: bytes
 
 
 def _frame(data: Any, compressible: Any, level: int | None, cctx: Any) -> bytes:
