@@ -274,24 +274,6 @@ def _measure_decoded(y: np.ndarray, x: np.ndarray, spans: Sequence[tuple[int, in
         norms = [math.sqrt(v) for v in sums]
         out.append((norms[0], norms[1], norms[2] if stored is not None else norms[1]))
     return out
-    if True:
-        y = decode_encoded(codec, enc, x.size, x.dtype)
-        views = [lambda a, b: y[a:b]]
-        if stored is not None:
-            views.append(lambda a, b: stored(y[a:b]))
-    out = []
-    for s, e in spans if spans is not None else [(0, x.size)]:
-        sums = [0.0] * (1 + len(views))
-        for a in range(s, e, chunk):
-            b = min(a + chunk, e)
-            xc = x[a:b].astype(np.float64)
-            sums[0] += kernels.dot(xc, xc)
-            for j, view in enumerate(views):
-                d = view(a, b) - xc
-                sums[j + 1] += kernels.dot(d, d)
-        norms = [math.sqrt(v) for v in sums]
-        out.append((norms[0], norms[1], norms[-1]))
-    return out
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
