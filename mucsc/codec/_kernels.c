@@ -2638,6 +2638,549 @@ done:
     return res;
 }
 
+/* ================================================================================================ */
+/* dithered rounding's fused passes (codecs/_dithered.py, numerics/dither.py; FORMAT.md 4.5).      */
+/* Each computes what the numpy path computes, operation for operation (float64, no FMA).  Where   */
+/* one meets a case it does not handle (an index beyond +-2^62, a non-finite value, a malformed    */
+/* stream or escape) it returns a non-zero code and the caller takes the numpy path, which computes */
+/* or rejects that input as the reference does: the bytes, values and errors are the numpy path's. */
+/* ================================================================================================ */
+
+#define DITHER_SCALE (1.0 / 9007199254740992.0)        /* 2^-53: v_i = t_i 2^-53, exact */
+#define DITHER_BOUND 4611686018427387904.0              /* 2^62: a floor below it converts exactly */
+#define DITHER_MAX_INDEX ((int64_t)1 << 52)
+
+static int i64_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    if (get_buf(o, b, writable, name) < 0) return -1;
+    char c = fmt_char(b);
+    if (!((c == 'q' || c == 'l') && b->itemsize == 8)) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "%s: int64 buffer needed", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int u32_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    if (get_buf(o, b, writable, name) < 0) return -1;
+    char c = fmt_char(b);
+    if (!((c == 'I' || c == 'L') && b->itemsize == 4)) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "%s: uint32 buffer needed", name);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(dither_quantize_doc,
+"dither_quantize(x, t, step, offset, q, fq, q_base, fine, joint) -> (q_min, q_max) or None\n\n"
+"q[i] = floor((x[i] - offset) / step + t[i] 2^-53) (dither.quantize: x float32 or float64 widened,\n"
+"float64 operations in numpy's order) and, unless fq is None, fq[i] = f (1 - f) with\n"
+"f = a - floor(a), a = (x[i] - offset) / step (dither.straddle's terms, which the caller sums with\n"
+"numpy); unless joint is None (int64, fine x span cells, zeroed here), joint[c span + q[i] - q_base]\n"
+"+= 1 with c = (t[i] fine) >> 53 (dither.choose_alphabet's histogram of the indices per finest\n"
+"context).  t: uint64 below 2^53; q: int64; fq: float64.  None where an index is not finite, not\n"
+"below 2^62 in magnitude or (with joint) outside q_base .. q_base + span - 1: the caller takes the\n"
+"numpy path for that input.");
+
+static PyObject *py_dither_quantize(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *to, *qo, *fo, *jo;
+    double step, offset;
+    long long q_base;
+    Py_ssize_t fine;
+    if (!PyArg_ParseTuple(args, "OOddOOLnO", &xo, &to, &step, &offset, &qo, &fo, &q_base, &fine, &jo)) return NULL;
+    Py_buffer b[5];
+    int got = 0, have_f = 0, have_j = 0;
+    if (get_buf(xo, &b[0], 0, "dither_quantize x") < 0) return NULL;
+    got = 1;
+    if (stream_buf(to, &b[1], 1) < 0) goto fail;
+    got = 2;
+    if (i64_buf(qo, &b[2], 1, "dither_quantize q") < 0) goto fail;
+    got = 3;
+    if (fo != Py_None) {
+        if (get_buf(fo, &b[got], 1, "dither_quantize fq") < 0) goto fail;
+        have_f = got++;
+    }
+    if (jo != Py_None) {
+        if (i64_buf(jo, &b[got], 1, "dither_quantize joint") < 0) goto fail;
+        have_j = got++;
+    }
+    int xk = float_kind(&b[0]);
+    Py_ssize_t n = xk ? b[0].len / xk : -1, span = have_j && fine >= 1 && fine <= 64 ? b[have_j].len / 8 / fine : 1;
+    if (!xk || b[1].len / 8 != n || b[2].len / 8 != n || (have_f && (float_kind(&b[have_f]) != 8 || b[have_f].len / 8 != n))
+        || (have_j && (fine < 1 || fine > 64 || span < 1 || span * fine * 8 != b[have_j].len))) {
+        PyErr_SetString(PyExc_ValueError, "dither_quantize: x float32/float64, t uint64, q int64, fq float64, all of one "
+                                          "length; joint int64 of fine (1..64) x span cells");
+        goto fail;
+    }
+    {
+        const float *x32 = (const float *)b[0].buf;
+        const double *x64 = (const double *)b[0].buf;
+        const uint64_t *t = (const uint64_t *)b[1].buf;
+        int64_t *q = (int64_t *)b[2].buf;
+        double *fq = have_f ? (double *)b[have_f].buf : NULL;
+        int64_t *joint = have_j ? (int64_t *)b[have_j].buf : NULL;
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        int bad = 0;
+        uint64_t big = 0;
+        if (joint) memset(joint, 0, (size_t)(span * fine) * 8);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double a = (xk == 4 ? (double)x32[i] : x64[i]) - offset;
+            a = a / step;
+            big |= t[i];
+            double y = floor(a + (double)(t[i] & ((1ULL << 53) - 1)) * DITHER_SCALE);
+            if (!(fabs(y) < DITHER_BOUND)) { bad = 1; break; }
+            int64_t v = (int64_t)y;
+            q[i] = v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            if (fq) {
+                double f = a - floor(a);
+                fq[i] = f * (1.0 - f);
+            }
+            if (joint) {
+                uint64_t col = (uint64_t)v - (uint64_t)q_base;
+                if (col >= (uint64_t)span) { bad = 1; break; }
+                joint[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)fine) * span + (Py_ssize_t)col]++;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        release_bufs(b, got);
+        if (big >> 53) {
+            PyErr_SetString(PyExc_ValueError, "dither_quantize: t must be below 2^53");
+            return NULL;
+        }
+        if (bad || n == 0) Py_RETURN_NONE;
+        return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+PyDoc_STRVAR(dither_split_doc,
+"dither_split(q, t, count, q_lo, inner, escape, ordered) -> (list of count ints, bytes)\n\n"
+"The symbols of the indices q (int64) in context order (dither.Alphabet.split then\n"
+"dither.by_context): s = q - q_lo for 0 <= s < inner, else the escape symbol inner (escape true),\n"
+"whose q go, in index order, to the int64 array returned as bytes.  ordered: uint32 of len(q).\n"
+"Returns the elements in each context and the escaped q; ValueError for an index outside an\n"
+"alphabet without escape.");
+
+static PyObject *py_dither_split(PyObject *self, PyObject *args)
+{
+    PyObject *qo, *to, *oo;
+    Py_ssize_t count;
+    long long q_lo, inner;
+    int escape;
+    if (!PyArg_ParseTuple(args, "OOnLLpO", &qo, &to, &count, &q_lo, &inner, &escape, &oo)) return NULL;
+    Py_buffer b[3];
+    int got = 0;
+    PyObject *escs = NULL;
+    if (i64_buf(qo, &b[0], 0, "dither_split q") < 0) return NULL;
+    got = 1;
+    if (stream_buf(to, &b[1], count) < 0) goto fail;
+    got = 2;
+    if (u32_buf(oo, &b[2], 1, "dither_split ordered") < 0) goto fail;
+    got = 3;
+    Py_ssize_t n = b[0].len / 8;
+    if (b[1].len / 8 != n || b[2].len / 4 != n || inner < 1 || inner > 65536) {
+        PyErr_SetString(PyExc_ValueError, "dither_split: t and ordered as long as q, inner in 1..65536");
+        goto fail;
+    }
+    {
+        const int64_t *q = (const int64_t *)b[0].buf;
+        const uint64_t *t = (const uint64_t *)b[1].buf;
+        uint32_t *dst = (uint32_t *)b[2].buf;
+        Py_ssize_t cnt[64] = {0}, cur[64], ne = 0, e = 0;
+        uint64_t big = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            big |= t[i];
+            cnt[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)count)]++;
+            ne += (uint64_t)q[i] - (uint64_t)q_lo >= (uint64_t)inner;
+        }
+        Py_END_ALLOW_THREADS
+        if (big >> 53 || (ne && !escape)) {
+            PyErr_SetString(PyExc_ValueError, big >> 53 ? "dither_split: t must be below 2^53"
+                                                        : "dither_split: an index outside an alphabet without escape");
+            goto fail;
+        }
+        escs = PyBytes_FromStringAndSize(NULL, ne * 8);
+        if (!escs) goto fail;
+        int64_t *esc = (int64_t *)PyBytes_AS_STRING(escs);
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t at = 0;
+        for (Py_ssize_t j = 0; j < count; j++) { cur[j] = at; at += cnt[j]; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t s = (uint64_t)q[i] - (uint64_t)q_lo;
+            if (s >= (uint64_t)inner) {
+                esc[e++] = q[i];
+                s = (uint64_t)inner;
+            }
+            dst[cur[dither_context(t[i], (uint64_t)count)]++] = (uint32_t)s;
+        }
+        Py_END_ALLOW_THREADS
+        release_bufs(b, got);
+        PyObject *res = PyList_New(count);
+        for (Py_ssize_t j = 0; res && j < count; j++) {
+            PyObject *v = PyLong_FromSsize_t(cnt[j]);
+            if (!v) { Py_CLEAR(res); break; }
+            PyList_SET_ITEM(res, j, v);
+        }
+        if (!res) { Py_DECREF(escs); return NULL; }
+        PyObject *pair = Py_BuildValue("(NN)", res, escs);
+        return pair;
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+PyDoc_STRVAR(dither_counts_doc,
+"dither_counts(key, n, count, out)\n\n"
+"out[j] = how many of the elements 0 .. n - 1 have context j, t_i = splitmix64(key)'s output i + 1\n"
+">> 11 (dither.stream, not materialised), context (t_i count) >> 53; out int64 of length count (1..64).");
+
+static PyObject *py_dither_counts(PyObject *self, PyObject *args)
+{
+    unsigned long long key;
+    Py_ssize_t n, count;
+    PyObject *oo;
+    if (!PyArg_ParseTuple(args, "KnnO", &key, &n, &count, &oo)) return NULL;
+    Py_buffer ob;
+    if (i64_buf(oo, &ob, 1, "dither_counts out") < 0) return NULL;
+    if (n < 0 || count < 1 || count > 64 || ob.len / 8 != count) {
+        PyBuffer_Release(&ob);
+        PyErr_SetString(PyExc_ValueError, "dither_counts: n >= 0, count in 1..64, out int64 of length count");
+        return NULL;
+    }
+    int64_t *out = (int64_t *)ob.buf, cnt[64] = {0};
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t z = (uint64_t)key + GAMMA;
+    for (Py_ssize_t i = 0; i < n; i++, z += GAMMA) cnt[dither_context(splitmix_mix(z) >> 11, (uint64_t)count)]++;
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < count; j++) out[j] = cnt[j];
+    PyBuffer_Release(&ob);
+    Py_RETURN_NONE;
+}
+
+/* One context's IDSA decoder (rans_decode_part's state), read by dither_decode element by element. */
+typedef struct {
+    const uint8_t *buf;
+    const uint32_t *f, *cum;
+    uint16_t *coarse;  /* coarse[b]: the symbol holding slot b << shift (then a step up while past it) */
+    uint32_t *xs;      /* the caller's states and positions, written back at the end */
+    int64_t *ps;
+    const int64_t *ends;
+    uint32_t x[64], mask;
+    int64_t p[64];
+    int S, W, j, shift;
+} dither_dec;
+
+#define DITHER_DEC_BUFS 6
+#define DITHER_COARSE_BITS 11  /* 2^11 two-byte entries a context: the tables of 64 contexts stay in L2 */
+
+/* Take one context's decoder from its tuple (buf, f, cum, S, W, x, p, ends); 0 or -1 (error set).
+ * Its slot -> symbol lookup is a table of 2^min(S, 11) buckets (each the symbol holding the bucket's
+ * first slot) and a step up the cumulative frequencies: a few KiB instead of the 2^S entries that
+ * would not stay in cache once the contexts alternate element by element.  Symbols of one context
+ * are ordered by cum (FORMAT.md 4.4), so the step up is exact. */
+static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize_t k)
+{
+    PyObject *o[6];
+    int S, W;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOOiiOOO", &o[0], &o[1], &o[2], &S, &W, &o[3], &o[4], &o[5]))
+        return -1;
+    for (int i = 0; i < 6; i++) {
+        if (get_buf(o[i], &b[i], i == 3 || i == 4, "dither_decode lanes") < 0) { release_bufs(b, i); return -1; }
+    }
+    Py_ssize_t M = (Py_ssize_t)1 << (S < 1 || S > 22 ? 0 : S);
+    if (S < 1 || S > 22 || W < 1 || W > 64 || b[1].itemsize != 4 || b[2].itemsize != 4 || b[1].len / 4 != k
+        || b[2].len != b[1].len || b[3].len != 4 * W || b[3].itemsize != 4 || b[4].len != 8 * W || b[5].len != 8 * W
+        || b[0].itemsize != 1) {
+        release_bufs(b, 6);
+        PyErr_SetString(PyExc_ValueError, "dither_decode: a context's decoder has bad arguments");
+        return -1;
+    }
+    d->buf = (const uint8_t *)b[0].buf;
+    d->f = (const uint32_t *)b[1].buf;
+    d->cum = (const uint32_t *)b[2].buf;
+    d->xs = (uint32_t *)b[3].buf;
+    d->ps = (int64_t *)b[4].buf;
+    d->ends = (const int64_t *)b[5].buf;
+    d->S = S; d->W = W; d->j = 0; d->mask = (uint32_t)M - 1;
+    d->shift = S > DITHER_COARSE_BITS ? S - DITHER_COARSE_BITS : 0;
+    uint64_t total = 0;
+    int ok = 1;
+    for (Py_ssize_t s = 0; s < k; s++) {  /* cum must be f's running sum, the whole summing to 2^S */
+        ok &= d->cum[s] == total;
+        total += d->f[s];
+    }
+    ok &= total == (uint64_t)M;
+    Py_ssize_t nb = M >> d->shift;
+    d->coarse = ok ? (uint16_t *)malloc((size_t)nb * sizeof(uint16_t)) : NULL;
+    if (ok && !d->coarse) { release_bufs(b, 6); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0, s = 0; ok && i < nb; i++) {
+        uint64_t slot = (uint64_t)i << d->shift;
+        while (s < k && (uint64_t)d->cum[s] + d->f[s] <= slot) s++;
+        d->coarse[i] = (uint16_t)s;
+    }
+    for (int j = 0; j < W; j++) {
+        d->x[j] = d->xs[j];
+        d->p[j] = d->ps[j];
+        if (d->p[j] < 0 || d->ends[j] < d->p[j] || d->ends[j] > (int64_t)b[0].len) ok = 0;
+    }
+    if (!ok) {
+        free(d->coarse);
+        d->coarse = NULL;
+        release_bufs(b, 6);
+        PyErr_SetString(PyExc_ValueError, "dither_decode: a context's table or lanes do not fit");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(dither_decode_doc,
+"dither_decode(key, count, lanes, q_lo, k, escape, esc, step, offset, share, out) -> (code, esc_read)\n\n"
+"The whole dithered group in one pass (codecs/_dithered.decode's chunks fused): for each element i\n"
+"its t_i (dither.stream), its context (t_i count) >> 53, that context's next symbol from its IDSA\n"
+"lanes (lanes[c] = (buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W]):\n"
+"rans_decode_part's arguments but the table, the states and positions updated in place), its index (q_lo + s, or\n"
+"the next zigzag varint of esc + q_lo for the escape symbol k - 1 when escape), and\n"
+"out[i] = (q + (0.5 - v_i) share) step + offset in float64 cast to out's type (float32/float64).\n"
+"code 0: done (the caller checks the final states and that esc_read is all of esc); else the\n"
+"first problem met (1 a lane ends early, 2 an escape runs past esc, 3 an escape out of range,\n"
+"4 a value not finite): the caller decodes with the numpy path, which names it.");
+
+static PyObject *py_dither_decode(PyObject *self, PyObject *args)
+{
+    unsigned long long key;
+    Py_ssize_t count, k;
+    PyObject *lo_, *eo, *oo;
+    long long q_lo;
+    int escape;
+    double step, offset, share;
+    if (!PyArg_ParseTuple(args, "KnOLnpOdddO", &key, &count, &lo_, &q_lo, &k, &escape, &eo, &step, &offset, &share, &oo))
+        return NULL;
+    if (count < 1 || count > 64 || k < 1 || k > 65536 || !PyTuple_Check(lo_) || PyTuple_GET_SIZE(lo_) != count) {
+        PyErr_SetString(PyExc_ValueError, "dither_decode: count in 1..64 decoders (a tuple), k in 1..65536");
+        return NULL;
+    }
+    dither_dec *dec = (dither_dec *)calloc((size_t)count, sizeof(dither_dec));
+    Py_buffer *bufs = (Py_buffer *)calloc((size_t)count * DITHER_DEC_BUFS, sizeof(Py_buffer));
+    Py_buffer eb, ob;
+    int inited = 0, have_e = 0, have_o = 0;
+    PyObject *res = NULL;
+    if (!dec || !bufs) { PyErr_NoMemory(); goto done; }
+    for (; inited < count; inited++)
+        if (dither_dec_init(PyTuple_GET_ITEM(lo_, inited), &dec[inited], &bufs[inited * DITHER_DEC_BUFS], k) < 0) goto done;
+    if (get_buf(eo, &eb, 0, "dither_decode esc") < 0) goto done;
+    have_e = 1;
+    if (get_buf(oo, &ob, 1, "dither_decode out") < 0) goto done;
+    have_o = 1;
+    int ok_ = float_kind(&ob);
+    if (!ok_ || eb.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "dither_decode: esc bytes, out float32 or float64");
+        goto done;
+    }
+    {
+        Py_ssize_t n = ob.len / ok_, ep = 0, elen = eb.len;
+        const uint8_t *e = (const uint8_t *)eb.buf;
+        float *o32 = (float *)ob.buf;
+        double *o64 = (double *)ob.buf;
+        const uint64_t zlimit = ((uint64_t)1 << 54) + 1;  /* 2 limit + 1, limit = 2 MAX_INDEX */
+        const uint32_t esym = escape ? (uint32_t)(k - 1) : 0xFFFFFFFFu;
+        int code = 0;
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t z = (uint64_t)key + GAMMA;
+        for (Py_ssize_t i = 0; i < n; i++, z += GAMMA) {
+            uint64_t t = splitmix_mix(z) >> 11;
+            dither_dec *d = &dec[count == 1 ? 0 : dither_context(t, (uint64_t)count)];
+            int j = d->j;
+            uint32_t xv = d->x[j], slot = xv & d->mask, s = d->coarse[slot >> d->shift];
+            while (slot - d->cum[s] >= d->f[s]) s++;  /* below 2^S: the last symbol ends there */
+            xv = d->f[s] * (xv >> d->S) + slot - d->cum[s];
+            while (xv < RANS_L) {
+                if (d->p[j] >= d->ends[j]) { code = 1; break; }
+                xv = (xv << 8) | d->buf[d->p[j]++];
+            }
+            if (code) break;
+            d->x[j] = xv;
+            d->j = j + 1 == d->W ? 0 : j + 1;
+            int64_t q;
+            if (s == esym) {
+                uint64_t zz = 0;
+                int shift = 0;
+                for (;;) {
+                    if (ep >= elen) { code = 2; break; }
+                    uint8_t byte = e[ep++];
+                    uint64_t pl = byte & 0x7F;
+                    if (pl && (shift > 56 || (pl << shift) >> shift != pl)) { code = 3; break; }
+                    if (pl) zz |= pl << shift;
+                    if (zz > zlimit) { code = 3; break; }
+                    if (!(byte & 0x80)) break;
+                    if (shift < 63) shift += 7;
+                }
+                if (code) break;
+                q = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
+                q += q_lo;
+                if (q > DITHER_MAX_INDEX || q < -DITHER_MAX_INDEX || (q >= q_lo && q < q_lo + k - 1)) { code = 3; break; }
+            } else {
+                q = q_lo + (int64_t)s;
+            }
+            double y = 0.5 - (double)t * DITHER_SCALE;
+            y = y * share;
+            y = y + (double)q;
+            y = y * step;
+            y = y + offset;
+            if (ok_ == 4) {
+                float fy = (float)y;
+                if (!isfinite(fy)) { code = 4; break; }
+                o32[i] = fy;
+            } else {
+                if (!isfinite(y)) { code = 4; break; }
+                o64[i] = y;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < count; c++)
+            for (int j = 0; j < dec[c].W; j++) { dec[c].xs[j] = dec[c].x[j]; dec[c].ps[j] = dec[c].p[j]; }
+        res = Py_BuildValue("(in)", code, ep);
+    }
+done:
+    if (have_o) PyBuffer_Release(&ob);
+    if (have_e) PyBuffer_Release(&eb);
+    for (int c = 0; c < inited; c++) {
+        release_bufs(&bufs[c * DITHER_DEC_BUFS], 6);
+        free(dec[c].coarse);
+    }
+    free(bufs);
+    free(dec);
+    return res;
+}
+
+/* numpy's pairwise summation of a[0 .. n) (float64, contiguous; numpy 2's DOUBLE_pairwise_sum): the
+ * order np.add.reduce and each segment of np.add.reduceat (after its first element) sum in. */
+static double np_pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise_sum(a, n2) + np_pairwise_sum(a + n2, n - n2);
+}
+
+/* np.add.reduceat(a, first)'s entry for the segment a[s .. e): a[s] + the rest, pairwise. */
+static inline double np_segment_sum(const double *a, Py_ssize_t s, Py_ssize_t e)
+{
+    return a[s] + np_pairwise_sum(a + s + 1, e - s - 1);
+}
+
+PyDoc_STRVAR(dither_cells_doc,
+"dither_cells(xs, w, scale, cell, W, B, G) -> m or -1\n\n"
+"dither.expected_choice's pass over its sorted sample xs (float64; weights w, float64, or None for\n"
+"all 1): g = xs scale, z = floor(g), b = g - z; the runs of equal z (cells) in order, and per cell\n"
+"cell = z, W = its weight, B = the sum of b w (b without weights), G = the sum of (b w) ((b w) / w)\n"
+"(b^2 without weights), each summed as np.add.reduceat sums (the segment's first term plus numpy's\n"
+"pairwise sum of the rest; W without weights the count).  cell int64, W, B, G float64, each at\n"
+"least len(xs) long; returns the number of cells m, or -1 where a z is not finite or not below 2^62\n"
+"in magnitude (the caller takes the numpy path).");
+
+static PyObject *py_dither_cells(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *co, *Wo, *Bo, *Go;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOdOOOO", &xo, &wo, &scale, &co, &Wo, &Bo, &Go)) return NULL;
+    Py_buffer b[6];
+    int got = 0, have_w = wo != Py_None;
+    PyObject *objs[6] = {xo, Wo, Bo, Go, co, wo};
+    for (; got < 4; got++)
+        if (get_buf(objs[got], &b[got], got > 0, "dither_cells") < 0) goto fail;
+    if (i64_buf(co, &b[4], 1, "dither_cells cell") < 0) goto fail;
+    got = 5;
+    if (have_w) {
+        if (get_buf(wo, &b[5], 0, "dither_cells w") < 0) goto fail;
+        got = 6;
+    }
+    Py_ssize_t n = b[0].len / 8;
+    int ok = n >= 1 && float_kind(&b[0]) == 8 && (!have_w || (float_kind(&b[5]) == 8 && b[5].len == b[0].len))
+             && b[4].len / 8 >= n;
+    for (int i = 1; i < 4; i++) ok = ok && float_kind(&b[i]) == 8 && b[i].len / 8 >= n;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "dither_cells: xs (float64, not empty), w (float64 of len(xs)) or None; cell "
+                                          "int64, W, B, G float64 of at least len(xs)");
+        goto fail;
+    }
+    {
+        const double *xs = (const double *)b[0].buf, *w = have_w ? (const double *)b[5].buf : NULL;
+        double *W = (double *)b[1].buf, *B = (double *)b[2].buf, *G = (double *)b[3].buf;
+        int64_t *cell = (int64_t *)b[4].buf;
+        double *bw = (double *)malloc((size_t)n * 2 * sizeof(double));
+        if (!bw) { PyErr_NoMemory(); goto fail; }
+        double *g2 = bw + n;
+        Py_ssize_t m = 0, s = 0;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        int64_t prev = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double g = xs[i] * scale, z = floor(g);
+            if (!(fabs(z) < DITHER_BOUND)) { bad = 1; break; }
+            double r = g - z;
+            int64_t c = (int64_t)z;
+            if (w) {
+                r = r * w[i];
+                g2[i] = r * (r / w[i]);
+            } else {
+                g2[i] = r * r;
+            }
+            bw[i] = r;
+            if (i == 0 || c != prev) {
+                if (i > 0) {  /* close the cell s .. i */
+                    W[m] = w ? np_segment_sum(w, s, i) : (double)(i - s);
+                    B[m] = np_segment_sum(bw, s, i);
+                    G[m] = np_segment_sum(g2, s, i);
+                    m++;
+                }
+                cell[m] = c;
+                s = i;
+                prev = c;
+            }
+        }
+        if (!bad) {
+            W[m] = w ? np_segment_sum(w, s, n) : (double)(n - s);
+            B[m] = np_segment_sum(bw, s, n);
+            G[m] = np_segment_sum(g2, s, n);
+            m++;
+        }
+        Py_END_ALLOW_THREADS
+        free(bw);
+        release_bufs(b, got);
+        return PyLong_FromSsize_t(bad ? -1 : m);
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+/* ==== end of the dithered rounding's fused passes ================================================= */
+
 /* ---------------------------------------------------------------------------------------------- */
 /* summary thinning (summary.Summary.thin)                                                        */
 /* ---------------------------------------------------------------------------------------------- */
@@ -2898,6 +3441,11 @@ static PyMethodDef methods[] = {
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
+    {"dither_quantize", py_dither_quantize, METH_VARARGS, dither_quantize_doc},
+    {"dither_split", py_dither_split, METH_VARARGS, dither_split_doc},
+    {"dither_counts", py_dither_counts, METH_VARARGS, dither_counts_doc},
+    {"dither_decode", py_dither_decode, METH_VARARGS, dither_decode_doc},
+    {"dither_cells", py_dither_cells, METH_VARARGS, dither_cells_doc},
     {"thin", py_thin, METH_VARARGS, thin_doc},
     {"summary_stats", py_summary_stats, METH_VARARGS, summary_stats_doc},
     {"kmeans", py_kmeans, METH_VARARGS, kmeans_doc},

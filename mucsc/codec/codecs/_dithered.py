@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.codecs.base import Section, param_int, section
 from mucsc.codec.numerics import dither, quantize
 from mucsc.codec.numerics.centroids import _sample_sorted
@@ -94,24 +95,22 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
     n = x.size
     key = quantize.draw_key(rng)
     if cache is not None and cache.get("key") == key:
-        t, v = cache["t"], cache["v"]
+        t, bounds = cache["t"], cache["bounds"]
     else:
-        t = dither.stream(key, n)
-        v = dither.uniforms(t)
+        t, bounds = dither.stream(key, n), ((float(x.min()), float(x.max())) if n else None)
         if cache is not None:
-            cache.update(key=key, t=t, v=v)
-    q = dither.quantize(x, grid.step, grid.offset, v)
-    alpha, c, est = dither.choose_alphabet(q, t)
+            cache.update(key=key, t=t, bounds=bounds)
+    q, straddled, hist = dither.rounded(x, grid.step, grid.offset, t, grid.share != 1.0, bounds)
+    alpha, c, est = dither.choose_alphabet(q, t, hist)
     params = _params(alpha)
-    straddled = dither.straddle(x, grid.step, grid.offset) if grid.share != 1.0 else 0.0
     share = dither.best_share(n, straddled) if grid.share is None else grid.share
     head = Section("GRID", GRID.pack(grid.step, grid.offset, share, alpha.q_lo, key))
     if estimate:
         sections = (head, Section("QIDX", bytes(int(est))))
     else:
-        sym, esc = alpha.split(q)
+        by_context, esc = dither.symbols_by_context(alpha, q, t, c)
         parts = [CONTEXTS.pack(c)]
-        for part in dither.by_context(sym, t, c):
+        for part in by_context:
             coded = rans.encode(part, alpha.symbols)
             parts += [LENGTH.pack(len(coded)), coded]
         sections = (head, Section("QIDX", b"".join(parts)))
@@ -133,7 +132,8 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5).
     Every length is checked against n before the output is allocated (:class:`_Indices`); then the
     output is filled in passes of ``CHUNK`` elements, the dither regenerated for each from its
-    position in the counter stream, so the working memory is the output plus a fixed scratch."""
+    position in the counter stream, so the working memory is the output plus a fixed scratch (with
+    the compiled kernels one fused pass, :func:`_fused`, and no scratch)."""
     k = param_int(params, "symbols", 1, dither.MAX_SYMBOLS)
     escape = params.get("escape")
     if not isinstance(escape, bool) or (escape and k < 2):
@@ -151,6 +151,8 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
         esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
     y = np.empty(n, dtype)  # reserved (not written) before the counting pass: an absurd n fails at once
     indices.count()
+    if _fused(indices, q_lo, k, escape, sections, step, offset, share, y):
+        return y
     for a in range(0, n, CHUNK):
         t = dither.stream(key, min(CHUNK, n - a), a)
         sym = indices.take(t)
@@ -166,6 +168,30 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     if esc is not None and (left := esc.finish()):
         raise FormatError(f"QESC: {left}")
     return y
+
+
+def _fused(indices: "_Indices", q_lo: int, k: int, escape: bool, sections: Mapping[str, memoryview], step: float,
+           offset: float, share: float, y: np.ndarray) -> bool:
+    """Decode the whole group into ``y`` in one compiled pass (``dither_decode``: the stream, the
+    contexts, every context's rANS lanes, the escapes and the dequantisation element by element, no
+    scratch; each context's slot lookup a few KiB) -> True; False where the kernels are not built,
+    y is not float32/float64, or the pass met anything wrong (a stream ending early, a bad
+    escape, a value not finite, escape bytes left over): the chunked path then decodes the group
+    from the start and names the problem as it always did.  After the pass it checks the lanes'
+    final states (:meth:`_Indices.finish`, what the chunked path checks last)."""
+    m = kernels.c_module()
+    if not (kernels.use_c() and hasattr(m, "dither_decode") and y.dtype in (np.float32, np.float64) and y.size):
+        return False
+    states = [lanes.decoder() for lanes in indices.lanes]
+    qesc = section(sections, "QESC") if escape else b""
+    code, read = m.dither_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step, offset,
+                                 share, y)
+    if code or read != len(qesc):
+        return False
+    for lanes, state, count in zip(indices.lanes, states, indices.counts):
+        lanes.resume(state, count)
+    indices.finish()
+    return True
 
 
 def _unescape(q: np.ndarray, out: np.ndarray, esc: dither.ZigzagReader, q_lo: int, k: int) -> None:
@@ -227,10 +253,15 @@ class _Indices:
         """Count each context's elements (one pass over the dither stream, in chunks) and check each
         context's payload against its count (FORMAT.md 4.4's bounds)."""
         if self.c == 1:
+            self.counts = (self.n,)
             return
         counts = np.zeros(self.c, np.int64)
-        for a in range(0, self.n, CHUNK):
-            counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
+        if kernels.use_c() and hasattr(kernels.c_module(), "dither_counts"):  # the stream not materialised
+            kernels.c_module().dither_counts(self.key, self.n, self.c, counts)
+        else:
+            for a in range(0, self.n, CHUNK):
+                counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
+        self.counts = tuple(int(v) for v in counts)
         for j, lanes in enumerate(self.lanes):
             try:
                 lanes.expect(int(counts[j]))
