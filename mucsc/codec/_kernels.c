@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 
 #if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
 #error "float arithmetic must be evaluated in its own precision (FLT_EVAL_METHOD 0)"
@@ -2674,88 +2675,160 @@ static int u32_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
     return 0;
 }
 
+/* numpy's pairwise summation of a[0 .. n) (float64, contiguous; numpy 2's DOUBLE_pairwise_sum): the
+ * order np.add.reduce and each segment of np.add.reduceat (after its first element) sum in. */
+static double np_pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise_sum(a, n2) + np_pairwise_sum(a + n2, n - n2);
+}
+
+/* The element-wise part of dither_quantize on at most 128 elements: y = floor(a + v), the index as a
+ * double, and fq = f (1 - f), f = a - floor(a), a = (x - offset) / step.  Written once per x type and
+ * compiled twice: for any x86-64 and, picked at run time, for AVX2 (floor and the divisions four at
+ * a time; the same IEEE operations, so the same numbers). */
+#define DITHER_LEAF(NAME, XT)                                                                            \
+    static void NAME(const XT *x, const uint64_t *t, int n, double step, double offset, double *y,      \
+                     double *fq)                                                                         \
+    {                                                                                                    \
+        for (int i = 0; i < n; i++) {                                                                    \
+            double a = ((double)x[i] - offset) / step;                                                   \
+            y[i] = floor(a + (double)(int64_t)(t[i] & ((1ULL << 53) - 1)) * DITHER_SCALE);               \
+            double f = a - floor(a);                                                                     \
+            fq[i] = f * (1.0 - f);                                                                       \
+        }                                                                                                \
+    }
+DITHER_LEAF(dither_leaf_f32, float)
+DITHER_LEAF(dither_leaf_f64, double)
+#ifdef LANES_AVX2
+__attribute__((target("avx2"))) DITHER_LEAF(dither_leaf_f32_avx2, float)
+__attribute__((target("avx2"))) DITHER_LEAF(dither_leaf_f64_avx2, double)
+#endif
+
+typedef struct {
+    const void *x;
+    int xk, avx2;
+    const uint64_t *t;
+    double step, offset;
+    int64_t *q, *joint, lo, hi, q_base;
+    Py_ssize_t span, fine;
+    int bad;
+} dq_job;
+
+/* Round x[lo .. lo + n) and return the sum of its f (1 - f) in numpy's pairwise order (the leaves
+ * of numpy's recursion are the blocks rounded here, so nothing is stored but q). */
+static double dq_run(dq_job *jb, Py_ssize_t lo, Py_ssize_t n)
+{
+    if (n > 128) {
+        Py_ssize_t n2 = n / 2;
+        n2 -= n2 % 8;
+        double left = dq_run(jb, lo, n2);
+        return left + dq_run(jb, lo + n2, n - n2);
+    }
+    double y[128], fq[128];
+    const uint64_t *t = jb->t + lo;
+#ifdef LANES_AVX2
+    if (jb->avx2) {
+        if (jb->xk == 4) dither_leaf_f32_avx2((const float *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+        else dither_leaf_f64_avx2((const double *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+    } else
+#endif
+    {
+        if (jb->xk == 4) dither_leaf_f32((const float *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+        else dither_leaf_f64((const double *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+    }
+    int64_t *q = jb->q + lo, qlo = jb->lo, qhi = jb->hi;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!(fabs(y[i]) < DITHER_BOUND)) { jb->bad = 1; return 0.0; }
+        int64_t v = (int64_t)y[i];
+        q[i] = v;
+        qlo = v < qlo ? v : qlo;
+        qhi = v > qhi ? v : qhi;
+        if (jb->joint) {
+            uint64_t col = (uint64_t)v - (uint64_t)jb->q_base;
+            if (col >= (uint64_t)jb->span) { jb->bad = 1; return 0.0; }
+            jb->joint[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)jb->fine) * jb->span + (Py_ssize_t)col]++;
+        }
+    }
+    jb->lo = qlo;
+    jb->hi = qhi;
+    return np_pairwise_sum(fq, n);
+}
+
 PyDoc_STRVAR(dither_quantize_doc,
-"dither_quantize(x, t, step, offset, q, fq, q_base, fine, joint) -> (q_min, q_max) or None\n\n"
+"dither_quantize(x, t, step, offset, q, q_base, fine, joint) -> (q_min, q_max, straddle) or None\n\n"
 "q[i] = floor((x[i] - offset) / step + t[i] 2^-53) (dither.quantize: x float32 or float64 widened,\n"
-"float64 operations in numpy's order) and, unless fq is None, fq[i] = f (1 - f) with\n"
-"f = a - floor(a), a = (x[i] - offset) / step (dither.straddle's terms, which the caller sums with\n"
-"numpy); unless joint is None (int64, fine x span cells, zeroed here), joint[c span + q[i] - q_base]\n"
-"+= 1 with c = (t[i] fine) >> 53 (dither.choose_alphabet's histogram of the indices per finest\n"
-"context).  t: uint64 below 2^53; q: int64; fq: float64.  None where an index is not finite, not\n"
-"below 2^62 in magnitude or (with joint) outside q_base .. q_base + span - 1: the caller takes the\n"
-"numpy path for that input.");
+"float64 operations in numpy's order); straddle = the sum of f (1 - f), f = a - floor(a),\n"
+"a = (x[i] - offset) / step, in numpy's pairwise order (dither.straddle); unless joint is None\n"
+"(int64, fine x span cells, zeroed here), joint[c span + q[i] - q_base] += 1 with\n"
+"c = (t[i] fine) >> 53 (dither.choose_alphabet's histogram of the indices per finest context).\n"
+"t: uint64 below 2^53; q: int64.  None where an index is not finite, not below 2^62 in magnitude\n"
+"or (with joint) outside q_base .. q_base + span - 1: the caller takes the numpy path for that input.");
 
 static PyObject *py_dither_quantize(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *to, *qo, *fo, *jo;
+    PyObject *xo, *to, *qo, *jo;
     double step, offset;
     long long q_base;
     Py_ssize_t fine;
-    if (!PyArg_ParseTuple(args, "OOddOOLnO", &xo, &to, &step, &offset, &qo, &fo, &q_base, &fine, &jo)) return NULL;
-    Py_buffer b[5];
-    int got = 0, have_f = 0, have_j = 0;
+    if (!PyArg_ParseTuple(args, "OOddOLnO", &xo, &to, &step, &offset, &qo, &q_base, &fine, &jo)) return NULL;
+    Py_buffer b[4];
+    int got = 0, have_j = 0;
     if (get_buf(xo, &b[0], 0, "dither_quantize x") < 0) return NULL;
     got = 1;
     if (stream_buf(to, &b[1], 1) < 0) goto fail;
     got = 2;
     if (i64_buf(qo, &b[2], 1, "dither_quantize q") < 0) goto fail;
     got = 3;
-    if (fo != Py_None) {
-        if (get_buf(fo, &b[got], 1, "dither_quantize fq") < 0) goto fail;
-        have_f = got++;
-    }
     if (jo != Py_None) {
-        if (i64_buf(jo, &b[got], 1, "dither_quantize joint") < 0) goto fail;
+        if (i64_buf(jo, &b[3], 1, "dither_quantize joint") < 0) goto fail;
         have_j = got++;
     }
     int xk = float_kind(&b[0]);
     Py_ssize_t n = xk ? b[0].len / xk : -1, span = have_j && fine >= 1 && fine <= 64 ? b[have_j].len / 8 / fine : 1;
-    if (!xk || b[1].len / 8 != n || b[2].len / 8 != n || (have_f && (float_kind(&b[have_f]) != 8 || b[have_f].len / 8 != n))
+    if (!xk || b[1].len / 8 != n || b[2].len / 8 != n
         || (have_j && (fine < 1 || fine > 64 || span < 1 || span * fine * 8 != b[have_j].len))) {
-        PyErr_SetString(PyExc_ValueError, "dither_quantize: x float32/float64, t uint64, q int64, fq float64, all of one "
-                                          "length; joint int64 of fine (1..64) x span cells");
+        PyErr_SetString(PyExc_ValueError, "dither_quantize: x float32/float64, t uint64, q int64, all of one length; "
+                                          "joint int64 of fine (1..64) x span cells");
         goto fail;
     }
     {
-        const float *x32 = (const float *)b[0].buf;
-        const double *x64 = (const double *)b[0].buf;
-        const uint64_t *t = (const uint64_t *)b[1].buf;
-        int64_t *q = (int64_t *)b[2].buf;
-        double *fq = have_f ? (double *)b[have_f].buf : NULL;
-        int64_t *joint = have_j ? (int64_t *)b[have_j].buf : NULL;
-        int64_t lo = INT64_MAX, hi = INT64_MIN;
-        int bad = 0;
+        dq_job jb = {b[0].buf, xk, 0, (const uint64_t *)b[1].buf, step, offset, (int64_t *)b[2].buf,
+                     have_j ? (int64_t *)b[have_j].buf : NULL, INT64_MAX, INT64_MIN, q_base, span, fine, 0};
+#ifdef LANES_AVX2
+        jb.avx2 = have_avx2();
+#endif
+        const uint64_t *t = jb.t;
         uint64_t big = 0;
-        if (joint) memset(joint, 0, (size_t)(span * fine) * 8);
+        double straddle = 0.0;
+        if (jb.joint) memset(jb.joint, 0, (size_t)(span * fine) * 8);
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double a = (xk == 4 ? (double)x32[i] : x64[i]) - offset;
-            a = a / step;
-            big |= t[i];
-            double y = floor(a + (double)(t[i] & ((1ULL << 53) - 1)) * DITHER_SCALE);
-            if (!(fabs(y) < DITHER_BOUND)) { bad = 1; break; }
-            int64_t v = (int64_t)y;
-            q[i] = v;
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-            if (fq) {
-                double f = a - floor(a);
-                fq[i] = f * (1.0 - f);
-            }
-            if (joint) {
-                uint64_t col = (uint64_t)v - (uint64_t)q_base;
-                if (col >= (uint64_t)span) { bad = 1; break; }
-                joint[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)fine) * span + (Py_ssize_t)col]++;
-            }
-        }
+        for (Py_ssize_t i = 0; i < n; i++) big |= t[i];
+        if (n) straddle = dq_run(&jb, 0, n);
         Py_END_ALLOW_THREADS
         release_bufs(b, got);
         if (big >> 53) {
             PyErr_SetString(PyExc_ValueError, "dither_quantize: t must be below 2^53");
             return NULL;
         }
-        if (bad || n == 0) Py_RETURN_NONE;
-        return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+        if (jb.bad || n == 0) Py_RETURN_NONE;
+        return Py_BuildValue("(LLd)", (long long)jb.lo, (long long)jb.hi, straddle);
     }
 fail:
     release_bufs(b, got);
@@ -2840,39 +2913,11 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(dither_counts_doc,
-"dither_counts(key, n, count, out)\n\n"
-"out[j] = how many of the elements 0 .. n - 1 have context j, t_i = splitmix64(key)'s output i + 1\n"
-">> 11 (dither.stream, not materialised), context (t_i count) >> 53; out int64 of length count (1..64).");
-
-static PyObject *py_dither_counts(PyObject *self, PyObject *args)
-{
-    unsigned long long key;
-    Py_ssize_t n, count;
-    PyObject *oo;
-    if (!PyArg_ParseTuple(args, "KnnO", &key, &n, &count, &oo)) return NULL;
-    Py_buffer ob;
-    if (i64_buf(oo, &ob, 1, "dither_counts out") < 0) return NULL;
-    if (n < 0 || count < 1 || count > 64 || ob.len / 8 != count) {
-        PyBuffer_Release(&ob);
-        PyErr_SetString(PyExc_ValueError, "dither_counts: n >= 0, count in 1..64, out int64 of length count");
-        return NULL;
-    }
-    int64_t *out = (int64_t *)ob.buf, cnt[64] = {0};
-    Py_BEGIN_ALLOW_THREADS
-    uint64_t z = (uint64_t)key + GAMMA;
-    for (Py_ssize_t i = 0; i < n; i++, z += GAMMA) cnt[dither_context(splitmix_mix(z) >> 11, (uint64_t)count)]++;
-    Py_END_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < count; j++) out[j] = cnt[j];
-    PyBuffer_Release(&ob);
-    Py_RETURN_NONE;
-}
-
 /* One context's IDSA decoder (rans_decode_part's state), read by dither_decode element by element. */
 typedef struct {
     const uint8_t *buf;
     const uint32_t *f, *cum;
-    uint16_t *coarse;  /* coarse[b]: the symbol holding slot b << shift (then a step up while past it) */
+    uint64_t *coarse;  /* coarse[b]: the symbol s holding slot b << shift | cum[s] << 16 | f[s] << 40 */
     uint32_t *xs;      /* the caller's states and positions, written back at the end */
     int64_t *ps;
     const int64_t *ends;
@@ -2882,12 +2927,13 @@ typedef struct {
 } dither_dec;
 
 #define DITHER_DEC_BUFS 6
-#define DITHER_COARSE_BITS 11  /* 2^11 two-byte entries a context: the tables of 64 contexts stay in L2 */
+#define DITHER_BLOCK 256  /* elements a step of dither_decode: uniforms and contexts, symbols, values */
+#define DITHER_COARSE_BITS 10  /* 2^10 eight-byte entries a context: 16 contexts' tables stay in L2 */
 
 /* Take one context's decoder from its tuple (buf, f, cum, S, W, x, p, ends); 0 or -1 (error set).
- * Its slot -> symbol lookup is a table of 2^min(S, 11) buckets (each the symbol holding the bucket's
- * first slot) and a step up the cumulative frequencies: a few KiB instead of the 2^S entries that
- * would not stay in cache once the contexts alternate element by element.  Symbols of one context
+ * Its slot -> symbol lookup is a table of 2^min(S, 10) buckets (each the symbol holding the bucket's
+ * first slot, with its cum and f: one load) and a step up the cumulative frequencies: 8 KiB instead
+ * of the 2^S entries that would not stay in cache once the contexts alternate element by element.  Symbols of one context
  * are ordered by cum (FORMAT.md 4.4), so the step up is exact. */
 static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize_t k)
 {
@@ -2922,12 +2968,12 @@ static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize
     }
     ok &= total == (uint64_t)M;
     Py_ssize_t nb = M >> d->shift;
-    d->coarse = ok ? (uint16_t *)malloc((size_t)nb * sizeof(uint16_t)) : NULL;
+    d->coarse = ok ? (uint64_t *)malloc((size_t)nb * sizeof(uint64_t)) : NULL;
     if (ok && !d->coarse) { release_bufs(b, 6); PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0, s = 0; ok && i < nb; i++) {
         uint64_t slot = (uint64_t)i << d->shift;
         while (s < k && (uint64_t)d->cum[s] + d->f[s] <= slot) s++;
-        d->coarse[i] = (uint16_t)s;
+        d->coarse[i] = (uint64_t)s | (uint64_t)d->cum[s] << 16 | (uint64_t)d->f[s] << 40;
     }
     for (int j = 0; j < W; j++) {
         d->x[j] = d->xs[j];
@@ -2945,14 +2991,15 @@ static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize
 }
 
 PyDoc_STRVAR(dither_decode_doc,
-"dither_decode(key, count, lanes, q_lo, k, escape, esc, step, offset, share, out) -> (code, esc_read)\n\n"
+"dither_decode(key, count, lanes, q_lo, k, escape, esc, step, offset, share, out) -> (code, esc_read, counts)\n\n"
 "The whole dithered group in one pass (codecs/_dithered.decode's chunks fused): for each element i\n"
 "its t_i (dither.stream), its context (t_i count) >> 53, that context's next symbol from its IDSA\n"
 "lanes (lanes[c] = (buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W]):\n"
 "rans_decode_part's arguments but the table, the states and positions updated in place), its index (q_lo + s, or\n"
 "the next zigzag varint of esc + q_lo for the escape symbol k - 1 when escape), and\n"
 "out[i] = (q + (0.5 - v_i) share) step + offset in float64 cast to out's type (float32/float64).\n"
-"code 0: done (the caller checks the final states and that esc_read is all of esc); else the\n"
+"counts: the elements of each context.  code 0: done (the caller checks the counts against the\n"
+"lanes, the final states and that esc_read is all of esc); else the\n"
 "first problem met (1 a lane ends early, 2 an escape runs past esc, 3 an escape out of range,\n"
 "4 a value not finite): the caller decodes with the numpy path, which names it.");
 
@@ -2994,62 +3041,102 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
         double *o64 = (double *)ob.buf;
         const uint64_t zlimit = ((uint64_t)1 << 54) + 1;  /* 2 limit + 1, limit = 2 MAX_INDEX */
         const uint32_t esym = escape ? (uint32_t)(k - 1) : 0xFFFFFFFFu;
-        int code = 0;
+        int code = 0, inf = 0;
+        Py_ssize_t cnt[64] = {0};
         Py_BEGIN_ALLOW_THREADS
         uint64_t z = (uint64_t)key + GAMMA;
-        for (Py_ssize_t i = 0; i < n; i++, z += GAMMA) {
-            uint64_t t = splitmix_mix(z) >> 11;
-            dither_dec *d = &dec[count == 1 ? 0 : dither_context(t, (uint64_t)count)];
-            int j = d->j;
-            uint32_t xv = d->x[j], slot = xv & d->mask, s = d->coarse[slot >> d->shift];
-            while (slot - d->cum[s] >= d->f[s]) s++;  /* below 2^S: the last symbol ends there */
-            xv = d->f[s] * (xv >> d->S) + slot - d->cum[s];
-            while (xv < RANS_L) {
-                if (d->p[j] >= d->ends[j]) { code = 1; break; }
-                xv = (xv << 8) | d->buf[d->p[j]++];
+        double vb[DITHER_BLOCK], qb[DITHER_BLOCK];
+        uint8_t cb[DITHER_BLOCK];
+        for (Py_ssize_t i0 = 0; i0 < n && !code; i0 += DITHER_BLOCK) {
+            int m = n - i0 < DITHER_BLOCK ? (int)(n - i0) : DITHER_BLOCK;
+            /* the block's uniforms and contexts (independent: pipelined) */
+            for (int i = 0; i < m; i++, z += GAMMA) {
+                uint64_t t = splitmix_mix(z) >> 11;
+                cb[i] = (uint8_t)(count == 1 ? 0 : dither_context(t, (uint64_t)count));
+                vb[i] = (double)t * DITHER_SCALE;
             }
-            if (code) break;
-            d->x[j] = xv;
-            d->j = j + 1 == d->W ? 0 : j + 1;
-            int64_t q;
-            if (s == esym) {
-                uint64_t zz = 0;
-                int shift = 0;
-                for (;;) {
-                    if (ep >= elen) { code = 2; break; }
-                    uint8_t byte = e[ep++];
-                    uint64_t pl = byte & 0x7F;
-                    if (pl && (shift > 56 || (pl << shift) >> shift != pl)) { code = 3; break; }
-                    if (pl) zz |= pl << shift;
-                    if (zz > zlimit) { code = 3; break; }
-                    if (!(byte & 0x80)) break;
-                    if (shift < 63) shift += 7;
+            /* the symbols, each from its context's lanes, and the indices */
+            for (int i = 0; i < m; i++) {
+                dither_dec *d = &dec[cb[i]];
+                cnt[cb[i]]++;
+                int j = d->j;
+                uint32_t xv = d->x[j], slot = xv & d->mask;
+                uint64_t ent = d->coarse[slot >> d->shift];
+                uint32_t s = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
+                if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (below 2^S the last one ends) */
+                    do s++; while (slot - d->cum[s] >= d->f[s]);
+                    c0 = d->cum[s];
+                    f0 = d->f[s];
+                }
+                xv = f0 * (xv >> d->S) + slot - c0;
+                while (xv < RANS_L) {
+                    if (d->p[j] >= d->ends[j]) { code = 1; break; }
+                    xv = (xv << 8) | d->buf[d->p[j]++];
                 }
                 if (code) break;
-                q = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
-                q += q_lo;
-                if (q > DITHER_MAX_INDEX || q < -DITHER_MAX_INDEX || (q >= q_lo && q < q_lo + k - 1)) { code = 3; break; }
-            } else {
-                q = q_lo + (int64_t)s;
+                d->x[j] = xv;
+                d->j = j + 1 == d->W ? 0 : j + 1;
+                int64_t q;
+                if (s == esym) {
+                    uint64_t zz = 0;
+                    int shift = 0;
+                    for (;;) {
+                        if (ep >= elen) { code = 2; break; }
+                        uint8_t byte = e[ep++];
+                        uint64_t pl = byte & 0x7F;
+                        if (pl && (shift > 56 || (pl << shift) >> shift != pl)) { code = 3; break; }
+                        if (pl) zz |= pl << shift;
+                        if (zz > zlimit) { code = 3; break; }
+                        if (!(byte & 0x80)) break;
+                        if (shift < 63) shift += 7;
+                    }
+                    if (code) break;
+                    q = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
+                    q += q_lo;
+                    if (q > DITHER_MAX_INDEX || q < -DITHER_MAX_INDEX || (q >= q_lo && q < q_lo + k - 1)) { code = 3; break; }
+                } else {
+                    q = q_lo + (int64_t)s;
+                }
+                qb[i] = (double)q;  /* |q| <= 2^52: exact */
             }
-            double y = 0.5 - (double)t * DITHER_SCALE;
-            y = y * share;
-            y = y + (double)q;
-            y = y * step;
-            y = y + offset;
+            if (code) break;
+            /* the values: (q + (0.5 - v) share) step + offset, in that order (vectorisable) */
             if (ok_ == 4) {
-                float fy = (float)y;
-                if (!isfinite(fy)) { code = 4; break; }
-                o32[i] = fy;
+                float *o = o32 + i0;
+                for (int i = 0; i < m; i++) {
+                    double y = 0.5 - vb[i];
+                    y = y * share;
+                    y = y + qb[i];
+                    y = y * step;
+                    y = y + offset;
+                    float fy = (float)y;
+                    inf |= !(fabsf(fy) <= FLT_MAX);  /* not finite: checked after the pass */
+                    o[i] = fy;
+                }
             } else {
-                if (!isfinite(y)) { code = 4; break; }
-                o64[i] = y;
+                double *o = o64 + i0;
+                for (int i = 0; i < m; i++) {
+                    double y = 0.5 - vb[i];
+                    y = y * share;
+                    y = y + qb[i];
+                    y = y * step;
+                    y = y + offset;
+                    inf |= !(fabs(y) <= DBL_MAX);
+                    o[i] = y;
+                }
             }
         }
+        if (!code && inf) code = 4;
         Py_END_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < count; c++)
             for (int j = 0; j < dec[c].W; j++) { dec[c].xs[j] = dec[c].x[j]; dec[c].ps[j] = dec[c].p[j]; }
-        res = Py_BuildValue("(in)", code, ep);
+        PyObject *counts = PyList_New(count);
+        for (Py_ssize_t c = 0; counts && c < count; c++) {
+            PyObject *v = PyLong_FromSsize_t(cnt[c]);
+            if (!v) { Py_CLEAR(counts); break; }
+            PyList_SET_ITEM(counts, c, v);
+        }
+        if (counts) res = Py_BuildValue("(inN)", code, ep, counts);
     }
 done:
     if (have_o) PyBuffer_Release(&ob);
@@ -3063,35 +3150,34 @@ done:
     return res;
 }
 
-/* numpy's pairwise summation of a[0 .. n) (float64, contiguous; numpy 2's DOUBLE_pairwise_sum): the
- * order np.add.reduce and each segment of np.add.reduceat (after its first element) sum in. */
-static double np_pairwise_sum(const double *a, Py_ssize_t n)
-{
-    if (n < 8) {
-        double res = -0.0;
-        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
-        return res;
-    }
-    if (n <= 128) {
-        double r[8];
-        Py_ssize_t i;
-        for (int j = 0; j < 8; j++) r[j] = a[j];
-        for (i = 8; i < n - (n % 8); i += 8)
-            for (int j = 0; j < 8; j++) r[j] += a[i + j];
-        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        for (; i < n; i++) res += a[i];
-        return res;
-    }
-    Py_ssize_t n2 = n / 2;
-    n2 -= n2 % 8;
-    return np_pairwise_sum(a, n2) + np_pairwise_sum(a + n2, n - n2);
-}
-
 /* np.add.reduceat(a, first)'s entry for the segment a[s .. e): a[s] + the rest, pairwise. */
 static inline double np_segment_sum(const double *a, Py_ssize_t s, Py_ssize_t e)
 {
     return a[s] + np_pairwise_sum(a + s + 1, e - s - 1);
 }
+
+/* dither_cells' terms of each element: z = floor(xs scale), the remainder b (times w) and its square
+ * term; compiled for any x86-64 and for AVX2 (the same IEEE operations, four at a time). */
+#define DITHER_CELLS_TERMS(NAME)                                                                         \
+    static void NAME(const double *xs, const double *w, Py_ssize_t n, double scale, double *zs, double *bw, \
+                     double *g2)                                                                         \
+    {                                                                                                    \
+        if (w) {                                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+                double g = xs[i] * scale, z = floor(g), r = (g - z) * w[i];                              \
+                zs[i] = z; bw[i] = r; g2[i] = r * (r / w[i]);                                            \
+            }                                                                                            \
+        } else {                                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+                double g = xs[i] * scale, z = floor(g), r = g - z;                                       \
+                zs[i] = z; bw[i] = r; g2[i] = r * r;                                                     \
+            }                                                                                            \
+        }                                                                                                \
+    }
+DITHER_CELLS_TERMS(dither_cells_terms)
+#ifdef LANES_AVX2
+__attribute__((target("avx2"))) DITHER_CELLS_TERMS(dither_cells_terms_avx2)
+#endif
 
 PyDoc_STRVAR(dither_cells_doc,
 "dither_cells(xs, w, scale, cell, W, B, G) -> m or -1\n\n"
@@ -3132,35 +3218,31 @@ static PyObject *py_dither_cells(PyObject *self, PyObject *args)
         const double *xs = (const double *)b[0].buf, *w = have_w ? (const double *)b[5].buf : NULL;
         double *W = (double *)b[1].buf, *B = (double *)b[2].buf, *G = (double *)b[3].buf;
         int64_t *cell = (int64_t *)b[4].buf;
-        double *bw = (double *)malloc((size_t)n * 2 * sizeof(double));
+        double *bw = (double *)malloc((size_t)n * 3 * sizeof(double));
         if (!bw) { PyErr_NoMemory(); goto fail; }
-        double *g2 = bw + n;
+        double *g2 = bw + n, *zs = bw + 2 * n;
         Py_ssize_t m = 0, s = 0;
         int bad = 0;
         Py_BEGIN_ALLOW_THREADS
-        int64_t prev = 0;
+#ifdef LANES_AVX2
+        if (have_avx2()) dither_cells_terms_avx2(xs, w, n, scale, zs, bw, g2);
+        else
+#endif
+        dither_cells_terms(xs, w, n, scale, zs, bw, g2);
+        double prev = 0.0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            double g = xs[i] * scale, z = floor(g);
+            double z = zs[i];
             if (!(fabs(z) < DITHER_BOUND)) { bad = 1; break; }
-            double r = g - z;
-            int64_t c = (int64_t)z;
-            if (w) {
-                r = r * w[i];
-                g2[i] = r * (r / w[i]);
-            } else {
-                g2[i] = r * r;
-            }
-            bw[i] = r;
-            if (i == 0 || c != prev) {
+            if (i == 0 || z != prev) {
                 if (i > 0) {  /* close the cell s .. i */
                     W[m] = w ? np_segment_sum(w, s, i) : (double)(i - s);
                     B[m] = np_segment_sum(bw, s, i);
                     G[m] = np_segment_sum(g2, s, i);
                     m++;
                 }
-                cell[m] = c;
+                cell[m] = (int64_t)z;
                 s = i;
-                prev = c;
+                prev = z;
             }
         }
         if (!bad) {
@@ -3443,7 +3525,6 @@ static PyMethodDef methods[] = {
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
     {"dither_quantize", py_dither_quantize, METH_VARARGS, dither_quantize_doc},
     {"dither_split", py_dither_split, METH_VARARGS, dither_split_doc},
-    {"dither_counts", py_dither_counts, METH_VARARGS, dither_counts_doc},
     {"dither_decode", py_dither_decode, METH_VARARGS, dither_decode_doc},
     {"dither_cells", py_dither_cells, METH_VARARGS, dither_cells_doc},
     {"thin", py_thin, METH_VARARGS, thin_doc},

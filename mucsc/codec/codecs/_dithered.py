@@ -150,9 +150,9 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     if escape:
         esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
     y = np.empty(n, dtype)  # reserved (not written) before the counting pass: an absurd n fails at once
-    indices.count()
     if _fused(indices, q_lo, k, escape, sections, step, offset, share, y):
         return y
+    indices.count()
     for a in range(0, n, CHUNK):
         t = dither.stream(key, min(CHUNK, n - a), a)
         sym = indices.take(t)
@@ -184,11 +184,12 @@ def _fused(indices: "_Indices", q_lo: int, k: int, escape: bool, sections: Mappi
         return False
     states = [lanes.decoder() for lanes in indices.lanes]
     qesc = section(sections, "QESC") if escape else b""
-    code, read = m.dither_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step, offset,
-                                 share, y)
+    code, read, counts = m.dither_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step,
+                                         offset, share, y)
     if code or read != len(qesc):
         return False
-    for lanes, state, count in zip(indices.lanes, states, indices.counts):
+    indices.count(counts)
+    for lanes, state, count in zip(indices.lanes, states, counts):
         lanes.resume(state, count)
     indices.finish()
     return True
@@ -249,19 +250,16 @@ class _Indices:
             kept += lanes.table_bytes()
             lanes.keep_table = kept <= TABLES
 
-    def count(self) -> None:
-        """Count each context's elements (one pass over the dither stream, in chunks) and check each
-        context's payload against its count (FORMAT.md 4.4's bounds)."""
+    def count(self, counts: list[int] | None = None) -> None:
+        """Count each context's elements (one pass over the dither stream, in chunks; ``counts``:
+        those a fused pass counted) and check each context's payload against its count (FORMAT.md
+        4.4's bounds; one context was checked against n when it was parsed)."""
         if self.c == 1:
-            self.counts = (self.n,)
             return
-        counts = np.zeros(self.c, np.int64)
-        if kernels.use_c() and hasattr(kernels.c_module(), "dither_counts"):  # the stream not materialised
-            kernels.c_module().dither_counts(self.key, self.n, self.c, counts)
-        else:
+        if counts is None:
+            counts = np.zeros(self.c, np.int64)
             for a in range(0, self.n, CHUNK):
                 counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
-        self.counts = tuple(int(v) for v in counts)
         for j, lanes in enumerate(self.lanes):
             try:
                 lanes.expect(int(counts[j]))

@@ -125,25 +125,23 @@ def rounded(x: np.ndarray, step: float, offset: float, t: np.ndarray, straddled:
             bounds: tuple[float, float] | None = None) -> tuple[np.ndarray, float, "Histogram | None"]:
     """(:func:`quantize` of x with the uniforms of ``t``, :func:`straddle` of x or 0.0 without
     ``straddled``, the indices' histogram per finest context for :func:`choose_alphabet` or None):
-    one compiled pass over x where the kernels are built (the straddle's terms summed by numpy, in
-    its order), else the numpy functions.  ``bounds``: (min x, max x), which bound the indices
+    one compiled pass over x where the kernels are built (the straddle summed in numpy's pairwise
+    order), else the numpy functions.  ``bounds``: (min x, max x), which bound the indices
     (every index lies in floor((min - offset) / step) .. floor((max - offset) / step) + 1), so the
     histogram is counted in the same pass.  The same numbers either way."""
     c = kernels.c_module()
     if kernels.use_c() and hasattr(c, "dither_quantize") and x.dtype in (np.float32, np.float64) and x.size:
         x = np.ascontiguousarray(x)
         q = np.empty(x.size, np.int64)
-        fq = np.empty(x.size, np.float64) if straddled else None
         base, joint = 0, None
         if bounds is not None and all(map(math.isfinite, bounds)):
             base = math.floor((bounds[0] - offset) / step)
             span = math.floor((bounds[1] - offset) / step) + 2 - base
             if 1 <= span <= max(4 * x.size, 1 << 16) and FINE * span <= JOINT_MAX:
                 joint = np.empty((FINE, span), np.int64)
-        got = c.dither_quantize(x, np.ascontiguousarray(t, np.uint64), float(step), float(offset), q, fq, base, FINE,
-                                joint)
-        if got is not None:  # the straddle summed by numpy (pairwise), as :func:`straddle`
-            return q, (float(fq.sum()) if straddled else 0.0), (None if joint is None else Histogram(*got, base, joint))
+        got = c.dither_quantize(x, np.ascontiguousarray(t, np.uint64), float(step), float(offset), q, base, FINE, joint)
+        if got is not None:  # the straddle summed in numpy's pairwise order, as :func:`straddle`
+            return q, (got[2] if straddled else 0.0), (None if joint is None else Histogram(*got[:2], base, joint))
     q = quantize(x, step, offset, uniforms(t))
     return q, (straddle(x, step, offset) if straddled else 0.0), None
 
