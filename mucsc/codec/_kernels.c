@@ -968,6 +968,11 @@ static const char rans_encode_doc[] =
     "backwards into out[j*cap:(j+1)*cap] (cap = len(out) // W) from its end; lengths[j] = bytes used.\n"
     "Every id must have f > 0. Returns 0, or -1 if a lane ran out of room.";
 
+/* The lanes' coding loop (defined with the lane coder's ENC_PUT below): 0, -2 (an id without
+ * frequency) or -3 (no memory). */
+static int rans_encode_lanes(const uint32_t *ids, Py_ssize_t n, const uint32_t *f, const uint32_t *cum, Py_ssize_t k,
+                             int S, int W, uint8_t *out, Py_ssize_t cap, int64_t *lens);
+
 static PyObject *py_rans_encode(PyObject *self, PyObject *args)
 {
     PyObject *io, *fo, *co, *oo, *lo;
@@ -992,32 +997,15 @@ static PyObject *py_rans_encode(PyObject *self, PyObject *args)
         uint8_t *out = (uint8_t *)ob.buf;
         int64_t *lens = (int64_t *)lb.buf;
         Py_ssize_t n = ib.len / 4, k = fb.len / 4, cap = ob.len / W;
-        uint32_t x[64];
-        Py_ssize_t ptr[64], lim[64];
-        int err = 0;
+        if (cap < 4 + 3 * ((n + W - 1) / W)) {
+            PyErr_SetString(PyExc_ValueError, "rans_encode: out holds less than 4 + 3 ceil(n / W) bytes a lane");
+            goto done;
+        }
+        int err;
         Py_BEGIN_ALLOW_THREADS
-        for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = (Py_ssize_t)(j + 1) * cap; lim[j] = (Py_ssize_t)j * cap; }
-        for (Py_ssize_t i = n - 1; i >= 0 && !err; i--) {
-            int j = (int)(i % W);
-            uint32_t s = ids[i];
-            if ((Py_ssize_t)s >= k || f[s] == 0) { err = -2; break; }
-            uint32_t fs = f[s], xs = x[j];
-            uint32_t xmax = ((RANS_L >> S) << 8) * fs;
-            while (xs >= xmax) {
-                if (ptr[j] <= lim[j]) { err = -1; break; }
-                out[--ptr[j]] = (uint8_t)(xs & 0xff);
-                xs >>= 8;
-            }
-            x[j] = ((xs / fs) << S) + (xs % fs) + cum[s];
-        }
-        for (int j = 0; j < W && !err; j++) {
-            if (ptr[j] - 4 < lim[j]) { err = -1; break; }
-            ptr[j] -= 4;
-            out[ptr[j]] = (uint8_t)x[j]; out[ptr[j] + 1] = (uint8_t)(x[j] >> 8);
-            out[ptr[j] + 2] = (uint8_t)(x[j] >> 16); out[ptr[j] + 3] = (uint8_t)(x[j] >> 24);
-            lens[j] = (int64_t)((Py_ssize_t)(j + 1) * cap - ptr[j]);
-        }
+        err = rans_encode_lanes(ids, n, f, cum, k, S, W, out, cap, lens);
         Py_END_ALLOW_THREADS
+        if (err == -3) { PyErr_NoMemory(); goto done; }
         if (err == -2) PyErr_SetString(PyExc_ValueError, "rans_encode: an id has no frequency");
         else res = PyLong_FromLong(err);
     }
@@ -1271,6 +1259,48 @@ static void enc_sym_init(enc_sym *e, uint32_t cum, uint32_t f, int S)
     uint32_t qt_ = (uint32_t)(((uint64_t)xs_ * e_->rcp) >> e_->shift);                                \
     (X) = xs_ + e_->bias + qt_ * e_->cmpl;                                                            \
 } while (0)
+
+/* rans_encode's loop: each lane's ids last to first, as ids n - 1 .. 0 with id i in lane i % W (the
+ * partial last row, then the full rows down; the lanes are independent), each step ENC_PUT's
+ * (a reciprocal instead of a division, the renormalisation without a branch: the same states and
+ * bytes as the division loop).  out: W regions of cap >= 4 + 3 ceil(n / W) bytes. */
+static int rans_encode_lanes(const uint32_t *ids, Py_ssize_t n, const uint32_t *f, const uint32_t *cum, Py_ssize_t k,
+                             int S, int W, uint8_t *out, Py_ssize_t cap, int64_t *lens)
+{
+    uint32_t x[64];
+    uint8_t *ptr[64];
+    Py_ssize_t full = n / W;
+    enc_sym *tab = (enc_sym *)malloc((size_t)(k + 1) * sizeof(enc_sym));
+    if (!tab) return -3;
+    for (Py_ssize_t c = 0; c < k; c++) enc_sym_init(&tab[c], cum[c], f[c], S);
+    enc_sym_init(&tab[k], 0, 0, S);  /* an id >= k: no frequency */
+    const int three = S > 16;
+    uint32_t seen = 0;
+    for (int j = 0; j < W; j++) { x[j] = RANS_L; ptr[j] = out + (Py_ssize_t)(j + 1) * cap; }
+    for (Py_ssize_t i = full * W; i < n; i++) {
+        uint32_t c = ids[i];
+        int j = (int)(i - full * W);
+        ENC_PUT(x[j], ptr[j], &tab[c < (uint32_t)k ? c : (uint32_t)k], three);
+        seen |= x[j];
+    }
+    for (Py_ssize_t t = full - 1; t >= 0; t--) {
+        const uint32_t *row = ids + t * W;
+        for (int j = 0; j < W; j++) {
+            uint32_t c = row[j];
+            ENC_PUT(x[j], ptr[j], &tab[c < (uint32_t)k ? c : (uint32_t)k], three);
+            seen |= x[j];
+        }
+    }
+    free(tab);
+    if (seen >> 31) return -2;
+    for (int j = 0; j < W; j++) {
+        ptr[j] -= 4;
+        ptr[j][0] = (uint8_t)x[j]; ptr[j][1] = (uint8_t)(x[j] >> 8);
+        ptr[j][2] = (uint8_t)(x[j] >> 16); ptr[j][3] = (uint8_t)(x[j] >> 24);
+        lens[j] = (int64_t)(out + (Py_ssize_t)(j + 1) * cap - ptr[j]);
+    }
+    return 0;
+}
 
 /* LANE_GROUP lanes of one block coded together, each state and pointer in a local (a register):
  * independent dependency chains the core overlaps.  Lanes [j0, j0 + LANE_GROUP) of W, rows

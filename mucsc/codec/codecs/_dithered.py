@@ -82,8 +82,9 @@ def fixed_grid(x: np.ndarray, z: int) -> Grid:
 
 
 def min_step(x: np.ndarray, offset: float) -> float:
-    """The smallest step keeping every |q| below dither.MAX_INDEX / 4."""
-    big = float(np.max(np.abs(x.astype(np.float64) - offset))) if x.size else 0.0
+    """The smallest step keeping every |q| below dither.MAX_INDEX / 4.  The largest |x - offset| (in
+    float64) is at x's minimum or maximum: float64 subtraction rounds monotonically."""
+    big = max(abs(float(x.min()) - offset), abs(float(x.max()) - offset)) if x.size else 0.0
     return big * 4.0 / dither.MAX_INDEX if big else 0.0
 
 

@@ -195,7 +195,7 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
         cap = 4 + 3 * T
         out = np.empty(W * cap, np.uint8)
         lens = np.zeros(W, np.int64)
-        if kernels.c_module().rans_encode(ids.astype(np.uint32), f.astype(np.uint32), cum.astype(np.uint32),
+        if kernels.c_module().rans_encode(ids.astype(np.uint32, copy=False), f.astype(np.uint32), cum.astype(np.uint32),
                                           S, W, out, lens) != 0:
             raise RuntimeError("rans_encode: a lane overflowed its buffer")  # cannot happen (cap bound)
         streams = [out[(j + 1) * cap - int(lens[j]): (j + 1) * cap].tobytes() for j in range(W)]
