@@ -3085,27 +3085,46 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
                 cb[i] = (uint8_t)(count == 1 ? 0 : dither_context(t, (uint64_t)count));
                 vb[i] = (double)t * DITHER_SCALE;
             }
-            /* the symbols, each from its context's lanes, and the indices */
-            for (int i = 0; i < m; i++) {
-                dither_dec *d = &dec[cb[i]];
-                cnt[cb[i]]++;
-                int j = d->j;
-                uint32_t xv = d->x[j], slot = xv & d->mask;
-                uint64_t ent = d->coarse[slot >> d->shift];
-                uint32_t s = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
-                if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (below 2^S the last one ends) */
-                    do s++; while (slot - d->cum[s] >= d->f[s]);
-                    c0 = d->cum[s];
-                    f0 = d->f[s];
+            /* the symbols, a context at a time (its lanes' states in registers, one chain per lane),
+             * each put at its element's place in the block */
+            int bcnt[64] = {0}, at[64];
+            uint16_t order[DITHER_BLOCK];
+            uint32_t sb[DITHER_BLOCK];
+            for (int i = 0; i < m; i++) bcnt[cb[i]]++;
+            for (int c = 0, o = 0; c < count; c++) { at[c] = o; o += bcnt[c]; cnt[c] += bcnt[c]; }
+            for (int i = 0; i < m; i++) order[at[cb[i]]++] = (uint16_t)i;
+            for (int c = 0, o = 0; c < count; o += bcnt[c], c++) {
+                if (!bcnt[c]) continue;
+                dither_dec *d = &dec[c];
+                int j = d->j, W = d->W, S = d->S, shift = d->shift;
+                uint32_t mask = d->mask;
+                const uint64_t *coarse = d->coarse;
+                for (int u = o; u < o + bcnt[c]; u++) {
+                    uint32_t xv = d->x[j], slot = xv & mask;
+                    uint64_t ent = coarse[slot >> shift];
+                    uint32_t s = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
+                    if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */
+                        do s++; while (slot - d->cum[s] >= d->f[s]);
+                        c0 = d->cum[s];
+                        f0 = d->f[s];
+                    }
+                    xv = f0 * (xv >> S) + slot - c0;
+                    while (xv < RANS_L) {
+                        if (d->p[j] >= d->ends[j]) { code = 1; break; }
+                        xv = (xv << 8) | d->buf[d->p[j]++];
+                    }
+                    if (code) break;
+                    d->x[j] = xv;
+                    j = j + 1 == W ? 0 : j + 1;
+                    sb[order[u]] = s;
                 }
-                xv = f0 * (xv >> d->S) + slot - c0;
-                while (xv < RANS_L) {
-                    if (d->p[j] >= d->ends[j]) { code = 1; break; }
-                    xv = (xv << 8) | d->buf[d->p[j]++];
-                }
+                d->j = j;
                 if (code) break;
-                d->x[j] = xv;
-                d->j = j + 1 == d->W ? 0 : j + 1;
+            }
+            if (code) break;
+            /* the indices, in element order (the escapes are read in that order) */
+            for (int i = 0; i < m; i++) {
+                uint32_t s = sb[i];
                 int64_t q;
                 if (s == esym) {
                     uint64_t zz = 0;
