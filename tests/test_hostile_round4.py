@@ -254,6 +254,53 @@ def test_dithered_qesc_errors_are_unchanged(dithered_messages):
             cls.decode_array(n, group.params, {**sections, "QESC": memoryview(bad)}, np.dtype(np.float32))
 
 
+def _outcome(fn):
+    """fn()'s values (bytes) or its error (type and message)."""
+    try:
+        return fn().tobytes()
+    except FormatError as exc:
+        return type(exc).__name__, str(exc)
+
+
+def test_dithered_fused_pass_is_the_chunked_path(monkeypatch, dithered_messages):
+    """The compiled one-pass decoder (_dithered._fused) gives the chunked path's values, float32 and
+    float64, and on damaged sections the chunked path's error, word for word: a stream that ends
+    early or does not end in its state, escapes too few, too many, inside the alphabet or out of
+    range, a grid decoding beyond float32, element counts that do not fit the lanes."""
+    from mucsc.codec.api.messages import codec_class
+    from mucsc.codec.wire import container as fmt
+    cls = codec_class("mucsc")
+    cases = []
+    for blob in dithered_messages:
+        group = mucsc.inspect(blob).groups[0]
+        sections = dict(fmt.read_message(blob).group_sections(0))
+        n, params = group.elements, group.params
+        cases += [(n, params, sections, np.dtype(np.float32)), (n, params, sections, np.dtype(np.float64)),
+                  (n + 1, params, sections, np.dtype(np.float32)), (n - 7, params, sections, np.dtype(np.float32))]
+        qidx = bytearray(sections["QIDX"])
+        for at in (len(qidx) - 1, len(qidx) // 2, 40):
+            bad = bytearray(qidx)
+            bad[at] ^= 0x5A
+            cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))
+        grid = bytearray(sections["GRID"])
+        grid[:8] = np.float64(1e300).tobytes()  # the step: every value beyond float32
+        cases.append((n, params, {**sections, "GRID": memoryview(bytes(grid))}, np.dtype(np.float32)))
+        if "QESC" in sections:
+            qesc = bytes(sections["QESC"])
+            for bad in (qesc + b"\x00", qesc[:-1], b"\x00" + qesc[1:], b"\xff" * 9 + b"\x7f" + qesc[1:],
+                        b"\x80" * 12 + qesc):
+                cases.append((n, params, {**sections, "QESC": memoryview(bad)}, np.dtype(np.float32)))
+    fused = _dithered._fused
+    calls = []
+    monkeypatch.setattr(_dithered, "_fused", lambda *a: calls.append(1) or fused(*a))
+    got = [_outcome(lambda: cls.decode_array(*c)) for c in cases]
+    assert len(calls) > len(cases) * 3 // 4  # the others are refused while the sections are parsed
+    monkeypatch.setattr(_dithered, "_fused", lambda *a: False)
+    want = [_outcome(lambda: cls.decode_array(*c)) for c in cases]
+    assert got == want
+    assert sum(isinstance(w, tuple) for w in want) >= len(cases) // 2  # most of them are refused
+
+
 def test_dithered_refuses_before_allocating_for_a_grown_count(dithered_messages):
     """A HEAD that claims 2^26 elements for the sections of 20000: refused, with no allocation for n."""
     from mucsc.codec.wire import container as fmt

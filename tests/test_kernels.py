@@ -519,6 +519,38 @@ def test_context_kernels_refuse_bad_streams():
 
 
 @needs_c
+def test_dither_kernels_are_numpys(monkeypatch):
+    """The dithered rounding's compiled passes give the numpy functions' numbers: the indices, the
+    straddle (numpy's pairwise order, sizes around its 8- and 128-element blocks), the histogram
+    per finest context, the symbols per context with the escapes, and the summary's cells."""
+    from mucsc.codec.numerics import dither
+    from mucsc.codec.numerics.centroids import _sample_sorted
+
+    rng = np.random.default_rng(53)
+    for n in (1, 7, 8, 129, 1000, 70_001):
+        for dt in (np.float32, np.float64):
+            x = (rng.standard_t(2, n) * 0.01).astype(dt)
+            x[::5] = 0
+            t = dither.stream(int(rng.integers(1 << 62)), n)
+            for step, off in ((0.002, 0.0), (0.05, 0.001), (3.0, -0.5)):
+                bounds = (float(x.min()), float(x.max()))
+                (qc, sc, hc), (qn, sn, hn) = both(monkeypatch, lambda: dither.rounded(x, step, off, t, True, bounds))
+                assert hn is None and hc is not None and sc == sn == dither.straddle(x, step, off)
+                np.testing.assert_array_equal(qc, qn)
+                a, b = dither.choose_alphabet(qc, t, hc), dither.choose_alphabet(qn, t)
+                assert (vars(a[0]), a[1:]) == (vars(b[0]), b[1:])
+                (pc, ec), (pn, en) = both(monkeypatch, lambda: dither.symbols_by_context(a[0], qc, t, a[1]))
+                assert len(pc) == len(pn) and all(np.array_equal(u, v) for u, v in zip(pc, pn))
+                np.testing.assert_array_equal(ec, en)
+    x = rng.standard_t(3, 300_000).astype(np.float32)
+    for xs, w in (_sample_sorted(x, float(x.min()), float(x.max())), (np.sort(x[:5000]).astype(np.float64), None)):
+        for step in (1e-3, 0.2, 5.0):
+            c, nump = both(monkeypatch, lambda: dither._cells(xs, w, dither.FINE / step))
+            for u, v in zip(c, nump):
+                np.testing.assert_array_equal(u, v)
+
+
+@needs_c
 def test_thin_kernel_is_numpys(monkeypatch):
     """Summary.thin's compiled rounds keep exactly the levels numpy's rounds keep (grids over
     Gaussian, heavy-tailed, few-valued and subsampled data, at budgets from keeping all to dropping

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 
 #if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
 #error "float arithmetic must be evaluated in its own precision (FLT_EVAL_METHOD 0)"
@@ -2793,6 +2794,649 @@ done:
     return res;
 }
 
+/* ================================================================================================ */
+/* dithered rounding's fused passes (codecs/_dithered.py, numerics/dither.py; FORMAT.md 4.5).      */
+/* Each computes what the numpy path computes, operation for operation (float64, no FMA).  Where   */
+/* one meets a case it does not handle (an index beyond +-2^62, a non-finite value, a malformed    */
+/* stream or escape) it returns a non-zero code and the caller takes the numpy path, which computes */
+/* or rejects that input as the reference does: the bytes, values and errors are the numpy path's. */
+/* ================================================================================================ */
+
+#define DITHER_SCALE (1.0 / 9007199254740992.0)        /* 2^-53: v_i = t_i 2^-53, exact */
+#define DITHER_BOUND 4611686018427387904.0              /* 2^62: a floor below it converts exactly */
+#define DITHER_MAX_INDEX ((int64_t)1 << 52)
+
+static int i64_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    if (get_buf(o, b, writable, name) < 0) return -1;
+    char c = fmt_char(b);
+    if (!((c == 'q' || c == 'l') && b->itemsize == 8)) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "%s: int64 buffer needed", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int u32_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    if (get_buf(o, b, writable, name) < 0) return -1;
+    char c = fmt_char(b);
+    if (!((c == 'I' || c == 'L') && b->itemsize == 4)) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_ValueError, "%s: uint32 buffer needed", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* numpy's pairwise summation of a[0 .. n) (float64, contiguous; numpy 2's DOUBLE_pairwise_sum): the
+ * order np.add.reduce and each segment of np.add.reduceat (after its first element) sum in. */
+static double np_pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise_sum(a, n2) + np_pairwise_sum(a + n2, n - n2);
+}
+
+/* The element-wise part of dither_quantize on at most 128 elements: y = floor(a + v), the index as a
+ * double, and fq = f (1 - f), f = a - floor(a), a = (x - offset) / step.  Written once per x type and
+ * compiled twice: for any x86-64 and, picked at run time, for AVX2 (floor and the divisions four at
+ * a time; the same IEEE operations, so the same numbers). */
+#define DITHER_LEAF(NAME, XT)                                                                            \
+    static void NAME(const XT *x, const uint64_t *t, int n, double step, double offset, double *y,      \
+                     double *fq)                                                                         \
+    {                                                                                                    \
+        for (int i = 0; i < n; i++) {                                                                    \
+            double a = ((double)x[i] - offset) / step;                                                   \
+            y[i] = floor(a + (double)(int64_t)(t[i] & ((1ULL << 53) - 1)) * DITHER_SCALE);               \
+            double f = a - floor(a);                                                                     \
+            fq[i] = f * (1.0 - f);                                                                       \
+        }                                                                                                \
+    }
+DITHER_LEAF(dither_leaf_f32, float)
+DITHER_LEAF(dither_leaf_f64, double)
+#ifdef LANES_AVX2
+__attribute__((target("avx2"))) DITHER_LEAF(dither_leaf_f32_avx2, float)
+__attribute__((target("avx2"))) DITHER_LEAF(dither_leaf_f64_avx2, double)
+#endif
+
+typedef struct {
+    const void *x;
+    int xk, avx2;
+    const uint64_t *t;
+    double step, offset;
+    int64_t *q, *joint, lo, hi, q_base;
+    Py_ssize_t span, fine;
+    int bad;
+} dq_job;
+
+/* Round x[lo .. lo + n) and return the sum of its f (1 - f) in numpy's pairwise order (the leaves
+ * of numpy's recursion are the blocks rounded here, so nothing is stored but q). */
+static double dq_run(dq_job *jb, Py_ssize_t lo, Py_ssize_t n)
+{
+    if (n > 128) {
+        Py_ssize_t n2 = n / 2;
+        n2 -= n2 % 8;
+        double left = dq_run(jb, lo, n2);
+        return left + dq_run(jb, lo + n2, n - n2);
+    }
+    double y[128], fq[128];
+    const uint64_t *t = jb->t + lo;
+#ifdef LANES_AVX2
+    if (jb->avx2) {
+        if (jb->xk == 4) dither_leaf_f32_avx2((const float *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+        else dither_leaf_f64_avx2((const double *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+    } else
+#endif
+    {
+        if (jb->xk == 4) dither_leaf_f32((const float *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+        else dither_leaf_f64((const double *)jb->x + lo, t, (int)n, jb->step, jb->offset, y, fq);
+    }
+    int64_t *q = jb->q + lo, qlo = jb->lo, qhi = jb->hi;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!(fabs(y[i]) < DITHER_BOUND)) { jb->bad = 1; return 0.0; }
+        int64_t v = (int64_t)y[i];
+        q[i] = v;
+        qlo = v < qlo ? v : qlo;
+        qhi = v > qhi ? v : qhi;
+        if (jb->joint) {
+            uint64_t col = (uint64_t)v - (uint64_t)jb->q_base;
+            if (col >= (uint64_t)jb->span) { jb->bad = 1; return 0.0; }
+            jb->joint[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)jb->fine) * jb->span + (Py_ssize_t)col]++;
+        }
+    }
+    jb->lo = qlo;
+    jb->hi = qhi;
+    return np_pairwise_sum(fq, n);
+}
+
+PyDoc_STRVAR(dither_quantize_doc,
+"dither_quantize(x, t, step, offset, q, q_base, fine, joint) -> (q_min, q_max, straddle) or None\n\n"
+"q[i] = floor((x[i] - offset) / step + t[i] 2^-53) (dither.quantize: x float32 or float64 widened,\n"
+"float64 operations in numpy's order); straddle = the sum of f (1 - f), f = a - floor(a),\n"
+"a = (x[i] - offset) / step, in numpy's pairwise order (dither.straddle); unless joint is None\n"
+"(int64, fine x span cells, zeroed here), joint[c span + q[i] - q_base] += 1 with\n"
+"c = (t[i] fine) >> 53 (dither.choose_alphabet's histogram of the indices per finest context).\n"
+"t: uint64 below 2^53; q: int64.  None where an index is not finite, not below 2^62 in magnitude\n"
+"or (with joint) outside q_base .. q_base + span - 1: the caller takes the numpy path for that input.");
+
+static PyObject *py_dither_quantize(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *to, *qo, *jo;
+    double step, offset;
+    long long q_base;
+    Py_ssize_t fine;
+    if (!PyArg_ParseTuple(args, "OOddOLnO", &xo, &to, &step, &offset, &qo, &q_base, &fine, &jo)) return NULL;
+    Py_buffer b[4];
+    int got = 0, have_j = 0;
+    if (get_buf(xo, &b[0], 0, "dither_quantize x") < 0) return NULL;
+    got = 1;
+    if (stream_buf(to, &b[1], 1) < 0) goto fail;
+    got = 2;
+    if (i64_buf(qo, &b[2], 1, "dither_quantize q") < 0) goto fail;
+    got = 3;
+    if (jo != Py_None) {
+        if (i64_buf(jo, &b[3], 1, "dither_quantize joint") < 0) goto fail;
+        have_j = got++;
+    }
+    int xk = float_kind(&b[0]);
+    Py_ssize_t n = xk ? b[0].len / xk : -1, span = have_j && fine >= 1 && fine <= 64 ? b[have_j].len / 8 / fine : 1;
+    if (!xk || b[1].len / 8 != n || b[2].len / 8 != n
+        || (have_j && (fine < 1 || fine > 64 || span < 1 || span * fine * 8 != b[have_j].len))) {
+        PyErr_SetString(PyExc_ValueError, "dither_quantize: x float32/float64, t uint64, q int64, all of one length; "
+                                          "joint int64 of fine (1..64) x span cells");
+        goto fail;
+    }
+    {
+        dq_job jb = {b[0].buf, xk, 0, (const uint64_t *)b[1].buf, step, offset, (int64_t *)b[2].buf,
+                     have_j ? (int64_t *)b[have_j].buf : NULL, INT64_MAX, INT64_MIN, q_base, span, fine, 0};
+#ifdef LANES_AVX2
+        jb.avx2 = have_avx2();
+#endif
+        const uint64_t *t = jb.t;
+        uint64_t big = 0;
+        double straddle = 0.0;
+        if (jb.joint) memset(jb.joint, 0, (size_t)(span * fine) * 8);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) big |= t[i];
+        if (n) straddle = dq_run(&jb, 0, n);
+        Py_END_ALLOW_THREADS
+        release_bufs(b, got);
+        if (big >> 53) {
+            PyErr_SetString(PyExc_ValueError, "dither_quantize: t must be below 2^53");
+            return NULL;
+        }
+        if (jb.bad || n == 0) Py_RETURN_NONE;
+        return Py_BuildValue("(LLd)", (long long)jb.lo, (long long)jb.hi, straddle);
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+PyDoc_STRVAR(dither_split_doc,
+"dither_split(q, t, count, q_lo, inner, escape, ordered) -> (list of count ints, bytes)\n\n"
+"The symbols of the indices q (int64) in context order (dither.Alphabet.split then\n"
+"dither.by_context): s = q - q_lo for 0 <= s < inner, else the escape symbol inner (escape true),\n"
+"whose q go, in index order, to the int64 array returned as bytes.  ordered: uint32 of len(q).\n"
+"Returns the elements in each context and the escaped q; ValueError for an index outside an\n"
+"alphabet without escape.");
+
+static PyObject *py_dither_split(PyObject *self, PyObject *args)
+{
+    PyObject *qo, *to, *oo;
+    Py_ssize_t count;
+    long long q_lo, inner;
+    int escape;
+    if (!PyArg_ParseTuple(args, "OOnLLpO", &qo, &to, &count, &q_lo, &inner, &escape, &oo)) return NULL;
+    Py_buffer b[3];
+    int got = 0;
+    PyObject *escs = NULL;
+    if (i64_buf(qo, &b[0], 0, "dither_split q") < 0) return NULL;
+    got = 1;
+    if (stream_buf(to, &b[1], count) < 0) goto fail;
+    got = 2;
+    if (u32_buf(oo, &b[2], 1, "dither_split ordered") < 0) goto fail;
+    got = 3;
+    Py_ssize_t n = b[0].len / 8;
+    if (b[1].len / 8 != n || b[2].len / 4 != n || inner < 1 || inner > 65536) {
+        PyErr_SetString(PyExc_ValueError, "dither_split: t and ordered as long as q, inner in 1..65536");
+        goto fail;
+    }
+    {
+        const int64_t *q = (const int64_t *)b[0].buf;
+        const uint64_t *t = (const uint64_t *)b[1].buf;
+        uint32_t *dst = (uint32_t *)b[2].buf;
+        Py_ssize_t cnt[64] = {0}, cur[64], ne = 0, e = 0;
+        uint64_t big = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            big |= t[i];
+            cnt[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)count)]++;
+            ne += (uint64_t)q[i] - (uint64_t)q_lo >= (uint64_t)inner;
+        }
+        Py_END_ALLOW_THREADS
+        if (big >> 53 || (ne && !escape)) {
+            PyErr_SetString(PyExc_ValueError, big >> 53 ? "dither_split: t must be below 2^53"
+                                                        : "dither_split: an index outside an alphabet without escape");
+            goto fail;
+        }
+        escs = PyBytes_FromStringAndSize(NULL, ne * 8);
+        if (!escs) goto fail;
+        int64_t *esc = (int64_t *)PyBytes_AS_STRING(escs);
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t at = 0;
+        for (Py_ssize_t j = 0; j < count; j++) { cur[j] = at; at += cnt[j]; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t s = (uint64_t)q[i] - (uint64_t)q_lo;
+            if (s >= (uint64_t)inner) {
+                esc[e++] = q[i];
+                s = (uint64_t)inner;
+            }
+            dst[cur[dither_context(t[i], (uint64_t)count)]++] = (uint32_t)s;
+        }
+        Py_END_ALLOW_THREADS
+        release_bufs(b, got);
+        PyObject *res = PyList_New(count);
+        for (Py_ssize_t j = 0; res && j < count; j++) {
+            PyObject *v = PyLong_FromSsize_t(cnt[j]);
+            if (!v) { Py_CLEAR(res); break; }
+            PyList_SET_ITEM(res, j, v);
+        }
+        if (!res) { Py_DECREF(escs); return NULL; }
+        PyObject *pair = Py_BuildValue("(NN)", res, escs);
+        return pair;
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+/* One context's IDSA decoder (rans_decode_part's state), read by dither_decode element by element. */
+typedef struct {
+    const uint8_t *buf;
+    const uint32_t *f, *cum;
+    uint64_t *coarse;  /* coarse[b]: the symbol s holding slot b << shift | cum[s] << 16 | f[s] << 40 */
+    uint32_t *xs;      /* the caller's states and positions, written back at the end */
+    int64_t *ps;
+    const int64_t *ends;
+    uint32_t x[64], mask;
+    int64_t p[64];
+    int S, W, j, shift;
+} dither_dec;
+
+#define DITHER_DEC_BUFS 6
+#define DITHER_BLOCK 256  /* elements a step of dither_decode: uniforms and contexts, symbols, values */
+#define DITHER_COARSE_BITS 10  /* 2^10 eight-byte entries a context: 16 contexts' tables stay in L2 */
+
+/* Take one context's decoder from its tuple (buf, f, cum, S, W, x, p, ends); 0 or -1 (error set).
+ * Its slot -> symbol lookup is a table of 2^min(S, 10) buckets (each the symbol holding the bucket's
+ * first slot, with its cum and f: one load) and a step up the cumulative frequencies: 8 KiB instead
+ * of the 2^S entries that would not stay in cache once the contexts alternate element by element.  Symbols of one context
+ * are ordered by cum (FORMAT.md 4.4), so the step up is exact. */
+static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize_t k)
+{
+    PyObject *o[6];
+    int S, W;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOOiiOOO", &o[0], &o[1], &o[2], &S, &W, &o[3], &o[4], &o[5]))
+        return -1;
+    for (int i = 0; i < 6; i++) {
+        if (get_buf(o[i], &b[i], i == 3 || i == 4, "dither_decode lanes") < 0) { release_bufs(b, i); return -1; }
+    }
+    Py_ssize_t M = (Py_ssize_t)1 << (S < 1 || S > 22 ? 0 : S);
+    if (S < 1 || S > 22 || W < 1 || W > 64 || b[1].itemsize != 4 || b[2].itemsize != 4 || b[1].len / 4 != k
+        || b[2].len != b[1].len || b[3].len != 4 * W || b[3].itemsize != 4 || b[4].len != 8 * W || b[5].len != 8 * W
+        || b[0].itemsize != 1) {
+        release_bufs(b, 6);
+        PyErr_SetString(PyExc_ValueError, "dither_decode: a context's decoder has bad arguments");
+        return -1;
+    }
+    d->buf = (const uint8_t *)b[0].buf;
+    d->f = (const uint32_t *)b[1].buf;
+    d->cum = (const uint32_t *)b[2].buf;
+    d->xs = (uint32_t *)b[3].buf;
+    d->ps = (int64_t *)b[4].buf;
+    d->ends = (const int64_t *)b[5].buf;
+    d->S = S; d->W = W; d->j = 0; d->mask = (uint32_t)M - 1;
+    d->shift = S > DITHER_COARSE_BITS ? S - DITHER_COARSE_BITS : 0;
+    uint64_t total = 0;
+    int ok = 1;
+    for (Py_ssize_t s = 0; s < k; s++) {  /* cum must be f's running sum, the whole summing to 2^S */
+        ok &= d->cum[s] == total;
+        total += d->f[s];
+    }
+    ok &= total == (uint64_t)M;
+    Py_ssize_t nb = M >> d->shift;
+    d->coarse = ok ? (uint64_t *)malloc((size_t)nb * sizeof(uint64_t)) : NULL;
+    if (ok && !d->coarse) { release_bufs(b, 6); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0, s = 0; ok && i < nb; i++) {
+        uint64_t slot = (uint64_t)i << d->shift;
+        while (s < k && (uint64_t)d->cum[s] + d->f[s] <= slot) s++;
+        d->coarse[i] = (uint64_t)s | (uint64_t)d->cum[s] << 16 | (uint64_t)d->f[s] << 40;
+    }
+    for (int j = 0; j < W; j++) {
+        d->x[j] = d->xs[j];
+        d->p[j] = d->ps[j];
+        if (d->p[j] < 0 || d->ends[j] < d->p[j] || d->ends[j] > (int64_t)b[0].len) ok = 0;
+    }
+    if (!ok) {
+        free(d->coarse);
+        d->coarse = NULL;
+        release_bufs(b, 6);
+        PyErr_SetString(PyExc_ValueError, "dither_decode: a context's table or lanes do not fit");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(dither_decode_doc,
+"dither_decode(key, count, lanes, q_lo, k, escape, esc, step, offset, share, out) -> (code, esc_read, counts)\n\n"
+"The whole dithered group in one pass (codecs/_dithered.decode's chunks fused): for each element i\n"
+"its t_i (dither.stream), its context (t_i count) >> 53, that context's next symbol from its IDSA\n"
+"lanes (lanes[c] = (buf u8, f u32, cum u32, S, W, x u32[W], p i64[W], ends i64[W]):\n"
+"rans_decode_part's arguments but the table, the states and positions updated in place), its index (q_lo + s, or\n"
+"the next zigzag varint of esc + q_lo for the escape symbol k - 1 when escape), and\n"
+"out[i] = (q + (0.5 - v_i) share) step + offset in float64 cast to out's type (float32/float64).\n"
+"counts: the elements of each context.  code 0: done (the caller checks the counts against the\n"
+"lanes, the final states and that esc_read is all of esc); else the\n"
+"first problem met (1 a lane ends early, 2 an escape runs past esc, 3 an escape out of range,\n"
+"4 a value not finite): the caller decodes with the numpy path, which names it.");
+
+static PyObject *py_dither_decode(PyObject *self, PyObject *args)
+{
+    unsigned long long key;
+    Py_ssize_t count, k;
+    PyObject *lo_, *eo, *oo;
+    long long q_lo;
+    int escape;
+    double step, offset, share;
+    if (!PyArg_ParseTuple(args, "KnOLnpOdddO", &key, &count, &lo_, &q_lo, &k, &escape, &eo, &step, &offset, &share, &oo))
+        return NULL;
+    if (count < 1 || count > 64 || k < 1 || k > 65536 || !PyTuple_Check(lo_) || PyTuple_GET_SIZE(lo_) != count) {
+        PyErr_SetString(PyExc_ValueError, "dither_decode: count in 1..64 decoders (a tuple), k in 1..65536");
+        return NULL;
+    }
+    dither_dec *dec = (dither_dec *)calloc((size_t)count, sizeof(dither_dec));
+    Py_buffer *bufs = (Py_buffer *)calloc((size_t)count * DITHER_DEC_BUFS, sizeof(Py_buffer));
+    Py_buffer eb, ob;
+    int inited = 0, have_e = 0, have_o = 0;
+    PyObject *res = NULL;
+    if (!dec || !bufs) { PyErr_NoMemory(); goto done; }
+    for (; inited < count; inited++)
+        if (dither_dec_init(PyTuple_GET_ITEM(lo_, inited), &dec[inited], &bufs[inited * DITHER_DEC_BUFS], k) < 0) goto done;
+    if (get_buf(eo, &eb, 0, "dither_decode esc") < 0) goto done;
+    have_e = 1;
+    if (get_buf(oo, &ob, 1, "dither_decode out") < 0) goto done;
+    have_o = 1;
+    int ok_ = float_kind(&ob);
+    if (!ok_ || eb.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "dither_decode: esc bytes, out float32 or float64");
+        goto done;
+    }
+    {
+        Py_ssize_t n = ob.len / ok_, ep = 0, elen = eb.len;
+        const uint8_t *e = (const uint8_t *)eb.buf;
+        float *o32 = (float *)ob.buf;
+        double *o64 = (double *)ob.buf;
+        const uint64_t zlimit = ((uint64_t)1 << 54) + 1;  /* 2 limit + 1, limit = 2 MAX_INDEX */
+        const uint32_t esym = escape ? (uint32_t)(k - 1) : 0xFFFFFFFFu;
+        int code = 0, inf = 0;
+        Py_ssize_t cnt[64] = {0};
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t z = (uint64_t)key + GAMMA;
+        double vb[DITHER_BLOCK], qb[DITHER_BLOCK];
+        uint8_t cb[DITHER_BLOCK];
+        for (Py_ssize_t i0 = 0; i0 < n && !code; i0 += DITHER_BLOCK) {
+            int m = n - i0 < DITHER_BLOCK ? (int)(n - i0) : DITHER_BLOCK;
+            /* the block's uniforms and contexts (independent: pipelined) */
+            for (int i = 0; i < m; i++, z += GAMMA) {
+                uint64_t t = splitmix_mix(z) >> 11;
+                cb[i] = (uint8_t)(count == 1 ? 0 : dither_context(t, (uint64_t)count));
+                vb[i] = (double)t * DITHER_SCALE;
+            }
+            /* the symbols, a context at a time (its lanes' states in registers, one chain per lane),
+             * each put at its element's place in the block */
+            int bcnt[64] = {0}, at[64];
+            uint16_t order[DITHER_BLOCK];
+            uint32_t sb[DITHER_BLOCK];
+            for (int i = 0; i < m; i++) bcnt[cb[i]]++;
+            for (int c = 0, o = 0; c < count; c++) { at[c] = o; o += bcnt[c]; cnt[c] += bcnt[c]; }
+            for (int i = 0; i < m; i++) order[at[cb[i]]++] = (uint16_t)i;
+            for (int c = 0, o = 0; c < count; o += bcnt[c], c++) {
+                if (!bcnt[c]) continue;
+                dither_dec *d = &dec[c];
+                int j = d->j, W = d->W, S = d->S, shift = d->shift;
+                uint32_t mask = d->mask;
+                const uint64_t *coarse = d->coarse;
+                for (int u = o; u < o + bcnt[c]; u++) {
+                    uint32_t xv = d->x[j], slot = xv & mask;
+                    uint64_t ent = coarse[slot >> shift];
+                    uint32_t s = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
+                    if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */
+                        do s++; while (slot - d->cum[s] >= d->f[s]);
+                        c0 = d->cum[s];
+                        f0 = d->f[s];
+                    }
+                    xv = f0 * (xv >> S) + slot - c0;
+                    while (xv < RANS_L) {
+                        if (d->p[j] >= d->ends[j]) { code = 1; break; }
+                        xv = (xv << 8) | d->buf[d->p[j]++];
+                    }
+                    if (code) break;
+                    d->x[j] = xv;
+                    j = j + 1 == W ? 0 : j + 1;
+                    sb[order[u]] = s;
+                }
+                d->j = j;
+                if (code) break;
+            }
+            if (code) break;
+            /* the indices, in element order (the escapes are read in that order) */
+            for (int i = 0; i < m; i++) {
+                uint32_t s = sb[i];
+                int64_t q;
+                if (s == esym) {
+                    uint64_t zz = 0;
+                    int shift = 0;
+                    for (;;) {
+                        if (ep >= elen) { code = 2; break; }
+                        uint8_t byte = e[ep++];
+                        uint64_t pl = byte & 0x7F;
+                        if (pl && (shift > 56 || (pl << shift) >> shift != pl)) { code = 3; break; }
+                        if (pl) zz |= pl << shift;
+                        if (zz > zlimit) { code = 3; break; }
+                        if (!(byte & 0x80)) break;
+                        if (shift < 63) shift += 7;
+                    }
+                    if (code) break;
+                    q = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
+                    q += q_lo;
+                    if (q > DITHER_MAX_INDEX || q < -DITHER_MAX_INDEX || (q >= q_lo && q < q_lo + k - 1)) { code = 3; break; }
+                } else {
+                    q = q_lo + (int64_t)s;
+                }
+                qb[i] = (double)q;  /* |q| <= 2^52: exact */
+            }
+            if (code) break;
+            /* the values: (q + (0.5 - v) share) step + offset, in that order (vectorisable) */
+            if (ok_ == 4) {
+                float *o = o32 + i0;
+                for (int i = 0; i < m; i++) {
+                    double y = 0.5 - vb[i];
+                    y = y * share;
+                    y = y + qb[i];
+                    y = y * step;
+                    y = y + offset;
+                    float fy = (float)y;
+                    inf |= !(fabsf(fy) <= FLT_MAX);  /* not finite: checked after the pass */
+                    o[i] = fy;
+                }
+            } else {
+                double *o = o64 + i0;
+                for (int i = 0; i < m; i++) {
+                    double y = 0.5 - vb[i];
+                    y = y * share;
+                    y = y + qb[i];
+                    y = y * step;
+                    y = y + offset;
+                    inf |= !(fabs(y) <= DBL_MAX);
+                    o[i] = y;
+                }
+            }
+        }
+        if (!code && inf) code = 4;
+        Py_END_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < count; c++)
+            for (int j = 0; j < dec[c].W; j++) { dec[c].xs[j] = dec[c].x[j]; dec[c].ps[j] = dec[c].p[j]; }
+        PyObject *counts = PyList_New(count);
+        for (Py_ssize_t c = 0; counts && c < count; c++) {
+            PyObject *v = PyLong_FromSsize_t(cnt[c]);
+            if (!v) { Py_CLEAR(counts); break; }
+            PyList_SET_ITEM(counts, c, v);
+        }
+        if (counts) res = Py_BuildValue("(inN)", code, ep, counts);
+    }
+done:
+    if (have_o) PyBuffer_Release(&ob);
+    if (have_e) PyBuffer_Release(&eb);
+    for (int c = 0; c < inited; c++) {
+        release_bufs(&bufs[c * DITHER_DEC_BUFS], 6);
+        free(dec[c].coarse);
+    }
+    free(bufs);
+    free(dec);
+    return res;
+}
+
+/* np.add.reduceat(a, first)'s entry for the segment a[s .. e): a[s] + the rest, pairwise. */
+static inline double np_segment_sum(const double *a, Py_ssize_t s, Py_ssize_t e)
+{
+    return a[s] + np_pairwise_sum(a + s + 1, e - s - 1);
+}
+
+/* dither_cells' terms of each element: z = floor(xs scale), the remainder b (times w) and its square
+ * term; compiled for any x86-64 and for AVX2 (the same IEEE operations, four at a time). */
+#define DITHER_CELLS_TERMS(NAME)                                                                         \
+    static void NAME(const double *xs, const double *w, Py_ssize_t n, double scale, double *zs, double *bw, \
+                     double *g2)                                                                         \
+    {                                                                                                    \
+        if (w) {                                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+                double g = xs[i] * scale, z = floor(g), r = (g - z) * w[i];                              \
+                zs[i] = z; bw[i] = r; g2[i] = r * (r / w[i]);                                            \
+            }                                                                                            \
+        } else {                                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                         \
+                double g = xs[i] * scale, z = floor(g), r = g - z;                                       \
+                zs[i] = z; bw[i] = r; g2[i] = r * r;                                                     \
+            }                                                                                            \
+        }                                                                                                \
+    }
+DITHER_CELLS_TERMS(dither_cells_terms)
+#ifdef LANES_AVX2
+__attribute__((target("avx2"))) DITHER_CELLS_TERMS(dither_cells_terms_avx2)
+#endif
+
+PyDoc_STRVAR(dither_cells_doc,
+"dither_cells(xs, w, scale, cell, W, B, G) -> m or -1\n\n"
+"dither.expected_choice's pass over its sorted sample xs (float64; weights w, float64, or None for\n"
+"all 1): g = xs scale, z = floor(g), b = g - z; the runs of equal z (cells) in order, and per cell\n"
+"cell = z, W = its weight, B = the sum of b w (b without weights), G = the sum of (b w) ((b w) / w)\n"
+"(b^2 without weights), each summed as np.add.reduceat sums (the segment's first term plus numpy's\n"
+"pairwise sum of the rest; W without weights the count).  cell int64, W, B, G float64, each at\n"
+"least len(xs) long; returns the number of cells m, or -1 where a z is not finite or not below 2^62\n"
+"in magnitude (the caller takes the numpy path).");
+
+static PyObject *py_dither_cells(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *co, *Wo, *Bo, *Go;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOdOOOO", &xo, &wo, &scale, &co, &Wo, &Bo, &Go)) return NULL;
+    Py_buffer b[6];
+    int got = 0, have_w = wo != Py_None;
+    PyObject *objs[6] = {xo, Wo, Bo, Go, co, wo};
+    for (; got < 4; got++)
+        if (get_buf(objs[got], &b[got], got > 0, "dither_cells") < 0) goto fail;
+    if (i64_buf(co, &b[4], 1, "dither_cells cell") < 0) goto fail;
+    got = 5;
+    if (have_w) {
+        if (get_buf(wo, &b[5], 0, "dither_cells w") < 0) goto fail;
+        got = 6;
+    }
+    Py_ssize_t n = b[0].len / 8;
+    int ok = n >= 1 && float_kind(&b[0]) == 8 && (!have_w || (float_kind(&b[5]) == 8 && b[5].len == b[0].len))
+             && b[4].len / 8 >= n;
+    for (int i = 1; i < 4; i++) ok = ok && float_kind(&b[i]) == 8 && b[i].len / 8 >= n;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "dither_cells: xs (float64, not empty), w (float64 of len(xs)) or None; cell "
+                                          "int64, W, B, G float64 of at least len(xs)");
+        goto fail;
+    }
+    {
+        const double *xs = (const double *)b[0].buf, *w = have_w ? (const double *)b[5].buf : NULL;
+        double *W = (double *)b[1].buf, *B = (double *)b[2].buf, *G = (double *)b[3].buf;
+        int64_t *cell = (int64_t *)b[4].buf;
+        double *bw = (double *)malloc((size_t)n * 3 * sizeof(double));
+        if (!bw) { PyErr_NoMemory(); goto fail; }
+        double *g2 = bw + n, *zs = bw + 2 * n;
+        Py_ssize_t m = 0, s = 0;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+#ifdef LANES_AVX2
+        if (have_avx2()) dither_cells_terms_avx2(xs, w, n, scale, zs, bw, g2);
+        else
+#endif
+        dither_cells_terms(xs, w, n, scale, zs, bw, g2);
+        double prev = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double z = zs[i];
+            if (!(fabs(z) < DITHER_BOUND)) { bad = 1; break; }
+            if (i == 0 || z != prev) {
+                if (i > 0) {  /* close the cell s .. i */
+                    W[m] = w ? np_segment_sum(w, s, i) : (double)(i - s);
+                    B[m] = np_segment_sum(bw, s, i);
+                    G[m] = np_segment_sum(g2, s, i);
+                    m++;
+                }
+                cell[m] = (int64_t)z;
+                s = i;
+                prev = z;
+            }
+        }
+        if (!bad) {
+            W[m] = w ? np_segment_sum(w, s, n) : (double)(n - s);
+            B[m] = np_segment_sum(bw, s, n);
+            G[m] = np_segment_sum(g2, s, n);
+            m++;
+        }
+        Py_END_ALLOW_THREADS
+        free(bw);
+        release_bufs(b, got);
+        return PyLong_FromSsize_t(bad ? -1 : m);
+    }
+fail:
+    release_bufs(b, got);
+    return NULL;
+}
+
+/* ==== end of the dithered rounding's fused passes ================================================= */
+
 /* ---------------------------------------------------------------------------------------------- */
 /* summary thinning (summary.Summary.thin)                                                        */
 /* ---------------------------------------------------------------------------------------------- */
@@ -3054,6 +3698,10 @@ static PyMethodDef methods[] = {
     {"splitmix64", py_splitmix64, METH_VARARGS, splitmix64_doc},
     {"context_counts", py_context_counts, METH_VARARGS, context_counts_doc},
     {"context_route", py_context_route, METH_VARARGS, context_route_doc},
+    {"dither_quantize", py_dither_quantize, METH_VARARGS, dither_quantize_doc},
+    {"dither_split", py_dither_split, METH_VARARGS, dither_split_doc},
+    {"dither_decode", py_dither_decode, METH_VARARGS, dither_decode_doc},
+    {"dither_cells", py_dither_cells, METH_VARARGS, dither_cells_doc},
     {"thin", py_thin, METH_VARARGS, thin_doc},
     {"summary_stats", py_summary_stats, METH_VARARGS, summary_stats_doc},
     {"kmeans", py_kmeans, METH_VARARGS, kmeans_doc},

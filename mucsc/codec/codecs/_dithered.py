@@ -13,11 +13,12 @@ import dataclasses
 import math
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from mucsc.codec.codecs.base import Section, joined, param_int, section
+from mucsc.codec import kernels
+from mucsc.codec.codecs.base import Section, param_int, section
 from mucsc.codec.numerics import dither, quantize
 from mucsc.codec.numerics.centroids import _sample_sorted
 from mucsc.codec.wire import rans
@@ -81,8 +82,9 @@ def fixed_grid(x: np.ndarray, z: int) -> Grid:
 
 
 def min_step(x: np.ndarray, offset: float) -> float:
-    """The smallest step keeping every |q| below dither.MAX_INDEX / 4."""
-    big = float(np.max(np.abs(x.astype(np.float64) - offset))) if x.size else 0.0
+    """The smallest step keeping every |q| below dither.MAX_INDEX / 4.  The largest |x - offset| (in
+    float64) is at x's minimum or maximum: float64 subtraction rounds monotonically."""
+    big = max(abs(float(x.min()) - offset), abs(float(x.max()) - offset)) if x.size else 0.0
     return big * 4.0 / dither.MAX_INDEX if big else 0.0
 
 
@@ -94,24 +96,22 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
     n = x.size
     key = quantize.draw_key(rng)
     if cache is not None and cache.get("key") == key:
-        t, v = cache["t"], cache["v"]
+        t, bounds = cache["t"], cache["bounds"]
     else:
-        t = dither.stream(key, n)
-        v = dither.uniforms(t)
+        t, bounds = dither.stream(key, n), ((float(x.min()), float(x.max())) if n else None)
         if cache is not None:
-            cache.update(key=key, t=t, v=v)
-    q = dither.quantize(x, grid.step, grid.offset, v)
-    alpha, c, est = dither.choose_alphabet(q, t)
+            cache.update(key=key, t=t, bounds=bounds)
+    q, straddled, hist = dither.rounded(x, grid.step, grid.offset, t, grid.share != 1.0, bounds)
+    alpha, c, est = dither.choose_alphabet(q, t, hist)
     params = _params(alpha)
-    straddled = dither.straddle(x, grid.step, grid.offset) if grid.share != 1.0 else 0.0
     share = dither.best_share(n, straddled) if grid.share is None else grid.share
     head = Section("GRID", GRID.pack(grid.step, grid.offset, share, alpha.q_lo, key))
     if estimate:
         sections = (head, Section("QIDX", bytes(int(est))))
     else:
-        sym, esc = alpha.split(q)
+        by_context, esc = dither.symbols_by_context(alpha, q, t, c)
         parts = [CONTEXTS.pack(c)]
-        for part in dither.by_context(sym, t, c):
+        for part in by_context:
             coded = rans.encode(part, alpha.symbols)
             parts += [LENGTH.pack(len(coded)), coded]
         sections = (head, Section("QIDX", b"".join(parts)))
@@ -130,9 +130,19 @@ CHUNK = 1 << 18  # elements per decoding pass: the scratch is ~40 bytes an eleme
 
 
 def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype) -> np.ndarray:
-    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5): the
-    passes of :func:`decode_parts` written into the output."""
-    return joined(n, dtype, decode_parts(n, params, sections, dtype))
+    """Inverse of :func:`encode`, validating the untrusted header and sections (FORMAT.md 4.5).
+    Every length is checked against n before the output is allocated (:class:`_Indices`); with the
+    compiled kernels the group is decoded in one fused pass (:func:`_fused`, no scratch), else the
+    passes of :func:`decode_parts` are written into the output."""
+    head = _open(n, params, sections)
+    y = np.empty(n, dtype)  # reserved (not written) before the counting pass
+    if _fused(head.indices, head.q_lo, head.k, head.escape, sections, head.step, head.offset, head.share, y):
+        return y
+    at = 0
+    for part in _passes(head, n, dtype):
+        y[at: at + part.size] = part
+        at += part.size
+    return y
 
 
 def decode_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview], dtype: np.dtype
@@ -140,6 +150,24 @@ def decode_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memor
     """:func:`decode`'s values in passes of ``CHUNK`` elements (``Codec.decode_parts``).  Every
     length is checked against n before the first pass (:class:`_Indices`); the dither is regenerated
     for each pass from its position in the counter stream, so the working memory is a fixed scratch."""
+    yield from _passes(_open(n, params, sections), n, dtype)
+
+
+class _Head(NamedTuple):
+    """A dithered group's checked header: its alphabet, GRID and the readers of QIDX / QESC."""
+    k: int
+    escape: bool
+    step: float
+    offset: float
+    share: float
+    q_lo: int
+    key: int
+    indices: "_Indices"
+    esc: Any
+
+
+def _open(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]) -> _Head:
+    """The untrusted header and GRID checked, the index stream's lengths checked against n."""
     k = param_int(params, "symbols", 1, dither.MAX_SYMBOLS)
     escape = params.get("escape")
     if not isinstance(escape, bool) or (escape and k < 2):
@@ -152,9 +180,14 @@ def decode_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memor
     if abs(q_lo) > dither.MAX_INDEX or q_lo + k - 1 > dither.MAX_INDEX:
         raise FormatError(f"GRID: lowest index {q_lo} out of range")
     indices = _Indices(n, k, key, section(sections, "QIDX"))
-    esc = None
-    if escape:
-        esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX)
+    esc = dither.ZigzagReader(section(sections, "QESC"), 2 * dither.MAX_INDEX) if escape else None
+    return _Head(k, escape, step, offset, share, q_lo, key, indices, esc)
+
+
+def _passes(head: _Head, n: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """The values ``CHUNK`` at a time, each pass's dither regenerated from the counter stream."""
+    k, step, offset, share, q_lo, key, indices, esc = (head.k, head.step, head.offset, head.share, head.q_lo,
+                                                        head.key, head.indices, head.esc)
     indices.count()
     for a in range(0, n, CHUNK):
         t = dither.stream(key, min(CHUNK, n - a), a)
@@ -170,6 +203,31 @@ def decode_parts(n: int, params: Mapping[str, Any], sections: Mapping[str, memor
     indices.finish()
     if esc is not None and (left := esc.finish()):
         raise FormatError(f"QESC: {left}")
+
+
+def _fused(indices: "_Indices", q_lo: int, k: int, escape: bool, sections: Mapping[str, memoryview], step: float,
+           offset: float, share: float, y: np.ndarray) -> bool:
+    """Decode the whole group into ``y`` in one compiled pass (``dither_decode``: the stream, the
+    contexts, every context's rANS lanes, the escapes and the dequantisation element by element, no
+    scratch; each context's slot lookup a few KiB) -> True; False where the kernels are not built,
+    y is not float32/float64, or the pass met anything wrong (a stream ending early, a bad
+    escape, a value not finite, escape bytes left over): the chunked path then decodes the group
+    from the start and names the problem as it always did.  After the pass it checks the lanes'
+    final states (:meth:`_Indices.finish`, what the chunked path checks last)."""
+    m = kernels.c_module()
+    if not (kernels.use_c() and hasattr(m, "dither_decode") and y.dtype in (np.float32, np.float64) and y.size):
+        return False
+    states = [lanes.decoder() for lanes in indices.lanes]
+    qesc = section(sections, "QESC") if escape else b""
+    code, read, counts = m.dither_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step,
+                                         offset, share, y)
+    if code or read != len(qesc):
+        return False
+    indices.count(counts)
+    for lanes, state, count in zip(indices.lanes, states, counts):
+        lanes.resume(state, count)
+    indices.finish()
+    return True
 
 
 def _unescape(q: np.ndarray, out: np.ndarray, esc: dither.ZigzagReader, q_lo: int, k: int) -> None:
@@ -227,14 +285,16 @@ class _Indices:
             kept += lanes.table_bytes()
             lanes.keep_table = kept <= TABLES
 
-    def count(self) -> None:
-        """Count each context's elements (one pass over the dither stream, in chunks) and check each
-        context's payload against its count (FORMAT.md 4.4's bounds)."""
+    def count(self, counts: list[int] | None = None) -> None:
+        """Count each context's elements (one pass over the dither stream, in chunks; ``counts``:
+        those a fused pass counted) and check each context's payload against its count (FORMAT.md
+        4.4's bounds; one context was checked against n when it was parsed)."""
         if self.c == 1:
             return
-        counts = np.zeros(self.c, np.int64)
-        for a in range(0, self.n, CHUNK):
-            counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
+        if counts is None:
+            counts = np.zeros(self.c, np.int64)
+            for a in range(0, self.n, CHUNK):
+                counts += dither.context_counts(dither.stream(self.key, min(CHUNK, self.n - a), a), self.c)
         for j, lanes in enumerate(self.lanes):
             try:
                 lanes.expect(int(counts[j]))

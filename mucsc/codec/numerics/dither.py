@@ -24,13 +24,14 @@ and the size estimates that rate control chooses with.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 
-__all__ = ["stream", "contexts", "context_counts", "by_context", "from_contexts", "quantize", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
+__all__ = ["stream", "contexts", "context_counts", "by_context", "from_contexts", "quantize", "rounded", "Histogram", "symbols_by_context", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
            "zigzag_varints", "read_zigzag_varints", "ZigzagReader", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
            "MAX_CONTEXTS"]
 
@@ -118,6 +119,54 @@ def quantize(x: np.ndarray, step: float, offset: float, v: np.ndarray) -> np.nda
     np.add(y, v, out=y)
     np.floor(y, out=y)
     return y.astype(np.int64)
+
+
+def rounded(x: np.ndarray, step: float, offset: float, t: np.ndarray, straddled: bool = True,
+            bounds: tuple[float, float] | None = None) -> tuple[np.ndarray, float, "Histogram | None"]:
+    """(:func:`quantize` of x with the uniforms of ``t``, :func:`straddle` of x or 0.0 without
+    ``straddled``, the indices' histogram per finest context for :func:`choose_alphabet` or None):
+    one compiled pass over x where the kernels are built (the straddle summed in numpy's pairwise
+    order), else the numpy functions.  ``bounds``: (min x, max x), which bound the indices
+    (every index lies in floor((min - offset) / step) .. floor((max - offset) / step) + 1), so the
+    histogram is counted in the same pass.  The same numbers either way."""
+    c = kernels.c_module()
+    if kernels.use_c() and hasattr(c, "dither_quantize") and x.dtype in (np.float32, np.float64) and x.size:
+        x = np.ascontiguousarray(x)
+        q = np.empty(x.size, np.int64)
+        base, joint = 0, None
+        if bounds is not None and all(map(math.isfinite, bounds)):
+            base = math.floor((bounds[0] - offset) / step)
+            span = math.floor((bounds[1] - offset) / step) + 2 - base
+            if 1 <= span <= max(4 * x.size, 1 << 16) and FINE * span <= JOINT_MAX:
+                joint = np.empty((FINE, span), np.int64)
+        got = c.dither_quantize(x, np.ascontiguousarray(t, np.uint64), float(step), float(offset), q, base, FINE, joint)
+        if got is not None:  # the straddle summed in numpy's pairwise order, as :func:`straddle`
+            return q, (got[2] if straddled else 0.0), (None if joint is None else Histogram(*got[:2], base, joint))
+    q = quantize(x, step, offset, uniforms(t))
+    return q, (straddle(x, step, offset) if straddled else 0.0), None
+
+
+class Histogram(NamedTuple):
+    """The indices' range (q_min .. q_max) and their histogram per finest context, ``joint``:
+    FINE rows, column j for index base + j (the columns beyond the range are empty)."""
+
+    q_min: int
+    q_max: int
+    base: int
+    joint: np.ndarray
+
+
+def symbols_by_context(alpha: "Alphabet", q: np.ndarray, t: np.ndarray, count: int
+                       ) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the symbols of each context 0 .. count - 1 in index order, the escaped q in index order):
+    :meth:`Alphabet.split` then :func:`by_context`, in one compiled pass where the kernels are built."""
+    if kernels.use_c() and hasattr(kernels.c_module(), "dither_split") and 1 <= count <= MAX_CONTEXTS and q.size:
+        ordered = np.empty(q.size, np.uint32)
+        per, esc = kernels.c_module().dither_split(np.ascontiguousarray(q, np.int64), np.ascontiguousarray(t, np.uint64),
+                                                   count, alpha.q_lo, alpha.inner, alpha.escape, ordered)
+        return np.split(ordered, np.cumsum(per)[:-1]), np.frombuffer(esc, np.int64)
+    sym, esc = alpha.split(q)
+    return by_context(sym, t, count), esc
 
 
 def dequantize(q: np.ndarray, step: float, offset: float, v: np.ndarray, dtype, share: float = 1.0) -> np.ndarray:
@@ -279,14 +328,22 @@ def _coded_bytes(hist: np.ndarray) -> float:
     return total
 
 
-def choose_alphabet(q: np.ndarray, t: np.ndarray) -> tuple[Alphabet, int, float]:
+def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None) -> tuple[Alphabet, int, float]:
     """(alphabet, contexts, estimated bytes of QIDX + QESC) minimising the estimate: a contiguous
     range around the bulk of the indices (the tails beyond it escaped when that is cheaper than
     table entries for them), chosen with one context, then 1..16 contexts for it (more contexts:
-    sharper tables, more tables to send)."""
+    sharper tables, more tables to send).  ``hist``: the histogram :func:`rounded` counted."""
     n = q.size
     if n == 0:
         return Alphabet(0, 1, False), 1, _coded_bytes(np.zeros((1, 1), np.int64))
+    if hist is not None:  # the same histograms as below (the range is within 4 n and FINE m <= JOINT_MAX)
+        qmin, qmax = hist.q_min, hist.q_max
+        joint = hist.joint[:, qmin - hist.base: qmax - hist.base + 1]
+        counts = joint.sum(0)
+        keep = counts > 0
+        values, counts, joint = np.arange(qmin, qmax + 1)[keep], counts[keep], joint[:, keep]
+        return _choose(values, counts, lambda c, col, cols: _columns(joint.reshape(c, FINE // c, -1).sum(1), col, cols),
+                       _coded_bytes)
     qmin, qmax = int(q.min()), int(q.max())
     span = qmax - qmin + 1
     if span <= max(4 * n, 1 << 16) and span <= 1 << 24:
@@ -352,20 +409,10 @@ def expected_choice(xs: np.ndarray, w: np.ndarray | None, step: float
     and remainder FINE f - a.  None when the indices take more than JOINT_MAX / FINE values, or
     fewer than MIN_PER_VALUE elements a value on average (there the realised histogram, mostly ones,
     is far from the expected one, and the alphabet chosen from it too)."""
-    g = np.multiply(xs, FINE / step)  # FINE y: floor(FINE y) = FINE k + a
-    z = np.floor(g)
-    g -= z  # the remainder within the cell
-    cell = z.astype(np.int64)  # ascending (xs is sorted): sum per occupied cell
-    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
-    cell = cell[first]
-    W = (np.diff(np.append(first, xs.size)).astype(np.float64) if w is None else np.add.reduceat(w, first))
-    if w is not None:
-        g *= w
-    B = np.add.reduceat(g, first)
-    g *= g if w is None else g / w
+    cell, W, B, G = _cells(xs, w, FINE / step)
     k, a = np.divmod(cell, FINE)
     # f = (a + b) / FINE: the sum of f (1 - f) from each cell's weight, sum of b and of b^2
-    straddled = float(np.sum((a * W + B) / FINE - (a * a * W + 2 * a * B + np.add.reduceat(g, first)) / FINE**2))
+    straddled = float(np.sum((a * W + B) / FINE - (a * a * W + 2 * a * B + G) / FINE**2))
     new_k = np.concatenate(([True], k[1:] != k[:-1]))
     ks, row = k[new_k], np.cumsum(new_k) - 1
     values = np.union1d(ks, ks + 1)
@@ -388,6 +435,33 @@ def expected_choice(xs: np.ndarray, w: np.ndarray | None, step: float
         return _columns(H.reshape(c, FINE // c, -1).sum(1), col, cols)
 
     return (*_choose(values, counts, by_context, _expected_coded_bytes), straddled)
+
+
+def _cells(xs: np.ndarray, w: np.ndarray | None, scale: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The occupied cells of the sorted sample ``xs`` on the grid 1 / ``scale`` (z = floor(xs scale),
+    each run of equal z a cell, in order) -> (z, weight, sum of b w, sum of (b w)^2 / w) per cell,
+    b = xs scale - z the remainder (without weights: count, sum of b, sum of b^2); sums as
+    np.add.reduceat's.  One compiled pass where the kernels are built (the same numbers)."""
+    c = kernels.c_module()
+    if kernels.use_c() and hasattr(c, "dither_cells") and xs.size and xs.dtype == np.float64:
+        n = xs.size
+        cell, W, B, G = np.empty(n, np.int64), np.empty(n), np.empty(n), np.empty(n)
+        m = c.dither_cells(np.ascontiguousarray(xs), None if w is None else np.ascontiguousarray(w, np.float64), scale,
+                           cell, W, B, G)
+        if m >= 0:
+            return cell[:m], W[:m], B[:m], G[:m]
+    g = np.multiply(xs, scale)
+    z = np.floor(g)
+    g -= z  # the remainder within the cell
+    cell = z.astype(np.int64)  # ascending (xs is sorted): sum per occupied cell
+    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+    W = (np.diff(np.append(first, xs.size)).astype(np.float64) if w is None else np.add.reduceat(w, first))
+    if w is not None:
+        g *= w
+    B = np.add.reduceat(g, first)
+    g *= g if w is None else g / w
+    return cell[first], W, B, np.add.reduceat(g, first)
 
 
 def _expected_coded_bytes(hist: np.ndarray) -> float:

@@ -367,6 +367,21 @@ class Lanes:
             self._tab = tab
         return tab
 
+    def decoder(self) -> tuple:
+        """(buf, f, cum, S, W, x, p, ends): this payload's decoder as the compiled kernels take it
+        (``rans_decode_part``'s arguments but the slot table), with copies of the lanes' states and
+        read positions for the kernel to advance; :meth:`resume` adopts them."""
+        return (self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32), self.S, self.W, self.x.copy(),
+                self.p.copy(), self.ends)
+
+    def resume(self, state: tuple, taken: int) -> None:
+        """Adopt the states and positions of ``state`` (from :meth:`decoder`) after a kernel took
+        ``taken`` more IDs (then :meth:`finish` checks them as after :meth:`take`)."""
+        if self.n is None or taken < 0 or self.done + taken > self.n:
+            raise ValueError(f"{self.tag}: {taken} more IDs taken of {self.n - self.done} left")
+        self.x[:], self.p[:] = state[5], state[6]
+        self.done += taken
+
     def take(self, m: int) -> np.ndarray:
         """The next ``m`` IDs (uint32)."""
         if self.n is None or m < 0 or self.done + m > self.n:
