@@ -134,7 +134,7 @@ def squared_norm(tensors: Mapping[str, Any]) -> float:
         flat = t.reshape(-1)
         for i in range(0, int(flat.shape[0]), 1 << 20):
             c = _float64(flat[i: i + (1 << 20)])
-            total += float(np.dot(c, c))
+            total += float(np.square(c, out=c).sum())  # not np.dot: threaded BLAS, ~2x slower under load
     return total
 
 

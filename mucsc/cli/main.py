@@ -395,8 +395,11 @@ class _NormedSource:
         value = self._reader.read(i)
         dtype = self.entries[i][1]
         if i not in self._seen and dtype.startswith(("float", "bfloat")):
-            flat = value if dtype != "bfloat16" or not isinstance(value, np.ndarray) else (
-                (value.astype(np.uint32) << 16).view(np.float32))
+            flat = value
+            if dtype == "bfloat16" and isinstance(value, np.ndarray):
+                flat = value.astype(np.uint32)
+                flat <<= 16  # in place (one temporary, not two)
+                flat = flat.view(np.float32)
             n2 = squared_norm({"": flat})
             with self._lock:
                 self._seen.add(i)

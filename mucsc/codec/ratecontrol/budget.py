@@ -54,8 +54,9 @@ SLACK_BYTES = 8
 # by the differential entropies of their normalised values (a Gaussian's is the largest at a given
 # variance), about a bit between a transformer's matrices: the splits measured (all-MiniLM-L6-v2
 # at 4.5 and 8.5 bits, a generated 335M-weight model) give no group of 2^15 or more elements over
-# 0.7 bits above the mean.  Each finer grid costs time in proportion to its levels: 8 bits of
-# headroom measured grids of up to ~2^12 levels, a quarter of pass 1's time on the 335M-weight file.
+# 0.7 bits above the mean.  Below the mean less HEADROOM_BITS a large group's grids are an
+# octave apart.  Against 8 bits and every grid a quarter of a bit apart: 49 grids per tensor instead
+# of 74, the summaries of 30 tensors of the 335M-weight file 0.59 s CPU instead of 0.86 s.
 HEADROOM_BITS, HEADROOM_BYTES = 4.0, 4096
 
 
