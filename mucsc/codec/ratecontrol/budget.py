@@ -6,7 +6,7 @@ tensors can follow (issue 35: a checkpoint compressed tensor by tensor):
    from their expected counts).  What is kept (:class:`GroupSummary`) is the curve, a few hundred
    numbers: the sample itself is dropped with the group, so memory is O(sample), not O(model).
 2. :class:`Budget` -- a pure split of the budget over the curves (the planner's
-   :class:`~mucsc.codec.ratecontrol.planner.BudgetSplit`: size weighting, error cap, balance), each
+   :class:`~mucsc.codec.ratecontrol.planner.BudgetSplit`: size or damped weighting, error cap, balance), each
    group's choice a grid step (its levels kept from phase 1 as an array, not a tuple of floats).
 3. :meth:`Budget.encode` -- each group encoded once with its choice, in order, its exact bytes
    recorded.  The estimates err by a few bytes per group (and ~0.3% on a subsampled group's IDs), so
