@@ -3,7 +3,7 @@
 fp16 reference, time and peak RSS, on generated transformer-shaped bf16 safetensors files.
 
     python benchmarks/large_checkpoint.py generate DIR [--layers 24] [--layers 12]
-    python benchmarks/large_checkpoint.py run DIR [--layers 24] [--skip-reference] [--fp16]
+    python benchmarks/large_checkpoint.py run DIR [--layers 24] [--skip-reference] [--fp16] [--bits 4.5]
 
 ``generate`` writes ``DIR/model-L{layers}.safetensors``: ``layers`` blocks at hidden 1024 (q, k, v, o
 1024x1024; mlp up 4096x1024 and down 1024x4096; two norms of 1024), a 32000x1024 embedding and a
@@ -12,9 +12,11 @@ columns), norms near 1.  24 layers: 334,808,064 parameters (669,635,408 bytes); 
 (367,586,784 bytes).  The file is written tensor by tensor (no torch: bfloat16 rounded in numpy): memory
 is about the embedding's values in float64 (429 MB peak RSS measured for 12 layers).
 
-``run`` times, each as its own process under ``/usr/bin/time -v`` (wall seconds, peak RSS):
+``run`` times, each as its own process under ``/usr/bin/time -v`` (wall seconds, CPU seconds: user +
+system, peak RSS):
 - the reference: safetensors' ``load_file`` + ``.half()`` of every float tensor + ``save_file`` (torch);
-- ``mucsc compress`` with no options (``--fp16``: also ``--codec fp16``);
+- ``mucsc compress`` with no options (``--fp16``: also ``--codec fp16``; ``--bits B``: also ``--bits B``,
+  its message decompressed again for its bits per weight and worst 2-D tensor);
 - ``mucsc decompress`` to .safetensors;
 - ``mucsc.open(msg).get_tensor(name)`` of one mid-model matrix (the time inside the process, from
   ``mucsc.open`` to the tensor, is printed next to the process's);
@@ -107,7 +109,8 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", r.stderr).group(1)
     secs = sum(float(p) * 60 ** i for i, p in enumerate(reversed(wall.split(":"))))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
-    return {"wall_s": secs, "rss_mb": rss / 1024, "stdout": r.stdout}
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): (\S+)", r.stderr).group(1)) for k in ("User", "System"))
+    return {"wall_s": secs, "cpu_s": cpu, "rss_mb": rss / 1024, "stdout": r.stdout}
 
 
 def check(src: Path, back: Path) -> tuple[float, str, bool]:
@@ -137,7 +140,7 @@ def _wide(v: np.ndarray, dtype: str) -> np.ndarray:
     return ((v.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else v).astype(np.float64)
 
 
-def run(d: Path, layers: int, reference: bool, fp16: bool) -> list[dict]:
+def run(d: Path, layers: int, reference: bool, fp16: bool, bits: list[float] = ()) -> list[dict]:
     src = d / f"model-L{layers}.safetensors"
     msg, back = d / f"model-L{layers}.mucsc", d / f"back-L{layers}.safetensors"
     env = {**os.environ}
@@ -152,8 +155,21 @@ def run(d: Path, layers: int, reference: bool, fp16: bool) -> list[dict]:
         m16 = d / f"model-L{layers}-fp16.mucsc"
         r = timed([*mucsc_cmd, "compress", str(src), "-o", str(m16), "--codec", "fp16", "-f", "-q"], env)
         rows.append({"step": "mucsc compress --codec fp16", **r, "bytes": m16.stat().st_size})
+    budgets = []
+    for b in bits:
+        mb = d / f"model-L{layers}-bits{b}.mucsc"
+        r = timed([*mucsc_cmd, "compress", str(src), "-o", str(mb), "--bits", str(b), "-f", "-q"], env)
+        rows.append({"step": f"mucsc compress --bits {b}", **r, "bytes": mb.stat().st_size})
+        budgets.append((b, mb))
     r = timed([*mucsc_cmd, "decompress", str(msg), "-o", str(back), "-f", "-q"], env)
     rows.append({"step": "mucsc decompress -> .safetensors", **r})
+    params = sum(math.prod(s) for _, s in shapes(layers))
+    for b, mb in budgets:  # not timed: the budget's bits per weight and its worst 2-D tensor
+        bb = d / f"back-L{layers}-bits{b}.safetensors"
+        subprocess.run([*mucsc_cmd, "decompress", str(mb), "-o", str(bb), "-f", "-q"], check=True, env=env)
+        worst, where, same = check(src, bb)
+        rows.append({"step": f"check --bits {b}", "bits_per_weight": 8 * mb.stat().st_size / params,
+                     "worst_2d": worst, "worst_name": where, "dtypes_kept": same})
     probe = PROBE.format(mid=layers // 2)
     r = timed([sys.executable, "-c", GET, str(msg), probe], env)
     inner = json.loads(r["stdout"].strip().splitlines()[-1])
@@ -177,16 +193,22 @@ def run(d: Path, layers: int, reference: bool, fp16: bool) -> list[dict]:
 
 def table(rows: list[dict], layers: int) -> str:
     ref = next((r["wall_s"] for r in rows if r["step"].startswith("reference")), None)
-    lines = [f"### {layers} layers", "", "| step | wall s | x reference | peak RSS MB | output bytes |",
-             "|---|---|---|---|---|"]
+    cpu = next((r["cpu_s"] for r in rows if r["step"].startswith("reference")), None)
+    lines = [f"### {layers} layers", "", "| step | wall s | x reference | CPU s | x reference | peak RSS MB | output bytes |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["step"] == "check":
+        if r["step"].startswith("check"):
             continue
         x = f"{r['wall_s'] / ref:.2f}" if ref else "-"
+        xc = f"{r['cpu_s'] / cpu:.2f}" if cpu else "-"
         extra = f" (get_tensor itself {r['inner_s']:.3f} s)" if "inner_s" in r else ""
-        lines.append(f"| {r['step']}{extra} | {r['wall_s']:.2f} | {x} | {r['rss_mb']:.0f} | "
+        lines.append(f"| {r['step']}{extra} | {r['wall_s']:.2f} | {x} | {r['cpu_s']:.2f} | {xc} | {r['rss_mb']:.0f} | "
                      f"{r.get('bytes', '') and format(r['bytes'], ',')} |")
-    c = rows[-1]
+    for c in rows:
+        if c["step"].startswith("check --bits"):
+            lines += ["", f"{c['step'][6:]}: {c['bits_per_weight']:.4f} bits/weight, worst 2-D tensor "
+                      f"{100 * c['worst_2d']:.2f}% ({c['worst_name']}); dtypes kept: {c['dtypes_kept']}"]
+    c = next(r for r in rows if r["step"] == "check")
     lines.append("")
     lines.append(f"worst 2-D tensor: {100 * c['worst_2d']:.3f}% ({c['worst_name']}); dtypes kept: "
                  f"{c['dtypes_kept']}; get_tensor == decompress: {c['get_equals_decompress']}")
@@ -201,6 +223,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-reference", action="store_true")
     ap.add_argument("--fp16", action="store_true", help="also time --codec fp16")
+    ap.add_argument("--bits", type=float, action="append", default=[], help="also time --bits B (repeatable)")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
     for layers in a.layers or [24]:
@@ -209,7 +232,7 @@ def main() -> None:
             generate(a.dir / f"model-L{layers}.safetensors", layers, a.seed)
             print(f"  {time.perf_counter() - t0:.1f} s")
         else:
-            rows = run(a.dir, layers, not a.skip_reference, a.fp16)
+            rows = run(a.dir, layers, not a.skip_reference, a.fp16, a.bits)
             print(table(rows, layers), flush=True)
             print(json.dumps([{k: v for k, v in r.items() if k != "stdout"} for r in rows]))
 

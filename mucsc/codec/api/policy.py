@@ -127,13 +127,15 @@ class Policy:
             raise ParameterError(f"a per-tensor max_error needs a codec that targets an error (mucsc); "
                                  f"codec {codec.name!r} has no max_error parameter")
 
-    def choose(self, i: int, t: Tensor, codec: Codec, seed: int, fp16: Codec | None = None) -> str | Planned:
+    def choose(self, i: int, t: Tensor, codec: Codec, seed: int, fp16: Codec | None = None,
+               x: np.ndarray | None = None) -> str | Planned:
         """Tensor ``i``'s carrier, decided from this tensor alone: "raw", "fp16" (the caller pools
         these), or a :class:`Planned` coded group (with its encoding when the policy made one while
-        choosing).  What :meth:`plan` does per tensor; a streaming writer calls it as each tensor is read."""
+        choosing).  What :meth:`plan` does per tensor; a streaming writer calls it as each tensor is read.
+        ``x``: :func:`flat_float` of ``t`` when the caller has it (a bfloat16 tensor widened once)."""
         if not t.is_float or codec.lossless:
             return "raw"
-        return self._choose(i, t, flat_float(t), codec, fp16 or get_codec("fp16"), seed)
+        return self._choose(i, t, flat_float(t) if x is None else x, codec, fp16 or get_codec("fp16"), seed)
 
     def named_lossless(self, name: str | None) -> bool:
         """Whether ``name`` matches one of the ``lossless`` globs."""

@@ -57,12 +57,13 @@ def budget_choices(source: Any, codec: str | Codec = "mucsc", *, policy: Policy,
     fp16 = get_codec("fp16")
     for i, rec in enumerate(records):
         t = _tensor(rec, source.read(i))
-        choice = policy.choose(i, t, codec_obj, seed, fp16)
+        x = flat_float(t) if t.is_float else None  # widened once, for the policy and the summary
+        choice = policy.choose(i, t, codec_obj, seed, fp16, x=x)
         if isinstance(choice, Planned):
             if choice.codec is not codec_obj:
                 raise ParameterError(f"{rec.name}: the policy chose a fixed coding under a budget")
             coded.append(i)
-            summaries.append(ratecontrol.budget.summarize(codec_obj, flat_float(t), level, reach))
+            summaries.append(ratecontrol.budget.summarize(codec_obj, x, level, reach))
         else:
             carried[i] = choice
             carrier = fp16 if choice == "fp16" else get_codec("raw")
@@ -70,7 +71,7 @@ def budget_choices(source: Any, codec: str | Codec = "mucsc", *, policy: Policy,
             enc = carrier.encode_array(x, None)
             carried_bytes += sum(fmt.section_bytes(s.tobytes(), False, None) for s in enc.sections)
             carried_groups.append(fmt.Group(carrier.name, enc.params, (i,), gdtype))
-        del t
+        del t, x
     groups = _group_indices(records, coded, carried)
     trailer = signer.trailer_bytes if signer is not None else 0
     meta = api.check_meta(meta)

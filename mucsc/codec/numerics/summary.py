@@ -32,6 +32,9 @@ class Summary:
         self.shift = 0.5 * (lo + hi)  # J is translation invariant; centring limits cancellation
         self.S = _Sorted.centred(xs, self.shift, w)
         self.exact = x.size <= FULL_SORT_MAX  # the summary is the data itself
+        # a subsample's sampled bulk (its elements weigh more than 1): outside it the summary is exact
+        bulk = None if w is None else np.flatnonzero(w != 1.0)
+        self.bulk = None if bulk is None or not bulk.size else (float(xs[bulk[0]]), float(xs[bulk[-1]]))
         self.total = float(self.S.W[-1])
 
     def distinct(self, limit: int) -> np.ndarray | None:

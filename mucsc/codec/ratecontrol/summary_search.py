@@ -382,11 +382,12 @@ class NearestSummarySearch(SummarySearch):
     """An error bound under nearest rounding (``rounding="nearest"``, a stored model's default in
     ``mucsc compress``): the same grids k * ``step`` (a level at 0), each element to its nearest
     level, J and counts by :meth:`~mucsc.codec.numerics.summary.Summary.nearest_stats`.  Levels
-    need not bracket the data; those no element of the summary reaches are dropped (each costs its
-    centroid and a table entry: on a tensor with outlier columns at 8.5 bits per element over 90% of
-    a grid's levels are empty).  Where the summary is the data their cells are empty; where it is a
-    subsample the tails are kept exactly, and a bulk cell without a sampled element holds a few
-    elements at most, which go to the next level (the exact J after encoding counts them)."""
+    need not bracket the data; those no element reaches are dropped (each costs its centroid and a
+    table entry: on a tensor with outlier columns at 8.5 bits per element over 90% of a grid's levels
+    are empty, in its sparse tails).  Where the summary is the data its empty cells are; where it is a
+    subsample, those beyond its sampled bulk (the tails are kept exactly): a bulk cell without a
+    sampled element may hold elements, which would go to the next level unestimated (on
+    all-MiniLM-L6-v2 at 4.5 and 8.5 bits the errors came out the same either way)."""
 
     CELL_J = 1 / 12  # x spread evenly over a cell, to its nearest level
     ROUNDING_PARAMS = {"rounding": "nearest"}
@@ -399,5 +400,10 @@ class NearestSummarySearch(SummarySearch):
         wire = nearest.wire_levels(levels, self.dtype)
         J, counts = self.summary.nearest_stats(wire.astype(np.float64))
         if wire.size > 1 and not counts.all():  # no element was nearest to them: the rest keep theirs
-            wire, counts = wire[counts > 0], counts[counts > 0]
+            empty = counts == 0
+            if not self.summary.exact and self.summary.bulk is not None:  # only cells beyond the bulk
+                mids = 0.5 * (wire[:-1].astype(np.float64) + wire[1:])  # are surely empty in the data
+                lo, hi = self.summary.bulk
+                empty &= (np.append(mids, np.inf) < lo) | (np.insert(mids, 0, -np.inf) > hi)
+            wire, counts = wire[~empty], counts[~empty]
         return wire, J, counts
