@@ -93,6 +93,21 @@ def test_gamma_round_trip_and_size():
     assert np.array_equal(bitpack.bit_length(v), [int(x).bit_length() for x in v])
 
 
+@pytest.mark.parametrize("block", [1, 3, 4096])
+def test_gamma_reader_reads_in_any_split(monkeypatch, block):
+    """GammaReader's values, read in pieces of any size over blocks of any size, are the codes' values
+    (long codes straddling blocks included), and gamma_codes sums them exactly."""
+    monkeypatch.setattr(bitpack, "GAMMA_BLOCK", block)
+    rng = np.random.default_rng(block)
+    v = np.concatenate([rng.integers(1, 4, 3000), [1 << 56, 7, (1 << 40) + 5], rng.integers(1, 1 << 20, 500)]).astype(np.int64)
+    codes = bitpack.gamma_codes(bitpack.gamma_encode(v), v.size, 1 << 57)
+    assert codes.total == sum(int(x) for x in v)
+    reader, got = bitpack.GammaReader(codes), []
+    while reader.left:
+        got.append(reader.read(int(rng.integers(1, 700))))
+    assert np.array_equal(np.concatenate(got), v)
+
+
 def test_gamma_rejects_bad_input():
     with pytest.raises(ParameterError):
         bitpack.gamma_encode(np.array([0, 1]))

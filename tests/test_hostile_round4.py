@@ -111,6 +111,8 @@ CODECS = {  # (encode parameters, bound on the decode's traced peak); dgc and st
     "bmucsc": ({"codec": "bmucsc"}, OUT + 8 * MiB),
     "topk": ({"codec": "topk"}, OUT + 8 * MiB),
     "qsgd": ({"codec": "qsgd"}, OUT + OUT // 4 + 8 * MiB),
+    # its two Elias-gamma streams read a block of codes at a time (111.0 MiB when decoded whole)
+    "qsgd-elias": ({"codec": "qsgd", "coding": "elias"}, OUT + 8 * MiB),
     "terngrad": ({"codec": "terngrad"}, OUT + OUT // 4 + 8 * MiB),
     "signsgd": ({"codec": "signsgd"}, OUT + OUT // 4 + 8 * MiB),
     "fp16": ({"codec": "fp16"}, OUT + 8 * MiB),
@@ -421,6 +423,47 @@ def test_terngrad_decodes_the_same_in_chunks(monkeypatch, packing):
     want = mucsc.decode(blob)
     monkeypatch.setattr(terngrad, "CHUNK", 20)
     assert mucsc.decode(blob).tobytes() == want.tobytes()
+
+
+def test_qsgd_elias_decodes_the_same_in_blocks_and_refuses_alike(monkeypatch):
+    """Tiny gamma blocks, reads, runs and pieces give the same values, and each corrupted stream
+    the same error, as the default sizes (the streams are read front to back in both)."""
+    from mucsc.codec.codecs import base, qsgd
+    from mucsc.codec.wire import bitpack
+    x = np.random.default_rng(4).standard_normal(3001).astype(np.float32)
+    x[::3] = 0
+    blob = mucsc.encode(x, "qsgd", coding="elias", s=63, bucket=100, seed=1)
+    info = mucsc.inspect(blob)
+    n, params = info.groups[0].elements, info.groups[0].params
+    sections = {k: bytes(v) for k, v in dict(_group_sections(blob)).items()}
+    cases = [dict(sections)]
+    for tag in ("INDX", "VALS"):
+        b = sections[tag]
+        cases += [{**sections, tag: b[:-1]}, {**sections, tag: b + b"\0"}, {**sections, tag: b[:7] + b"\0" * 9 + b[16:]},
+                  {**sections, tag: b"\xff" * len(b)}, {**sections, tag: b[:-1] + bytes([b[-1] | 0x80])},
+                  {**sections, tag: b[: len(b) // 2]}]
+    cases += [{**sections, "INDX": sections["VALS"]}, {**sections, "SIGN": bytes([255 - sections["SIGN"][0]]) + sections["SIGN"][1:]}]
+
+    def outcomes():
+        got = []
+        for secs in cases:
+            try:
+                got.append(qsgd.QSGD.decode_array(n, params, {k: memoryview(v) for k, v in secs.items()},
+                                                  np.dtype(np.float32)).tobytes())
+            except FormatError as e:
+                got.append(str(e))
+        return got
+
+    want = outcomes()
+    assert want[0] == mucsc.decode(blob).tobytes() and len(set(want)) >= 8, set(want)
+    for mod, name, size in ((bitpack, "GAMMA_BLOCK", 1), (bitpack, "GAMMA_READ", 3), (qsgd, "ELIAS_CHUNK", 8), (base, "PART", 77)):
+        monkeypatch.setattr(mod, name, size)
+    assert outcomes() == want
+
+
+def _group_sections(blob: bytes):
+    from mucsc.codec.wire import container as fmt
+    return fmt.read_message(blob).group_sections(0)
 
 
 def test_a_bounded_sections12_campaign_finds_nothing():

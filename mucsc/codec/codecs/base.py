@@ -312,13 +312,30 @@ PART = 1 << 18  # elements per piece of a decoder's parts that are not its passe
 def scattered(n: int, pos: np.ndarray, vals: np.ndarray, fill: float, dtype: np.dtype) -> Iterator[np.ndarray]:
     """The pieces (:meth:`Codec.decode_parts`) of ``out = full(n, fill); out[pos] = vals``, ``PART``
     at a time into one reused buffer; ``pos`` strictly increasing in [0, n) (as its decoder checks)."""
+    return scattered_runs(n, iter([(pos, vals)]), fill, dtype)
+
+
+def scattered_runs(n: int, runs: Iterator[tuple[np.ndarray, np.ndarray]], fill: float, dtype: np.dtype
+                   ) -> Iterator[np.ndarray]:
+    """:func:`scattered` of positions and values that come as consecutive runs ``(pos, vals)`` (all
+    positions strictly increasing in [0, n)), a run taken only when a piece reaches it: a decoder of
+    a stream of positions holds one run, not all of them."""
     buf = np.empty(min(PART, n), dtype)
+    pos, vals = np.zeros(0, np.int64), np.zeros(0)
     for a in range(0, n, PART):
         b = min(a + PART, n)
-        lo, hi = np.searchsorted(pos, (a, b))
         part = buf[: b - a]
         part.fill(fill)
-        part[pos[lo:hi] - a] = vals[lo:hi]
+        while True:
+            hi = int(np.searchsorted(pos, b))
+            part[pos[:hi] - a] = vals[:hi]
+            if hi < pos.size:
+                pos, vals = pos[hi:], vals[hi:]
+                break
+            pos, vals = next(runs, (np.zeros(0, np.int64), None))
+            if vals is None:
+                vals = np.zeros(0)
+                break
         yield part
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from mucsc.codec.wire import bitpack
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
-                              joined, param_int, param_str, register, scattered, section)
+                              joined, param_int, param_str, register, scattered_runs, section)
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MAX_S = (1 << 15) - 1  # fixed width 1 + ceil(log2(s + 1)) <= 16 bits (bitpack's limit)
@@ -131,22 +131,34 @@ class QSGD(Codec):
                 yield _levels(a, b, vals >> 1, (vals & 1).astype(bool), step, bucket, s).astype(dtype)
             return
         nnz = param_int(params, "nnz", 0, n)
-        gaps = bitpack.gamma_decode(section(sections, "INDX"), nnz, n)
-        if float(gaps.sum(dtype=np.float64)) > n:
+        gaps = bitpack.gamma_codes(section(sections, "INDX"), nnz, n)
+        if gaps.total > n:  # the last position, sum(gaps) - 1, must be < n
             raise FormatError("qsgd: non-zero positions run past the end")
-        pos = np.cumsum(gaps) - 1
-        if nnz and int(pos[-1]) >= n:
-            raise FormatError("qsgd: non-zero positions run past the end")
-        levels = bitpack.gamma_decode(section(sections, "VALS"), nnz, s)
+        levels = bitpack.gamma_codes(section(sections, "VALS"), nnz, s)
         sign_bytes = np.frombuffer(section(sections, "SIGN", (nnz + 7) // 8), np.uint8)
         bitpack.check_padding(sign_bytes, nnz, "qsgd signs")
-        neg = np.unpackbits(sign_bytes, count=nnz, bitorder="little").astype(bool)
-        vals = step[pos // bucket] * levels
-        np.negative(vals, out=vals, where=neg)
-        yield from scattered(n, pos, vals, 0.0, dtype)
+        yield from scattered_runs(n, _elias_runs(gaps, levels, sign_bytes, step, bucket), 0.0, dtype)
 
 
 CHUNK = 1 << 18  # elements per chunk of the encoder's and decoder's float64 temporaries
+
+
+ELIAS_CHUNK = 1 << 14  # non-zeros of an Elias-coded group decoded at a time (a multiple of 8)
+
+
+def _elias_runs(gaps: bitpack.GammaCodes, levels: bitpack.GammaCodes, sign_bytes: np.ndarray, step: np.ndarray,
+                bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The checked non-zeros of an Elias-coded group as runs (positions, float64 values), ELIAS_CHUNK
+    at a time: the two gamma streams are read front to back, never whole (FORMAT.md 3.2)."""
+    g, lev = bitpack.GammaReader(gaps), bitpack.GammaReader(levels)
+    last = -1
+    for a in range(0, gaps.k, ELIAS_CHUNK):
+        pos = np.cumsum(g.read(ELIAS_CHUNK)) + last
+        last = int(pos[-1])
+        neg = np.unpackbits(sign_bytes[a // 8: (a + ELIAS_CHUNK) // 8], count=pos.size, bitorder="little").astype(bool)
+        vals = step[pos // bucket] * lev.read(ELIAS_CHUNK)
+        np.negative(vals, out=vals, where=neg)
+        yield pos, vals
 
 
 def _chunks(n: int, unit: int) -> list[tuple[int, int]]:

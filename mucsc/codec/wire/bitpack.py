@@ -17,6 +17,8 @@ values the caller declared, not by what a hostile buffer could expand to.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from mucsc.errors import FormatError, ParameterError
@@ -302,27 +304,114 @@ def gamma_encode(values: np.ndarray) -> bytes:
     return bits_to_bytes(bits)
 
 
-def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray:
-    """Decode k Elias-gamma codes (layout of :func:`gamma_encode`), each checked to be <= max_value."""
+GAMMA_BLOCK = 1 << 12  # bytes of a unary part scanned at a time (at most 2^15 codes, 256 KiB of positions)
+GAMMA_READ = 1 << 14  # values checked at a time
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GammaCodes:
+    """k checked Elias-gamma codes (layout of :func:`gamma_encode`) in ``buf``, their unary part ending
+    at stream bit ``end``; ``total``: the sum of the values.  Read them with :class:`GammaReader`."""
+    buf: np.ndarray
+    k: int
+    end: int
+    total: int
+
+
+def gamma_codes(data: bytes | memoryview, k: int, max_value: int) -> GammaCodes:
+    """Check k Elias-gamma codes, each <= max_value, in a fixed scratch whatever k: a counting pass
+    over the unary part (its end and longest code), the length and padding checks, then a pass
+    decoding the values GAMMA_BLOCK bytes of codes at a time (their bound and their sum)."""
     buf = np.frombuffer(data, np.uint8)
     if k == 0:
         if buf.size:
             raise FormatError("empty Elias-gamma stream with bytes present")
-        return np.zeros(0, np.int64)
+        return GammaCodes(buf, 0, 0, 0)
     if buf.size * 8 < k:
         raise FormatError(f"Elias-gamma stream: {buf.size} bytes cannot hold {k} codes")
-    n_bits, end = read_unary(buf, 0, k)
-    if int(n_bits.max()) > max(0, int(max_value).bit_length() - 1):
+    end, widest = _unary_end(buf, k)
+    if widest > max(0, int(max_value).bit_length() - 1):
         raise FormatError("Elias-gamma value exceeds its bound")
-    total = end + int(n_bits.sum())
-    if total > 8 * buf.size:
+    total_bits = 2 * end - k  # the unary part holds k ones and sum(N) zeros; the mantissas sum(N) bits
+    if total_bits > 8 * buf.size:
         raise FormatError("Elias-gamma stream: mantissas run past the end of the section")
-    check_padding(buf, total, "Elias-gamma stream")
-    start = end + np.cumsum(n_bits) - n_bits
-    v = read_fields(buf, start, n_bits) | (np.int64(1) << n_bits)
-    if int(v.max()) > max_value:
-        raise FormatError("Elias-gamma value exceeds its bound")
-    return v
+    check_padding(buf, total_bits, "Elias-gamma stream")
+    if widest > MAX_FIELD_BITS:
+        raise FormatError(f"bit field of {widest} bits is wider than {MAX_FIELD_BITS}")
+    reader, total = GammaReader(GammaCodes(buf, k, end, 0)), 0
+    while reader.left:
+        v = reader.read(GAMMA_READ)
+        if int(v.max()) > max_value:
+            raise FormatError("Elias-gamma value exceeds its bound")
+        total += (int((v >> 32).sum()) << 32) + int((v & 0xFFFFFFFF).sum())  # exact (v < 2^58, <= 2^15 values a block)
+    return GammaCodes(buf, k, end, total)
+
+
+def gamma_decode(data: bytes | memoryview, k: int, max_value: int) -> np.ndarray:
+    """Decode k Elias-gamma codes (layout of :func:`gamma_encode`), each checked to be <= max_value
+    (memory O(k); :class:`GammaReader` reads them a chunk at a time)."""
+    return GammaReader(gamma_codes(data, k, max_value)).read(k)
+
+
+def _unary_end(buf: np.ndarray, k: int) -> tuple[int, int]:
+    """(the stream bit after the k-th one, the most zeros before a one among the first k), scanning
+    GAMMA_BLOCK bytes at a time; FormatError when the stream holds fewer than k ones."""
+    count, code_start, widest = 0, 0, 0
+    for a in range(0, buf.size, GAMMA_BLOCK):
+        ones = np.flatnonzero(np.unpackbits(buf[a: a + GAMMA_BLOCK], bitorder="little")) + 8 * a
+        ones = ones[: k - count]
+        if ones.size:
+            widest = max(widest, int(ones[0]) - code_start, int(np.diff(ones).max(initial=1)) - 1)
+            code_start = int(ones[-1]) + 1
+            count += ones.size
+            if count == k:
+                return code_start, widest
+    raise FormatError(f"unary stream holds {count} codes, expected {k}")
+
+
+class GammaReader:
+    """The values of checked Elias-gamma codes (:func:`gamma_codes`), front to back: ``read(m)`` gives
+    the next m, decoding GAMMA_BLOCK bytes of the unary part (and their mantissas) at a time, so
+    its memory is O(m + one block) whatever k."""
+
+    def __init__(self, codes: GammaCodes) -> None:
+        self._buf, self._end = codes.buf, codes.end
+        self._scan = 0  # next unary bit to scan
+        self._code = 0  # stream bit where the next code's unary part starts
+        self._mant = codes.end  # stream bit of the next code's mantissa
+        self._held = np.zeros(0, np.int64)  # decoded values not yet read
+        self.left = codes.k  # values not yet read
+
+    def read(self, m: int) -> np.ndarray:
+        m = min(m, self.left)
+        parts, got = [self._held], self._held.size
+        while got < m:
+            v = self._block()
+            parts.append(v)
+            got += v.size
+        held = np.concatenate(parts) if len(parts) > 1 else self._held
+        self._held = held[m:]
+        self.left -= m
+        return held[:m]
+
+    def _block(self) -> np.ndarray:
+        """The values of the codes whose ones lie in the next GAMMA_BLOCK bytes of the unary part."""
+        a = self._scan
+        b = min(self._end, (a // 8 + GAMMA_BLOCK) * 8)
+        first = a // 8
+        bits = np.unpackbits(self._buf[first: (b + 7) // 8], bitorder="little")[a - 8 * first: b - 8 * first]
+        ones = np.flatnonzero(bits) + a
+        self._scan = b
+        if not ones.size:
+            return np.zeros(0, np.int64)
+        n_bits = np.diff(ones, prepend=self._code - 1) - 1
+        self._code = int(ones[-1]) + 1
+        start = np.cumsum(n_bits) - n_bits
+        lo, used = self._mant // 8, int(start[-1] + n_bits[-1])
+        window = self._buf[lo: (self._mant + used + 7) // 8]
+        v = read_fields(window, start + (self._mant - 8 * lo), n_bits) | (np.int64(1) << n_bits)
+        self._mant += used
+        return v
 
 
 def bit_length(v: np.ndarray) -> np.ndarray:
