@@ -391,7 +391,7 @@ def _host(x: Any) -> np.ndarray:
 
 def _for_codec(codec: Codec, x: Any) -> Any:
     """The group vector as ``codec`` takes it: a codec without a torch path encodes on the host."""
-    return x if codec.accepts_torch else _host(x)
+    return x if codec.accepts_device else _host(x)
 
 
 def _group_rng(seed: int, gi: int) -> np.random.Generator:
@@ -844,10 +844,10 @@ def _decode_dtype(msg: fmt.Message, gi: int, group: fmt.Group, cls: type[Codec])
 
 def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = None) -> np.ndarray:
     cls, n, dtype, sections = open_group(msg, gi, group)
-    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    on_device = device is not None and hasattr(cls, "decode_on_device") and not cls.lossless
     with malformed_as_format_error(gi, group):
         if on_device:
-            flat = cls.decode_torch(n, group.params, sections, dtype, device)
+            flat = cls.decode_on_device(n, group.params, sections, dtype, device)
         else:
             flat = cls.decode_array(n, group.params, sections, dtype)
     if tuple(getattr(flat, "shape", ())) != (n,) or not (on_device or isinstance(flat, np.ndarray)):
