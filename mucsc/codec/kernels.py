@@ -8,7 +8,7 @@ DP operation order), so encoder output never depends on the installation; ``quan
 process.
 
 ``MUCSC_BACKEND=torch`` additionally routes the encoders that have a torch path
-(:mod:`mucsc.codec.backends.torch_backend`) through it for CPU data (tensors on a GPU always take it); the
+(the ``Torch`` forms of :mod:`mucsc.codec.backends.dispatch`) through it for CPU data (tensors on a GPU always take it); the
 host steps (the centroid solver) still use ``BACKEND``.  ``TORCH`` records that choice.
 """
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import kernels
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.tensors import torch_module
 
 
 class Host:
@@ -68,20 +68,20 @@ class Torch:
 
     @staticmethod
     def cast(x: Any, wire: str, limit: float | None = None):
-        torch = tb._torch()
+        torch = torch_module()
         if limit is not None:
             x = x.clamp(-limit, limit)
         if np.dtype(wire) == np.float16:
-            return tb.to_float16(x)  # numpy's single rounding (torch rounds float64 twice)
+            return to_float16(x)  # numpy's single rounding (torch rounds float64 twice)
         return x.to(getattr(torch, np.dtype(wire).name))
 
     @staticmethod
     def negative(x: Any):
-        return tb._torch().signbit(x) & (x != 0)
+        return torch_module().signbit(x) & (x != 0)
 
     @staticmethod
     def signbit(x: Any):
-        return tb._torch().signbit(x)
+        return torch_module().signbit(x)
 
     @staticmethod
     def abs(x: Any):
@@ -89,24 +89,45 @@ class Torch:
 
     @staticmethod
     def signed(neg: Any, mag: float):
-        torch = tb._torch()
+        torch = torch_module()
         return torch.where(neg, -float(mag), float(mag)).to(torch.float64)
 
     @staticmethod
     def sq_error(a: Any, b: Any) -> float:
-        torch = tb._torch()
+        torch = torch_module()
         return float(((a.to(torch.float64) - b.to(torch.float64)) ** 2).sum())
 
     @staticmethod
     def sq_norm(x: Any) -> float:
-        x64 = x.to(tb._torch().float64)
+        x64 = x.to(torch_module().float64)
         return float(x64 @ x64)
 
     @staticmethod
     def all_finite(v: Any) -> bool:
-        return bool(tb._torch().isfinite(v).all())
+        return bool(torch_module().isfinite(v).all())
 
     @staticmethod
     def astype(v: Any, dtype: Any):
-        torch = tb._torch()
+        torch = torch_module()
         return v.to(getattr(torch, np.dtype(dtype).name))
+
+
+# ---- the torch form's float16 cast ------------------------------------------------------------------
+
+def to_float16(x):
+    """``x.astype(np.float16)`` (round to nearest even, once) for a float32/float64 tensor.
+
+    torch converts float64 to float16 through float32, rounding twice; a value just off a float16 tie
+    would then land on the tie and round to even where numpy's direct conversion does not.  Rounding
+    to float32 *to odd* first (truncate, then set the last bit when inexact) keeps the single
+    rounding's result: float32 has more than two extra bits over float16 at every float16 exponent."""
+    torch = torch_module()
+    if x.dtype != torch.float64:
+        return x.to(torch.float16)
+    y = x.to(torch.float32)
+    inexact = y.to(torch.float64) != x
+    bits = y.view(torch.int32)
+    away = inexact & (y.to(torch.float64).abs() > x.abs())  # rounded away from zero: step back
+    bits = torch.where(away, bits - 1, bits)  # sign-magnitude: -1 shrinks |y| for either sign
+    bits = torch.where(inexact, bits | 1, bits)
+    return bits.view(torch.float32).to(torch.float16)

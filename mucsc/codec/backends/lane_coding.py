@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import parallel
-from mucsc.codec.backends import device_rounding, torch_lanes
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends import device_rounding, torch_lanes, torch_packing, torch_transfer
 from mucsc.codec.wire import bitpack, lanes
 from mucsc.errors import FormatError
 
@@ -70,8 +69,9 @@ class Torch:
             return LaneCoded(coded.payload, coded.nbytes)
         if bits == w:
             return LaneCoded(coded.payload, coded.nbytes, lanes.symbol_count(len(ids), w), coded.part)
-        packed = ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding) else tb.pack_tensor(ids, bits)
-        return LaneCoded(coded.payload, coded.nbytes, packed.numel(), lambda a, b: tb.to_host(packed[a:b]))
+        packed = (ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
+                  else torch_packing.pack_tensor(ids, bits))
+        return LaneCoded(coded.payload, coded.nbytes, packed.numel(), lambda a, b: torch_transfer.to_host(packed[a:b]))
 
     @staticmethod
     def lane_decode_ids(payload: memoryview, n: int, k: int, device: Any = None):

@@ -3,7 +3,7 @@ and the decoder's lookup of values by ID.
 
 ``Host`` packs with :mod:`mucsc.codec.parallel` / :mod:`mucsc.codec.wire.bitpack` (the compiled kernels
 where built: :mod:`mucsc.codec.kernels` chose); ``Torch`` packs on the IDs' device and leaves the bytes
-there (``torch_backend.DeviceBytes``: the message writer copies them once), the fused Triton round +
+there (``torch_transfer.DeviceBytes``: the message writer copies them once), the fused Triton round +
 pack kernel where it runs (``device_rounding.Rounding.packed``).  Both give the same bytes."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 
 from mucsc.codec import parallel
 from mucsc.codec.backends import device_rounding
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.tensors import CHUNK, torch_module
+from mucsc.codec.backends import torch_packing, torch_transfer
 from mucsc.codec.wire import bitpack
 
 SIGN_CHUNK = 1 << 20  # sign bits expanded per pass on the host (a multiple of 8: whole bytes)
@@ -55,33 +56,33 @@ class Host:
 
 class Torch:
     @staticmethod
-    def pack(ids: Any, width: int) -> tb.DeviceBytes:
+    def pack(ids: Any, width: int) -> torch_transfer.DeviceBytes:
         if isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
             return ids.packed(width)
-        return tb.pack(ids, width)
+        return torch_packing.pack(ids, width)
 
     @staticmethod
-    def pack_bits(mask: Any) -> tb.DeviceBytes:
-        return tb.pack(mask, 1)
+    def pack_bits(mask: Any) -> torch_transfer.DeviceBytes:
+        return torch_packing.pack(mask, 1)
 
     @staticmethod
     def unpack(buf: memoryview, width: int, n: int, device: Any = None):
-        return tb.unpack(buf, width, n, device)
+        return torch_packing.unpack(buf, width, n, device)
 
     @staticmethod
     def gather(values: np.ndarray, ids: Any):
-        return tb.gather(values, ids)
+        return torch_packing.gather(values, ids)
 
     @staticmethod
     def expand_signs(bits: np.ndarray, n: int, mag: float, dtype: Any, device: Any = None):
-        torch = tb._torch()
+        torch = torch_module()
         pos = torch.tensor(mag, dtype=getattr(torch, np.dtype(dtype).name), device=device)
         out = torch.empty(n, dtype=pos.dtype, device=device)
         if n == 0:
             return out
-        dbits = tb.to_device(bits, device)
-        step = tb.CHUNK  # a multiple of 8: chunks of whole bytes, bounded bool temporaries
+        dbits = torch_transfer.to_device(bits, device)
+        step = CHUNK  # a multiple of 8: chunks of whole bytes, bounded bool temporaries
         for a in range(0, n, step):
             b = min(a + step, n)
-            out[a:b] = torch.where(tb.unpack_bits(dbits[a // 8: -(-b // 8)], b - a), -pos, pos)
+            out[a:b] = torch.where(torch_packing.unpack_bits(dbits[a // 8: -(-b // 8)], b - a), -pos, pos)
         return out

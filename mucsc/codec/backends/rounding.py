@@ -16,7 +16,8 @@ import numpy as np
 
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends import device_rounding
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.tensors import is_torch_tensor
+from mucsc.codec.backends import torch_rounding, torch_summary
 from mucsc.codec.numerics import centroids, quantize
 
 
@@ -68,18 +69,18 @@ class Torch:
         dtype = np.dtype(dtype)
         if x.numel() == 0:
             return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
-        src = tb.solver_source(x, z, solver, host)  # one copy to the host (none: ``host``)
+        src = torch_summary.solver_source(x, z, solver, host)  # one copy to the host (none: ``host``)
         bounds = src.bounds()
         c = centroids.solve(src, z, solver, rng, bounds=bounds)
         wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
         if wire.size == 1:  # one level: every id is 0 and the rounding step draws nothing
             return wire, np.zeros(x.numel(), np.uint8), 0.0
-        if not tb.round_supported(x, wire):  # a level gap beyond the working precision
+        if not torch_rounding.round_supported(x, wire):  # a level gap beyond the working precision
             return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
         ids = device_rounding.Rounding(x, wire, quantize.draw_key(rng))
-        return wire, ids, lambda: tb.variance_J(x, wire)
+        return wire, ids, lambda: torch_rounding.variance_J(x, wire)
 
     @staticmethod
     def id_sample(ids: Any, step: int) -> np.ndarray:
         sample = ids.sample(step) if isinstance(ids, device_rounding.Rounding) else ids[::step]
-        return sample.cpu().numpy() if tb.is_torch(sample) else sample
+        return sample.cpu().numpy() if is_torch_tensor(sample) else sample

@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends import ordered_sum
+
+from mucsc.codec.backends.tensors import is_torch_tensor, torch_module
+
+from mucsc.codec.backends import torch_selection
+
+from mucsc.codec.backends import torch_transfer
 from mucsc.codec.wire import sparse
 
 
@@ -71,48 +77,48 @@ class Torch:
     def top_k_positions(x: Any, k: int) -> np.ndarray | None:
         """:meth:`Host.top_k_positions` on x's device; None when a tie at the k-th magnitude makes it
         a choice (the host decides)."""
-        return tb.top_k_positions(x, k)
+        return torch_selection.top_k_positions(x, k)
 
     @staticmethod
     def take(x: Any, pos: np.ndarray):
-        return x[tb._torch().from_numpy(pos).to(x.device)]
+        return x[torch_module().from_numpy(pos).to(x.device)]
 
     @staticmethod
     def keep_top_k(x: Any, keep: float) -> Kept:
         """:meth:`Host.keep_top_k` on x's device: the top-k selection, and the rest's float64 sum in
-        numpy's order (``torch_backend.sum64_like_numpy``); a tie at the k-th magnitude goes to the host."""
+        numpy's order (``ordered_sum.sum64_like_numpy``); a tie at the k-th magnitude goes to the host."""
         n = x.numel()
         k = sparse.keep_count(keep, n)
-        sel = tb.select_top_k(x, k)  # positions and kept values in one copy
+        sel = torch_selection.select_top_k(x, k)  # positions and kept values in one copy
         if sel is not None:
             pos, kept, kept_host = sel
-            if tb.host_sums(x):  # a CPU tensor: numpy's own sum over a view
+            if ordered_sum.host_sums(x):  # a CPU tensor: numpy's own sum over a view
                 rest_sum = float(x.numpy().sum(dtype=np.float64)) - float(kept_host.sum(dtype=np.float64))
             else:
-                rest_sum = tb.sum64_like_numpy(x) - tb.sum64_like_numpy(kept)
+                rest_sum = ordered_sum.sum64_like_numpy(x) - ordered_sum.sum64_like_numpy(kept)
             return Kept(x, k, pos, kept, rest_sum, kept_host)
-        pos = tb.top_k_positions(x, k)  # k >= n, a tie at the k-th magnitude, zeros kept
+        pos = torch_selection.top_k_positions(x, k)  # k >= n, a tie at the k-th magnitude, zeros kept
         if pos is None:  # ties at the k-th magnitude: the host's choice
             return Host.keep_top_k(x.cpu().numpy(), keep)
-        if tb.host_sums(x):  # on the CPU this is a view: the reference sum, no copy
+        if ordered_sum.host_sums(x):  # on the CPU this is a view: the reference sum, no copy
             host = x.cpu().numpy()
             kept = host[pos]
             rest_sum = float(host.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
-            return Kept(host, pos.size, pos, tb.as_tensor(kept), rest_sum)
-        kept = x[tb.as_tensor(pos).to(x.device)]
-        rest_sum = tb.sum64_like_numpy(x) - tb.sum64_like_numpy(kept)
+            return Kept(host, pos.size, pos, torch_transfer.as_tensor(kept), rest_sum)
+        kept = x[torch_transfer.as_tensor(pos).to(x.device)]
+        rest_sum = ordered_sum.sum64_like_numpy(x) - ordered_sum.sum64_like_numpy(kept)
         return Kept(x, pos.size, pos, kept, rest_sum)
 
     @staticmethod
     def rest_sq_bias(x: Any, pos: np.ndarray, mean: float) -> float:
-        return tb.rest_sq_bias(tb.as_tensor(x), pos, mean)
+        return torch_selection.rest_sq_bias(torch_transfer.as_tensor(x), pos, mean)
 
     @staticmethod
     def scatter(n: int, pos: np.ndarray, vals: Any, dtype: Any, device: Any = None, fill: float = 0.0):
-        torch = tb._torch()
+        torch = torch_module()
         out = torch.full((n,), float(fill), dtype=getattr(torch, np.dtype(dtype).name), device=device)
         if pos.size:
-            src = vals if tb.is_torch(vals) else torch.from_numpy(np.array(vals))  # a writable copy
+            src = vals if is_torch_tensor(vals) else torch.from_numpy(np.array(vals))  # a writable copy
             out[torch.from_numpy(np.ascontiguousarray(pos, np.int64)).to(device)] = src.to(device=device,
                                                                                            dtype=out.dtype)
         return out

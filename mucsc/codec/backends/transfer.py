@@ -3,7 +3,7 @@ on the host, a section payload, and host values moved to the decoder's device.
 
 ``Host`` (numpy arrays) and ``Torch`` (torch tensors on any device) hold the same names;
 :func:`mucsc.codec.backends.dispatch.backend_for` picks one per array.  The torch form's staged,
-pinned copies are :mod:`mucsc.codec.backends.torch_backend`'s; torch is imported only when it runs."""
+pinned copies are :mod:`mucsc.codec.backends.torch_transfer`'s; torch is imported only when it runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec.backends import device_rounding
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.tensors import is_torch_tensor, torch_module
+from mucsc.codec.backends import torch_transfer
 
 
 class Host:
@@ -55,7 +56,7 @@ class Host:
     @staticmethod
     def like(a: Any, ref: np.ndarray) -> np.ndarray:
         """``a`` (an array or a tensor) as ``ref``'s kind of array and dtype: here a numpy array."""
-        return np.asarray(a.cpu().numpy() if tb.is_torch(a) else a).astype(ref.dtype, copy=False)
+        return np.asarray(a.cpu().numpy() if is_torch_tensor(a) else a).astype(ref.dtype, copy=False)
 
     @staticmethod
     def copy(a: np.ndarray) -> np.ndarray:
@@ -73,40 +74,40 @@ class Torch:
 
     @staticmethod
     def vector(x: Any):
-        return tb.as_tensor(x)
+        return torch_transfer.as_tensor(x)
 
     @staticmethod
     def size(x: Any) -> int:
-        return x.numel() if tb.is_torch(x) else int(x.size)
+        return x.numel() if is_torch_tensor(x) else int(x.size)
 
     @staticmethod
     def host_array(x: Any) -> np.ndarray:
         if isinstance(x, device_rounding.Rounding):
             x = x.ids()
-        return x.cpu().numpy() if tb.is_torch(x) else x
+        return x.cpu().numpy() if is_torch_tensor(x) else x
 
     @staticmethod
-    def payload(v: Any) -> tb.DeviceBytes:
-        return tb.DeviceBytes(v)
+    def payload(v: Any) -> torch_transfer.DeviceBytes:
+        return torch_transfer.DeviceBytes(v)
 
     @staticmethod
     def host_bytes(v: Any) -> np.ndarray:
-        return tb.bytes_to_host(v)
+        return torch_transfer.bytes_to_host(v)
 
     @staticmethod
     def from_host(a: np.ndarray, device: Any = None):
-        return tb._torch().from_numpy(a).to(device)
+        return torch_module().from_numpy(a).to(device)
 
     @staticmethod
     def wire_values(raw: memoryview, wire: str, n: int, device: Any = None):
-        torch = tb._torch()
+        torch = torch_module()
         if n == 0:
             return torch.zeros(0, dtype=getattr(torch, np.dtype(wire).name), device=device)
-        return tb.to_device(raw, device).view(getattr(torch, np.dtype(wire).name))
+        return torch_transfer.to_device(raw, device).view(getattr(torch, np.dtype(wire).name))
 
     @staticmethod
     def like(a: Any, ref: Any):
-        return tb._torch().as_tensor(a, device=ref.device).to(ref.dtype)
+        return torch_module().as_tensor(a, device=ref.device).to(ref.dtype)
 
     @staticmethod
     def copy(a: Any):
