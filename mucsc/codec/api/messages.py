@@ -24,8 +24,8 @@ from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
 from mucsc.codec.backends import torch_transfer
 from mucsc.codec.api.policy import Planned, Policy, decode_encoded
-from mucsc.codec.backends.tensors import (AS_TORCH, Tensor, from_record, is_torch_tensor, name_label, on_host, to_device,
-                                          to_tensors)
+from mucsc.codec.backends.tensors import (AS_TORCH, Tensor, from_record, is_torch_tensor, name_label, on_host,
+                                          to_device, to_tensors)
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 from mucsc.optional import require_torch
 

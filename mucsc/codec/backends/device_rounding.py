@@ -49,7 +49,8 @@ class Rounding:
         return None if self._ids is not None else triton_round.round_pack(self.x, self.c, self.key, width)
 
     def packed(self, width: int) -> torch_transfer.DeviceBytes:
-        """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as :func:`~mucsc.codec.backends.torch_packing.pack` leaves them."""
+        """The ids packed ``width`` bits wide (FORMAT.md 4.2), left on x's device as
+        :func:`~mucsc.codec.backends.torch_packing.pack` leaves them."""
         if self._ids is None:
             fused = triton_round.round_pack(self.x, self.c, self.key, width)
             if fused is not None:

@@ -42,7 +42,7 @@ class Host:
         wire = quantize.wire_centroids(c, x, np.dtype(dtype), bounds=bounds)
         # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
         # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
-        if kernels.use_c():
+        if kernels.compiled("sround") is not None:
             ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
         else:
             ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)

@@ -293,7 +293,9 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
 
 def _screen(packed: np.ndarray) -> structure.Screen | None:
     """The structure screen of packed IDs too large for an exact zstd comparison (None below that)."""
-    return structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES) if packed.size > EXACT_ZSTD_BYTES else None
+    if packed.size <= EXACT_ZSTD_BYTES:
+        return None
+    return structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)
 
 
 def _sample_spans(size: int) -> list[tuple[int, int]]:

@@ -26,8 +26,8 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
                                          GoalTarget, check_id_coding, check_levels, cluster_resolved,
                                          cluster_section_sizes,
-                                         cluster_accumulator, decode_clusters, decode_clusters_on_device, encode_clusters,
-                                         format_minor,
+                                         cluster_accumulator, decode_clusters, decode_clusters_on_device,
+                                         encode_clusters, format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids, levels_floor
 from mucsc.errors import ParameterError, SizeError
