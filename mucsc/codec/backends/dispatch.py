@@ -7,7 +7,7 @@ this module asks whether data is a torch tensor or whether the compiled kernels 
 Each step module holds a ``Host`` form (numpy arrays: numpy or the compiled kernels, as
 :mod:`mucsc.codec.kernels` chose) and a ``Torch`` form (torch tensors on any device) with the same
 names (python-zstandard's backends work the same way: one name, one implementation per backend).
-Adding a step is one module: its forms, listed in :data:`STEPS`.  tests/test_backend_layering.py
+Adding a step is one module: its forms, listed in :data:`STEPS`.  tests/test_layers.py
 checks the forms match and that the codecs reach no backend but through here.  torch is imported
 only when a torch form runs."""
 
