@@ -1,8 +1,8 @@
 """One interface per step, chosen once per array: :func:`backend_for` gives a codec the object whose
 attributes are the steps of the format (where the values live, elementwise arithmetic, packing,
 ordered sums, selection, rounding, lane coding), each from its own module here, in the form for
-that array's kind.  A codec calls it once per array and calls the steps through it; nothing above
-this module asks whether data is a torch tensor or whether the compiled kernels are built.
+that array's kind.  A codec calls it once per array and calls the steps through it:
+no codec asks whether data is a torch tensor or whether the compiled kernels are built.
 
 Each step module holds a ``Host`` form (numpy arrays: numpy or the compiled kernels, as
 :mod:`mucsc.codec.kernels` chose) and a ``Torch`` form (torch tensors on any device) with the same
