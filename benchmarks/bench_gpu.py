@@ -94,17 +94,17 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
 
     from mucsc.codec import parallel
     from mucsc.codec.numerics import centroids, quantize
-    from mucsc.codec.backends import torch_backend as tb
+    from mucsc.codec.backends import crc, torch_packing, torch_rounding, torch_summary, torch_transfer
 
-    src = tb.TorchSource(x)
+    src = torch_summary.TorchSource(x)
     b = src.bounds()
     wire = quantize.wire_centroids(centroids.solve(src, z, "optimal", np.random.default_rng(0), bounds=b),
                                    None, np.float32, bounds=b)
     key = quantize.draw_key(np.random.default_rng(0))
-    ids, _ = tb.stochastic_round(x, wire, key)
+    ids, _ = torch_rounding.stochastic_round(x, wire, key)
     width = int(np.ceil(np.log2(wire.size)))
-    packed = tb.pack_tensor(ids, width)
-    host = tb.to_host(packed)
+    packed = torch_packing.pack_tensor(ids, width)
+    host = torch_transfer.to_host(packed)
     touched = np.ones(packed.numel(), np.uint8)
     one, every = parallel.zstd_compressor(3, 1), parallel.zstd_compressor(3, parallel.resolve(0))
 
@@ -115,11 +115,12 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
         ("min/max", best_time(lambda: src.bounds(), repeat, torch, dev)),
         ("solver (summary + host)", best_time(lambda: centroids.solve(src, z, "optimal", np.random.default_rng(0),
                                                                       bounds=b), repeat, torch, dev)),
-        ("rounding (eq. 7)", best_time(lambda: tb.stochastic_round(x, wire, key), repeat, torch, dev)),
-        ("J pass (stats only)", best_time(lambda: tb.variance_J(x, wire), repeat, torch, dev)),
-        ("packing", best_time(lambda: tb.pack_tensor(ids, width), repeat, torch, dev)),
-        ("copy to host, pinned", best_time(lambda: tb.to_host(packed), repeat, torch, dev)),
-        *([("  ... into touched memory", best_time(lambda: tb.copy_out(packed, touched), repeat, torch, dev))]
+        ("rounding (eq. 7)", best_time(lambda: torch_rounding.stochastic_round(x, wire, key), repeat, torch, dev)),
+        ("J pass (stats only)", best_time(lambda: torch_rounding.variance_J(x, wire), repeat, torch, dev)),
+        ("packing", best_time(lambda: torch_packing.pack_tensor(ids, width), repeat, torch, dev)),
+        ("copy to host, pinned", best_time(lambda: torch_transfer.to_host(packed), repeat, torch, dev)),
+        *([("  ... into touched memory",
+            best_time(lambda: torch_transfer.copy_out(packed, touched), repeat, torch, dev))]
           if dev.type == "cuda" else []),  # the pinned staging is CUDA's
         ("copy to host, pageable", best_time(lambda: packed.cpu(), repeat, torch, dev)),
         ("zstd, 1 thread", best_time(lambda: one.compress(host), repeat, torch, dev)),
@@ -127,7 +128,7 @@ def stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float]]:
         ("CRC-32, host, 1 thread", best_time(lambda: zlib.crc32(host), repeat, torch, dev)),
         ("CRC-32, host, all cores", best_time(lambda: all_cores(lambda: parallel.crc32(memoryview(host))),
                                               repeat, torch, dev)),
-        ("CRC-32 on the device", best_time(lambda: tb.crc32(packed), repeat, torch, dev)),
+        ("CRC-32 on the device", best_time(lambda: crc.crc32(packed), repeat, torch, dev)),
     ]
 
 
@@ -139,13 +140,13 @@ def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, 
     passes the writer made before (a new host array of the IDs, a CRC pass, a join)."""
     from mucsc.codec.wire import container as fmt
     from mucsc.codec import parallel
-    from mucsc.codec.backends import torch_backend as tb
+    from mucsc.codec.backends import torch_transfer
 
     enc = mucsc.get_codec("mucsc", z=z).for_container(compressing=False).encode_array(x, np.random.default_rng([0, 0]))
     header = fmt.read_message(raw).header
     secs = [(0, s.tag, s.payload(), s.compressible) for s in enc.sections]
     ids = next(p for _, tag, p, _ in secs if tag == "IDS_")
-    dev_crc, host_crc = ([(g, tag, tb.DeviceBytes(ids.tensor, device_crc=on) if p is ids else p, c)
+    dev_crc, host_crc = ([(g, tag, torch_transfer.DeviceBytes(ids.tensor, device_crc=on) if p is ids else p, c)
                           for g, tag, p, c in secs] for on in (True, False))
 
     def write(s, threads):
@@ -154,7 +155,7 @@ def assembly(x, z: int, raw: bytes, repeat: int, torch, dev) -> list[tuple[str, 
 
     def old_passes(threads):
         with parallel.using(threads):
-            h = tb.to_host(ids.tensor)
+            h = torch_transfer.to_host(ids.tensor)
             parallel.crc32(memoryview(h))
             return b"".join([raw[:64], h])
 
@@ -187,22 +188,23 @@ def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str,
     ``sparse.top_k`` there, as ``top_k_positions`` returning None leads to), and the device path on a
     tie-free vector of the same size (:func:`tie_free`)."""
     from mucsc.codec.wire import sparse
-    from mucsc.codec.backends import torch_backend as tb
+    from mucsc.codec.backends import ordered_sum, torch_selection, torch_transfer
 
     k = sparse.keep_count(keep, x.numel())
     rows = []
-    if tb.top_k_positions(x, k) is None:
+    if torch_selection.top_k_positions(x, k) is None:
         rows += [(f"ties at the k-th |x| (k = {k:,}): the host's path", None),
-                 ("  device: detect the tie", best_time(lambda: tb.top_k_positions(x, k), repeat, torch, dev)),
+                 ("  device: detect the tie",
+                  best_time(lambda: torch_selection.top_k_positions(x, k), repeat, torch, dev)),
                  ("  copy to host + sparse.top_k", best_time(lambda: sparse.top_k(x.cpu().numpy(), k), repeat, torch,
                                                             dev))]
         x = tie_free(x.numel(), torch, dev)
         rows.append(("tie-free input (distinct |x|), the device path", None))
     a = x.abs()
-    t, _, _ = tb.kth_largest_abs(a, k)
+    t, _, _ = torch_selection.kth_largest_abs(a, k)
     if t != float(torch.topk(a, k, sorted=False).values.min()):
         raise SystemExit("bench_gpu: the radix select and torch.topk disagree on the k-th magnitude")
-    pos = tb.top_k_positions(x, k)
+    pos = torch_selection.top_k_positions(x, k)
     if pos is None:
         raise SystemExit("bench_gpu: ties at the k-th magnitude in the tie-free input")
     pos_dev = torch.from_numpy(pos).to(dev)
@@ -210,15 +212,15 @@ def selection_stages(x, keep: float, repeat: int, torch, dev) -> list[tuple[str,
         (f"|x| (k = {k:,})", best_time(lambda: x.abs(), repeat, torch, dev)),
         ("k-th |x|: torch.topk", best_time(lambda: float(torch.topk(a, k, sorted=False).values.min()),
                                            repeat, torch, dev)),
-        ("k-th |x|: radix select", best_time(lambda: tb.kth_largest_abs(a, k), repeat, torch, dev)),
+        ("k-th |x|: radix select", best_time(lambda: torch_selection.kth_largest_abs(a, k), repeat, torch, dev)),
         ("positions + copy to host", best_time(lambda: torch.nonzero(a >= t).reshape(-1).cpu().numpy(),
                                                repeat, torch, dev)),
-        ("whole selection", best_time(lambda: tb.top_k_positions(x, k), repeat, torch, dev)),
-        ("values: gather + copy", best_time(lambda: tb.bytes_to_host(x[torch.from_numpy(pos).to(dev)]),
+        ("whole selection", best_time(lambda: torch_selection.top_k_positions(x, k), repeat, torch, dev)),
+        ("values: gather + copy", best_time(lambda: torch_transfer.bytes_to_host(x[torch.from_numpy(pos).to(dev)]),
                                             repeat, torch, dev)),
         ("positions coded (host, auto)", best_time(lambda: sparse.encode(pos, x.numel(), "auto"), repeat, torch, dev)),
-        ("float64 sum, numpy's order", best_time(lambda: tb.sum64_like_numpy(x), repeat, torch, dev)),
-        ("kept values' float64 sum", best_time(lambda: tb.sum64_like_numpy(x[pos_dev]), repeat, torch, dev)),
+        ("float64 sum, numpy's order", best_time(lambda: ordered_sum.sum64_like_numpy(x), repeat, torch, dev)),
+        ("kept values' float64 sum", best_time(lambda: ordered_sum.sum64_like_numpy(x[pos_dev]), repeat, torch, dev)),
     ]
 
 
@@ -227,11 +229,11 @@ def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | s
     the symbols' histogram and table, the lane encode (Triton kernels where they run, else the torch
     loop), the compaction, and the lane decode on the device; which coder ran is named."""
     from mucsc.codec.backends import device_rounding, torch_lanes, triton_lanes
-    from mucsc.codec.backends import torch_backend as tb
+    from mucsc.codec.backends import torch_summary, torch_transfer
     from mucsc.codec.numerics import centroids, quantize
     from mucsc.codec.wire import lanes
 
-    src = tb.TorchSource(x)
+    src = torch_summary.TorchSource(x)
     b = src.bounds()
     wire = quantize.wire_centroids(centroids.solve(src, z, "optimal", np.random.default_rng(0), bounds=b),
                                    None, np.float32, bounds=b)
@@ -248,7 +250,7 @@ def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | s
     section = torch_lanes.encode_ids(ids, wire.size, w)
     host = section.host()
     p = lanes.parse(host, x.numel(), wire.size)
-    buf = tb.to_device(np.concatenate((host, np.zeros(torch_lanes.PAD, np.uint8))), dev)
+    buf = torch_transfer.to_device(np.concatenate((host, np.zeros(torch_lanes.PAD, np.uint8))), dev)
     enc = (lambda: triton_lanes.launch_encode(sym, f, cum, S, geo)) if kernel else \
         (lambda: torch_lanes.encode_lanes_torch(sym, f, cum, S, geo))
     raw = enc()
@@ -260,7 +262,8 @@ def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | s
         ("  compaction", best_time(lambda: torch_lanes.compact(*raw, geo), repeat, torch, dev)),
         ("  whole IDSL section on the device", best_time(lambda: torch_lanes.encode_ids(ids, wire.size, w).tensor,
                                                          repeat, torch, dev)),
-        ("  copy of the section to host", best_time(lambda: tb.to_host(section.tensor), repeat, torch, dev)),
+        ("  copy of the section to host",
+         best_time(lambda: torch_transfer.to_host(section.tensor), repeat, torch, dev)),
         ("  lane decode", best_time(lambda: torch_lanes.decode_lanes(buf, p, geo), repeat, torch, dev)),
     ]
 

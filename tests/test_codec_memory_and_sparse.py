@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import mucsc
+from mucsc.codec.backends import packing
 from mucsc.codec.wire import sparse
-from mucsc.codec.codecs import qsgd, signsgd, terngrad
+from mucsc.codec.codecs import qsgd, terngrad
 
 pytestmark = pytest.mark.backends  # .ci/run's torch and numpy passes run it too
 
@@ -32,8 +33,9 @@ def sparse_update(n=200_000, nnz=300, seed=1):
 def test_chunked_codecs_give_the_same_bytes_for_any_chunk_size(monkeypatch, codec, params):
     x = gauss(5000, 2)
     whole = mucsc.encode(x, codec, seed=3, **params)
-    mod = {"qsgd": qsgd, "terngrad": terngrad, "signsgd": signsgd}[codec]
-    monkeypatch.setattr(mod, "CHUNK", 40)  # a multiple of 8 and of 5
+    # signsgd's decoder expands its sign bits with the packing step's chunks
+    mod, attr = {"qsgd": (qsgd, "CHUNK"), "terngrad": (terngrad, "CHUNK"), "signsgd": (packing, "SIGN_CHUNK")}[codec]
+    monkeypatch.setattr(mod, attr, 40)  # a multiple of 8 and of 5
     assert mucsc.encode(x, codec, seed=3, **params) == whole
     np.testing.assert_array_equal(mucsc.decode(whole), mucsc.decode(mucsc.encode(x, codec, seed=3, **params)))
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 import mucsc  # noqa: E402
 from mucsc.codec import kernels  # noqa: E402
-from mucsc.codec.backends import torch_backend, triton_round  # noqa: E402
+from mucsc.codec.backends import ordered_sum, torch_summary, torch_transfer, triton_round  # noqa: E402
 
 from devicetools import count, state  # noqa: E402
 
@@ -87,8 +87,8 @@ def test_vector_sizes_write_the_host_bytes(device_path, n):
 def test_heavy_tails_and_zeros_write_the_host_bytes(device_path, monkeypatch, room):
     """Heavy tails, zeros in a tail (then taken from the device in index order, as the host orders
     -0.0 and +0.0), and (room 0) more tail elements than the summary's top-k holds: the exact fallbacks."""
-    monkeypatch.setattr(torch_backend, "TAIL_ROOM", room[0])
-    monkeypatch.setattr(torch_backend, "TAIL_SLACK", room[1])
+    monkeypatch.setattr(torch_summary, "TAIL_ROOM", room[0])
+    monkeypatch.setattr(torch_summary, "TAIL_SLACK", room[1])
     g = np.random.default_rng(3)
     heavy = np.where(g.random(600_000) < 0.05, g.standard_cauchy(600_000) * 1e3, g.normal(size=600_000))
     zeros = np.abs(g.normal(size=600_000)).astype(np.float32) + 1
@@ -121,7 +121,7 @@ def test_a_bad_tensor_is_named_after_one_joined_check(device_path):
 @pytest.mark.parametrize("codec", ["mucsc", "bmucsc"])
 def test_device_path_syncs_only_at_its_fetches(monkeypatch, codec):
     """Under ``torch.cuda.set_sync_debug_mode("error")`` the encode of a CUDA state_dict synchronises
-    only where it fetches (torch_backend.fetch / fetch_list) and where the message writer copies the
+    only where it fetches (torch_transfer.fetch / fetch_list) and where the message writer copies the
     finished sections out."""
     x = state("lenet", "cuda")
     _encode(x, codec)  # first use: kernels compiled and self-checked (they synchronise)
@@ -138,8 +138,9 @@ def test_device_path_syncs_only_at_its_fetches(monkeypatch, codec):
 
     # the fetches, the writer's copy of the finished sections, and B-MUCSC's float64 sums in numpy's
     # order (pairwise_sum64: its buffer sums read once per sum)
-    for name in ("fetch", "fetch_list", "copy_out", "to_host", "pairwise_sum64"):
-        monkeypatch.setattr(torch_backend, name, lifted(getattr(torch_backend, name)))
+    for module, name in ((torch_transfer, "fetch"), (torch_transfer, "fetch_list"), (torch_transfer, "copy_out"),
+                         (torch_transfer, "to_host"), (ordered_sum, "pairwise_sum64")):
+        monkeypatch.setattr(module, name, lifted(getattr(module, name)))
     torch.cuda.set_sync_debug_mode("error")
     try:
         _encode(x, codec)

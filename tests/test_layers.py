@@ -141,3 +141,73 @@ def test_import_mucsc_warns_nothing():
     import subprocess
 
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# what a codec module may not name: the torch backend's modules and helpers, torch itself, and the
+# compiled kernels' switches (a codec calls its steps through backends.dispatch, chosen once per array)
+CODEC_BANNED = {"torch", "torch_backend", "torch_lanes", "device_rounding", "triton_round", "triton_lanes",
+                "_torch", "is_torch", "is_torch_tensor", "applies", "as_tensor", "use_c", "c_module", "BACKEND",
+                "TORCH", "_c", "_kernels"}  # kernels' numerics (kernels.dot) are no switch: allowed
+
+
+def codec_backend_references(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every banned name a codec module's source uses: a name, an attribute, an
+    imported module or name, or an identifier containing "torch" (a twin method such as decode_torch)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.Import):
+            names = [p for a in node.names for p in a.name.split(".")]
+        elif isinstance(node, ast.ImportFrom):
+            mod = (node.module or "").split(".")
+            allowed = mod[:3] == ["mucsc", "codec", "backends"] and mod[3:] == ["dispatch"]
+            if mod[:3] == ["mucsc", "codec", "backends"] and not allowed:
+                names = [".".join(mod)]
+            names += [p for p in mod if p in CODEC_BANNED] + [a.name for a in node.names]
+        found += [(node.lineno, n) for n in names if n in CODEC_BANNED or "torch" in n.lower()
+                  or n.startswith("mucsc.codec.backends")]
+    return found
+
+
+def test_no_codec_module_branches_on_torch_or_the_compiled_kernels():
+    """Issue 36: the codecs reach a backend only through ``backends.dispatch`` (backend_for / backend_of /
+    backend_on), never naming torch, the torch backend's modules, or the C kernels' switches."""
+    found = {p.name: refs for p in sorted((PACKAGE / "codec" / "codecs").glob("*.py"))
+             if (refs := codec_backend_references(p.read_text()))}
+    assert not found, found
+
+
+def test_the_checker_finds_what_it_bans():
+    src = ("from mucsc.codec.backends import torch_backend\nfrom mucsc.codec import kernels\n"
+           "def decode_torch(x):\n    if kernels.use_c():\n        return torch_backend._torch()\n"
+           "    import torch\n    return isinstance(x, torch.Tensor)\n")
+    names = {n for _, n in codec_backend_references(src)}
+    assert {"mucsc.codec.backends", "torch_backend", "use_c", "_torch", "decode_torch", "torch"} <= names
+    assert not codec_backend_references("from mucsc.codec.backends.dispatch import backend_for\n"
+                                        "def f(x):\n    return backend_for(x).sum64(x)\n")
+
+
+def test_every_backend_step_has_the_same_name_and_parameters_in_every_form():
+    """Each step module's Host and Torch forms define the same steps with the same parameters, so a
+    codec's call works on whichever backend_for picked (adding a step is one module: STEPS)."""
+    import inspect
+
+    from mucsc.codec.backends import dispatch
+
+    for module in dispatch.STEPS:
+        forms = {kind: getattr(module, kind) for kind in dispatch.KINDS}
+        steps = {kind: {n: inspect.signature(getattr(f, n)).parameters.keys() for n in vars(f) if not n.startswith("_")}
+                 for kind, f in forms.items()}
+        host = steps["Host"]
+        assert host, module.__name__
+        for kind, got in steps.items():
+            assert got.keys() == host.keys(), (module.__name__, kind, got.keys() ^ host.keys())
+            for n in host:
+                assert list(got[n]) == list(host[n]), (module.__name__, kind, n)
+    assert set(vars(dispatch.HOST)) == set(vars(dispatch.TORCH))

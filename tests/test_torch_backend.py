@@ -1,4 +1,4 @@
-"""The torch backend (mucsc/codec/backends/torch_backend.py) writes the same bytes as the compiled / numpy
+"""The torch backend (the Torch forms of mucsc/codec/backends/) writes the same bytes as the compiled / numpy
 reference: the rounding stream and decision rule of FORMAT.md 4.3, the IDS_ packing, the solver's
 device summary, and the API path that keeps tensors on their device.  Runs on CPU tensors (the same
 torch ops as on a GPU); the CUDA cases run only where a GPU is present."""
@@ -18,8 +18,10 @@ from mucsc.codec.wire import bitpack
 from mucsc.codec.wire import container as fmt
 
 torch = pytest.importorskip("torch")
+from mucsc.codec.backends.tensors import is_torch_tensor  # noqa: E402
 from mucsc.codec.backends import device_rounding  # noqa: E402  (after the skip)
-from mucsc.codec.backends import torch_backend as tb  # noqa: E402  (imports torch lazily; after the skip)
+from mucsc.codec.backends import (crc, elementwise, ordered_sum, random_stream, torch_packing,  # noqa: E402
+                                  torch_rounding, torch_selection, torch_transfer)  # (torch lazily; after the skip)
 
 CUDA = torch.cuda.is_available()
 
@@ -54,10 +56,11 @@ def test_rounding_ids_and_J_equal_the_reference(dtype, z, n):
     c = quantize.wire_centroids(centroids.solve(x, z), x, np.float32)
     ref_ids, ref_J = quantize.stochastic_round(x, c, np.random.default_rng([3, 1]), return_J=True)
     key = quantize.draw_key(np.random.default_rng([3, 1]))
-    ids, J = tb.stochastic_round(torch.from_numpy(x), c, key, return_J=True)
+    ids, J = torch_rounding.stochastic_round(torch.from_numpy(x), c, key, return_J=True)
     assert np.array_equal(ids.numpy(), ref_ids.astype(np.int64))
     assert J == pytest.approx(ref_J, rel=1e-9, abs=1e-12)
-    assert tb.variance_J(torch.from_numpy(x), c) == pytest.approx(ref_J, rel=1e-9, abs=1e-12)  # the lazy pass
+    # the lazy pass
+    assert torch_rounding.variance_J(torch.from_numpy(x), c) == pytest.approx(ref_J, rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("dtype,f64", [(np.float32, False), (np.float32, True), (np.float64, False)])
@@ -66,10 +69,10 @@ def test_a_rounding_samples_its_ids_without_rounding_everything(dtype, f64):
     c = quantize.wire_centroids(centroids.solve(x, 7), x, np.float32)
     if f64:  # off the float32 grid (still bracketing x): float64 work
         c = c + np.linspace(0.0, 1e-9, c.size)
-    ids = tb.stochastic_round(torch.from_numpy(x), c, 77)[0].numpy().astype(np.int64)
+    ids = torch_rounding.stochastic_round(torch.from_numpy(x), c, 77)[0].numpy().astype(np.int64)
     for step in (1, 3, 8):
         assert np.array_equal(device_rounding.Rounding(torch.from_numpy(x), c, 77).sample(step).numpy(), ids[::step])
-    assert tb.work_float32(torch.from_numpy(x), c) == (dtype == np.float32 and not f64)
+    assert torch_rounding.work_float32(torch.from_numpy(x), c) == (dtype == np.float32 and not f64)
 
 
 def test_float64_work_for_float32_data_with_float64_levels():
@@ -77,8 +80,8 @@ def test_float64_work_for_float32_data_with_float64_levels():
     c = centroids.solve(x, 16) + 1e-9  # not exact in float32: the reference works in float64
     c[0], c[-1] = float(x.min()) - 1e-6, float(x.max()) + 1e-6
     ref = quantize.stochastic_round(x, c, np.random.default_rng(5))
-    ids, _ = tb.stochastic_round(torch.from_numpy(x), c, quantize.draw_key(np.random.default_rng(5)))
-    assert not tb.work_float32(torch.from_numpy(x), c)
+    ids, _ = torch_rounding.stochastic_round(torch.from_numpy(x), c, quantize.draw_key(np.random.default_rng(5)))
+    assert not torch_rounding.work_float32(torch.from_numpy(x), c)
     assert np.array_equal(ids.numpy(), ref.astype(np.int64))
 
 
@@ -87,14 +90,14 @@ def test_float64_work_for_float32_data_with_float64_levels():
 def test_pack_and_unpack_equal_bitpack(width, n):
     hi = 1 << width if width else 1
     ids = np.random.default_rng(width * 100 + n).integers(0, hi, n)
-    packed = tb.pack(torch.from_numpy(ids), width).tobytes()  # a payload left on the device: its bytes
+    packed = torch_packing.pack(torch.from_numpy(ids), width).tobytes()  # a payload left on the device: its bytes
     assert packed == bitpack.pack(ids, width)
-    assert np.array_equal(tb.unpack(packed, width, n, "cpu").numpy(), ids)
+    assert np.array_equal(torch_packing.unpack(packed, width, n, "cpu").numpy(), ids)
 
 
 def test_splitmix64_equals_the_numpy_stream():
     ref = kernels.splitmix64(0xDEADBEEFCAFEF00D, 17, 1000)
-    got = tb.splitmix64(0xDEADBEEFCAFEF00D, 17, 1000, "cpu").numpy().view(np.uint64)
+    got = random_stream.splitmix64(0xDEADBEEFCAFEF00D, 17, 1000, "cpu").numpy().view(np.uint64)
     assert np.array_equal(got, ref)
 
 
@@ -133,7 +136,7 @@ def test_bmucsc_ties_at_the_kth_magnitude_give_the_host_selection(torch_backend_
     from mucsc.codec.wire import sparse
 
     x = _data(kind, 20_000, np.float32, seed=3)
-    got = tb.top_k_positions(torch.from_numpy(x), 4000)
+    got = torch_selection.top_k_positions(torch.from_numpy(x), 4000)
     assert got is None if kind == "few" else np.array_equal(got, sparse.top_k(x, 4000))
     got = mucsc.encode(torch.from_numpy(x), "bmucsc", keep=0.2, seed=1)
     monkeypatch.setattr(kernels, "TORCH", False)
@@ -144,7 +147,7 @@ def test_bmucsc_device_reductions_give_the_same_bytes(torch_backend_on, monkeypa
     """On a GPU the rest's float64 sum is taken on the device in numpy's pairwise order
     (``pairwise_sum64``): run that branch here and check the message is the host's, byte for byte."""
     x = _data("t3", 100_003, np.float32, seed=5)
-    monkeypatch.setattr(tb, "host_sums", lambda t: False)
+    monkeypatch.setattr(ordered_sum, "host_sums", lambda t: False)
     dev = mucsc.encode(torch.from_numpy(x), "bmucsc", seed=2, compress="off")
     monkeypatch.setattr(kernels, "TORCH", False)
     assert dev == mucsc.encode(x, "bmucsc", seed=2, compress="off")
@@ -153,7 +156,7 @@ def test_bmucsc_device_reductions_give_the_same_bytes(torch_backend_on, monkeypa
 def test_level_gap_beyond_float32_falls_back_to_the_reference(torch_backend_on, monkeypatch):
     x = np.array([-1.8e38, 1.8e38, 0.0, 1e37] * 3, np.float32)
     c = quantize.wire_centroids(np.array([-1.8e38, 1.8e38]), x, np.float32)
-    assert not tb.round_supported(torch.from_numpy(x), c)
+    assert not torch_rounding.round_supported(torch.from_numpy(x), c)
     got = mucsc.encode(torch.from_numpy(x), "mucsc", z=2, seed=0)
     monkeypatch.setattr(kernels, "TORCH", False)
     assert got == mucsc.encode(x, "mucsc", z=2, seed=0)
@@ -230,7 +233,7 @@ def test_compressor_state_stays_on_the_device_with_the_same_bytes(torch_backend_
 
 
 def torch_backend_is_tensor(v) -> bool:
-    return tb.is_torch(v)
+    return is_torch_tensor(v)
 
 
 # ---- the other encoders' device paths: fp16 / none, signsgd, the top-k family ------------------------
@@ -246,7 +249,7 @@ def test_pairwise_sum64_is_numpys_sum_bit_for_bit(dtype, n):
     x = (g.standard_t(1, n) * np.exp(g.normal(0, 8, n))).astype(dtype)
     for a in (x, np.abs(x)):
         want = a.sum(dtype=np.float64)
-        got = tb.pairwise_sum64(torch.from_numpy(a))
+        got = ordered_sum.pairwise_sum64(torch.from_numpy(a))
         assert got == want and np.signbit(got) == np.signbit(want), (n, dtype)
 
 
@@ -256,13 +259,13 @@ def test_pairwise_sum64_follows_the_buffer_size_and_signed_zeros():
     try:
         for size in (4096, 5008):  # numpy sums float32 data a buffer at a time; 5008: an uneven tree
             np.setbufsize(size)
-            assert tb.pairwise_sum64(torch.from_numpy(x)) == x.sum(dtype=np.float64), size
+            assert ordered_sum.pairwise_sum64(torch.from_numpy(x)) == x.sum(dtype=np.float64), size
     finally:
         np.setbufsize(old)
     for n in (3, 9, 200, 9000):
         for dtype in (np.float32, np.float64):
             a = np.full(n, -0.0, dtype)
-            assert np.signbit(tb.pairwise_sum64(torch.from_numpy(a))) == np.signbit(a.sum(dtype=np.float64))
+            assert np.signbit(ordered_sum.pairwise_sum64(torch.from_numpy(a))) == np.signbit(a.sum(dtype=np.float64))
 
 
 def test_to_float16_rounds_once_like_numpy():
@@ -273,7 +276,7 @@ def test_to_float16_rounds_once_like_numpy():
     x = np.concatenate([g.normal(size=20_000) * 10.0 ** g.integers(-9, 5, 20_000), special])
     for dtype in (np.float32, np.float64):
         xx = x.astype(dtype)
-        got = tb.to_float16(torch.from_numpy(xx)).numpy()
+        got = elementwise.to_float16(torch.from_numpy(xx)).numpy()
         assert np.array_equal(got.view(np.uint16), xx.astype(np.float16).view(np.uint16)), dtype
 
 
@@ -297,7 +300,7 @@ def test_other_codecs_byte_identical(torch_backend_on, monkeypatch, codec, param
     """The device paths give the host's bytes; ``device_sums`` runs the float64 scale sums with the
     GPU's algorithm (numpy's order rebuilt as tensor operations) instead of numpy on the CPU view."""
     if device_sums:
-        monkeypatch.setattr(tb, "host_sums", lambda t: False)
+        monkeypatch.setattr(ordered_sum, "host_sums", lambda t: False)
     for n in (1, 7, 1001, 70_001):
         x = _with_zeros("t3", n, dtype, seed=n)
         got = mucsc.encode(torch.from_numpy(x), codec, seed=5, **params)
@@ -314,7 +317,7 @@ def test_other_codecs_byte_identical(torch_backend_on, monkeypatch, codec, param
 def test_bmucsc_device_mean_is_the_host_mean(torch_backend_on, monkeypatch, dtype):
     """The rest's float64 sum taken as a GPU takes it (numpy's order rebuilt as tensor operations):
     every byte equals the host encoder's, the mean's float32 included."""
-    monkeypatch.setattr(tb, "host_sums", lambda t: False)
+    monkeypatch.setattr(ordered_sum, "host_sums", lambda t: False)
     for n in (7, 1001, 100_003):
         x = _with_zeros("t3", n, dtype, seed=n)
         for keep in (0.01, 0.3, 1.0):
@@ -338,7 +341,7 @@ def test_bmucsc_device_decode_equals_the_host_decode(params):
 @pytest.mark.parametrize("codec", ["topk", "stc", "dgc"])
 def test_top_k_ties_at_the_kth_magnitude_take_the_host_selection(torch_backend_on, monkeypatch, codec):
     x = _data("few", 10_001, np.float32, seed=4)  # three values: ties everywhere
-    assert tb.top_k_positions(torch.from_numpy(x), 1000) is None
+    assert torch_selection.top_k_positions(torch.from_numpy(x), 1000) is None
     got = mucsc.encode(torch.from_numpy(x), codec, keep=0.1, seed=1)
     monkeypatch.setattr(kernels, "TORCH", False)
     assert got == mucsc.encode(x, codec, keep=0.1, seed=1)
@@ -349,7 +352,7 @@ def test_top_k_positions_is_the_host_selection():
 
     x = _with_zeros("gauss", 5003, np.float64, seed=6)
     for k in (1, 17, 4000, 5003, 6000):  # all non-zeros once k reaches n: top_k never sends a zero
-        got = tb.top_k_positions(torch.from_numpy(x), k)
+        got = torch_selection.top_k_positions(torch.from_numpy(x), k)
         assert got is not None and np.array_equal(got, sparse.top_k(x, min(k, x.size))), k
 
 
@@ -363,7 +366,7 @@ def test_kth_largest_abs_is_the_partition_value(dtype):
     x[3000:3100] = x[3100]  # a run of ties
     a = np.abs(x)
     for k in (1, 2, 10, 11, 97, 5000, 17_000, 20_010):
-        t, tied, need = tb.kth_largest_abs(torch.from_numpy(a), k)
+        t, tied, need = torch_selection.kth_largest_abs(torch.from_numpy(a), k)
         want = np.partition(a, a.size - k)[a.size - k]
         assert t == want and tied == int((a == want).sum()), (k, t, want)
         assert need == k - int((a > want).sum()), k
@@ -420,26 +423,26 @@ def test_other_codecs_stay_torch_free():
 CRC_LENGTHS = (0, 1, 2, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 64 * 37 + 11, 100_003)
 
 
-@pytest.mark.parametrize("batch", [tb.CRC_BATCH, 256, 300])
+@pytest.mark.parametrize("batch", [crc.CRC_BATCH, 256, 300])
 def test_device_crc32_equals_zlib(monkeypatch, batch):
     """The CRC-32 in parts (per-position byte tables, an XOR tree, then the blocks joined by
     shifting) is zlib's for empty, one-byte and odd lengths, around block and batch boundaries,
     continued from a running CRC; no batch holds more than CRC_BATCH bytes."""
     import zlib
 
-    monkeypatch.setattr(tb, "CRC_BATCH", batch)
+    monkeypatch.setattr(crc, "CRC_BATCH", batch)
     seen = []
-    registers = tb._block_registers
-    monkeypatch.setattr(tb, "_block_registers", lambda b, *a: seen.append(b.numel()) or registers(b, *a))
+    registers = crc._block_registers
+    monkeypatch.setattr(crc, "_block_registers", lambda b, *a: seen.append(b.numel()) or registers(b, *a))
     for n in CRC_LENGTHS + (batch - 1, batch, batch + 1, 3 * batch + 64 + 5):
         a = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
         t = torch.from_numpy(a)
-        assert tb.crc32(t) == zlib.crc32(a), n
-        assert tb.crc32(t, 0xDEADBEEF) == zlib.crc32(a, 0xDEADBEEF), n
-        assert tb.crc32_finish(int(tb.crc32_register(t)), n) == zlib.crc32(a), n
-    assert max(seen) <= max(batch, tb.CRC_BLOCK)
+        assert crc.crc32(t) == zlib.crc32(a), n
+        assert crc.crc32(t, 0xDEADBEEF) == zlib.crc32(a, 0xDEADBEEF), n
+        assert crc.crc32_finish(int(crc.crc32_register(t)), n) == zlib.crc32(a), n
+    assert max(seen) <= max(batch, crc.CRC_BLOCK)
     x = torch.linspace(-3, 3, 1001, dtype=torch.float64)[::3].half()  # raw bytes of a strided view
-    assert tb.crc32(x) == zlib.crc32(x.contiguous().numpy().tobytes())
+    assert crc.crc32(x) == zlib.crc32(x.contiguous().numpy().tobytes())
 
 
 @pytest.mark.parametrize("device_crc", [False, True])
@@ -452,14 +455,14 @@ def test_device_payload_writes_the_host_bytes(monkeypatch, device_crc, level, th
     from mucsc.codec import parallel
 
     registers = []
-    register = tb.crc32_register
-    monkeypatch.setattr(tb, "crc32_register", lambda t: registers.append(t.numel()) or register(t))
+    register = crc.crc32_register
+    monkeypatch.setattr(crc, "crc32_register", lambda t: registers.append(t.numel()) or register(t))
     header = fmt.Header((), ())
     data = [np.random.default_rng(n).integers(0, 4, n, dtype=np.uint8) for n in (0, 1, 4099, 300_001)]
     with parallel.using(threads):
         want = fmt.write_message(header, [(0, f"D{i:03}", d, True) for i, d in enumerate(data)],
                                  zstd_level=level)
-        lazy = [tb.DeviceBytes(torch.from_numpy(d), device_crc=device_crc) for d in data]
+        lazy = [torch_transfer.DeviceBytes(torch.from_numpy(d), device_crc=device_crc) for d in data]
         got = fmt.write_message(header, [(0, f"D{i:03}", p, True) for i, p in enumerate(lazy)], zstd_level=level)
     assert got == want
     # compressed or not, a payload zstd was tried on is on the host: only the empty one stays lazy
@@ -474,12 +477,12 @@ def test_messages_with_the_device_crc_are_byte_identical(torch_backend_on, monke
     compiled kernels' bytes, authenticated messages included."""
     calls = []
 
-    class DeviceCrc(tb.DeviceBytes):
+    class DeviceCrc(torch_transfer.DeviceBytes):
         def __init__(self, t, device_crc=None):
             super().__init__(t, device_crc=True)
             calls.append(self.nbytes)
 
-    monkeypatch.setattr(tb, "DeviceBytes", DeviceCrc)
+    monkeypatch.setattr(torch_transfer, "DeviceBytes", DeviceCrc)
     x = _data("t3", 20_011, np.float32, seed=4)
     key = {"key": bytes(range(32)), "key_id": "c1", "context": b"round-3"}
     for extra in ({}, key):
@@ -563,10 +566,10 @@ def test_cuda_pairwise_sum64_and_float16(dtype):
     for n in SUM_SIZES + [3_000_017]:
         g = np.random.default_rng(n)
         a = np.abs((g.standard_t(1, n) * np.exp(g.normal(0, 8, n))).astype(dtype))
-        assert tb.pairwise_sum64(torch.from_numpy(a).cuda()) == a.sum(dtype=np.float64), n
+        assert ordered_sum.pairwise_sum64(torch.from_numpy(a).cuda()) == a.sum(dtype=np.float64), n
     x = (np.random.default_rng(3).normal(size=100_000) * 1e3).astype(dtype)
     x[:3] = [1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 2.0**-25 + 1e-30] if dtype == np.float64 else 1.0
-    got = tb.to_float16(torch.from_numpy(x).cuda()).cpu().numpy()
+    got = elementwise.to_float16(torch.from_numpy(x).cuda()).cpu().numpy()
     assert np.array_equal(got.view(np.uint16), x.astype(np.float16).view(np.uint16))
 
 
@@ -607,17 +610,17 @@ def test_cuda_crc32_and_staged_copies(monkeypatch):
 
     for n in CRC_LENGTHS:
         a = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
-        assert tb.crc32(torch.from_numpy(a).cuda()) == zlib.crc32(a), n
-    monkeypatch.setattr(tb, "STAGE", 1 << 12)
-    monkeypatch.setattr(tb, "_stages", {})
+        assert crc.crc32(torch.from_numpy(a).cuda()) == zlib.crc32(a), n
+    monkeypatch.setattr(torch_transfer, "STAGE", 1 << 12)
+    monkeypatch.setattr(torch_transfer, "_stages", {})
     a = np.random.default_rng(0).integers(0, 256, 10 * 4096 + 17, dtype=np.uint8)
     out = np.zeros_like(a)
-    assert tb.copy_out(torch.from_numpy(a).cuda(), out, 7) == zlib.crc32(a, 7) and np.array_equal(out, a)
-    assert np.array_equal(tb.to_host(torch.from_numpy(a).cuda()), a)
+    assert torch_transfer.copy_out(torch.from_numpy(a).cuda(), out, 7) == zlib.crc32(a, 7) and np.array_equal(out, a)
+    assert np.array_equal(torch_transfer.to_host(torch.from_numpy(a).cuda()), a)
     header = fmt.Header((), ())
     want = fmt.write_message(header, [(0, "DATA", a, True)], zstd_level=None)
     for device_crc in (False, True):
         for threads in (1, 2):
             with parallel.using(threads):
-                p = tb.DeviceBytes(torch.from_numpy(a).cuda(), device_crc=device_crc)
+                p = torch_transfer.DeviceBytes(torch.from_numpy(a).cuda(), device_crc=device_crc)
                 assert fmt.write_message(header, [(0, "DATA", p, True)], zstd_level=None) == want

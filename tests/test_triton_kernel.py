@@ -17,7 +17,7 @@ from mucsc.codec.wire import bitpack
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-from mucsc.codec.backends import torch_backend as tb  # noqa: E402  (after the skips)
+from mucsc.codec.backends import random_stream, torch_rounding  # noqa: E402  (after the skips)
 from mucsc.codec.backends import triton_round as tr  # noqa: E402
 from mucsc.errors import ParameterError  # noqa: E402
 import tritontools  # noqa: E402
@@ -103,7 +103,7 @@ def test_the_decision_is_strict(interpreter, dtype, f32):
     # x = c[0] + u * (c[1] - c[0]) exactly, for each element's own u: u * gap < x - c[0] is false,
     # so every id is 0 (a <= would send them up)
     c = np.array([0.0, 1.0])
-    x = tb.uniforms(99, 0, 1001, f32, "cpu").numpy().astype(dtype)
+    x = random_stream.uniforms(99, 0, 1001, f32, "cpu").numpy().astype(dtype)
     got = tr.launch(torch.from_numpy(x), c, 99, 1).numpy().tobytes()
     assert got == _reference(x, c, 99, 1) == bytes(126)
 
@@ -121,7 +121,7 @@ def test_the_self_check_probes_pass(interpreter, xdtype, f32):
     for span in (2, 4, 8, 16):
         cases = tr.probes(xdtype, f32, span)
         assert {w for *_, w, _ in cases} == {w for w in range(1, 17) if tr._span(w) == span}
-        assert all(tb.work_float32(torch.from_numpy(x), c) == f32 for x, c, *_ in cases)  # the variant's
+        assert all(torch_rounding.work_float32(torch.from_numpy(x), c) == f32 for x, c, *_ in cases)  # the variant's
         assert tr._self_check(torch.device("cpu"), ("cpu", f"torch.{xdtype}", f32, span))
     assert tr.disabled_reason() is None
 

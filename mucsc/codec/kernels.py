@@ -7,9 +7,9 @@ DP operation order), so encoder output never depends on the installation; ``quan
 ``centroids`` read ``BACKEND`` at call time, which is also how tests compare the two paths in one
 process.
 
-``MUCSC_BACKEND=torch`` additionally routes the encoders that have a torch path
-(:mod:`mucsc.codec.backends.torch_backend`) through it for CPU data (tensors on a GPU always take it); the
-host steps (the centroid solver) still use ``BACKEND``.  ``TORCH`` records that choice.
+``MUCSC_BACKEND=torch`` additionally routes the encoders that have a torch path (the ``Torch`` forms
+of :mod:`mucsc.codec.backends.dispatch`) through it for CPU data (tensors on a GPU always take it);
+the host steps (the centroid solver) still use ``BACKEND``.  ``TORCH`` records that choice.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "dot", "lookup_error", "nearest"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "compiled", "dot", "lookup_error", "nearest"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -48,6 +48,13 @@ def c_module():
     return _c
 
 
+def compiled(name: str) -> Callable | None:
+    """The compiled kernel ``name`` when the compiled kernels are selected (``BACKEND``, read now: tests
+    switch it in one process) and built with it, else None: the one place the C-or-numpy choice is
+    made.  A caller asks once per call and runs its numpy twin on None."""
+    return getattr(_c, name, None) if BACKEND == "c" and _c is not None else None
+
+
 def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
                tmp: np.ndarray | None = None, ramp: np.ndarray | None = None, shift: int = 0) -> np.ndarray:
     """Outputs number start+1 .. start+count of SplitMix64 with state ``key``, i.e.
@@ -57,8 +64,9 @@ def splitmix64(key: int, start: int, count: int, out: np.ndarray | None = None,
     shifted right by this many bits (0..63)."""
     if out is None:
         out = np.empty(count, np.uint64)
-    if use_c() and hasattr(_c, "splitmix64"):  # the same numbers in one pass (tmp and ramp unused)
-        _c.splitmix64(key & MASK64, start & MASK64, shift, out[:count])
+    kernel = compiled("splitmix64")
+    if kernel is not None:  # the same numbers in one pass (tmp and ramp unused)
+        kernel(key & MASK64, start & MASK64, shift, out[:count])
         return out[:count]
     if tmp is None:
         tmp = np.empty(count, np.uint64)
@@ -91,8 +99,9 @@ def dot(a, b) -> float:
     b = np.ascontiguousarray(b, np.float64).reshape(-1)
     if a.size != b.size:
         raise ValueError(f"dot: lengths {a.size} and {b.size} differ")
-    if use_c() and hasattr(_c, "dot"):
-        return _c.dot(a, b)
+    kernel = compiled("dot")
+    if kernel is not None:
+        return kernel(a, b)
     p = np.zeros(-(-a.size // 8) * 8)
     np.multiply(a, b, out=p[: a.size])
     # column sums in row order: cumsum adds strictly in sequence (a reduction could go pairwise)
@@ -148,9 +157,9 @@ def nearest(x: np.ndarray, t: np.ndarray, c: np.ndarray, ids: np.ndarray, chunk:
     if c.size != t.size + 1 or ids.size != x.size:
         raise ValueError(f"nearest: {c.size} levels need {c.size - 1} boundaries (got {t.size}); "
                          f"{x.size} elements need as many ids (got {ids.size})")
-    if (use_c() and hasattr(_c, "nearest") and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
-            and ids.flags.c_contiguous):
-        return _c.nearest(x, t, c, ids, chunk)
+    kernel = compiled("nearest")
+    if kernel is not None and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous and ids.flags.c_contiguous:
+        return kernel(x, t, c, ids, chunk)
     err = 0.0
     for s in range(0, x.size, chunk):
         xc = x[s : s + chunk].astype(np.float64)

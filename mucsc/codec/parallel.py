@@ -408,9 +408,9 @@ def _compiled_gather(lookup: "_ByteTable | None") -> Callable | None:
     numpy's take converts them to intp first), else None."""
     from mucsc.codec import kernels
 
-    if lookup is None or not kernels.use_c() or lookup.bytes.size // 256 not in (1, 2, 4, 8, 16, 32, 64):
+    if lookup is None or lookup.bytes.size // 256 not in (1, 2, 4, 8, 16, 32, 64):
         return None
-    return kernels.c_module().lookup_bytes
+    return kernels.compiled("lookup_bytes")
 
 
 class _Abandoned(Exception):

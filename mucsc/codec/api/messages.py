@@ -22,10 +22,11 @@ from mucsc.codec import parallel
 from mucsc.codec.wire.auth import AuthSummary, Keys
 from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends import torch_transfer
 from mucsc.codec.backends.tensors import saturate_into
 from mucsc.codec.api.policy import Planned, Policy, measure
-from mucsc.codec.backends.tensors import AS_TORCH, Tensor, from_record, name_label, on_host, to_device, to_tensors
+from mucsc.codec.backends.tensors import (AS_TORCH, Tensor, from_record, is_torch_tensor, name_label, on_host,
+                                          to_device, to_tensors)
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
 from mucsc.optional import require_torch
 
@@ -391,12 +392,12 @@ def _message_stats(blob: bytes, header: fmt.Header, gstats: tuple[GroupStats, ..
 
 def _host(x: Any) -> np.ndarray:
     """A group vector on the host (torch tensors left on their device are copied over)."""
-    return x.cpu().numpy() if torch_backend.is_torch(x) else x
+    return x.cpu().numpy() if is_torch_tensor(x) else x
 
 
 def _for_codec(codec: Codec, x: Any) -> Any:
     """The group vector as ``codec`` takes it: a codec without a torch path encodes on the host."""
-    return x if codec.accepts_torch else _host(x)
+    return x if codec.accepts_device else _host(x)
 
 
 def _group_rng(seed: int, gi: int) -> np.random.Generator:
@@ -585,7 +586,7 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
     gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
     if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
-        return torch_backend.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
+        return torch_transfer.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
     for t, p in zip(members, parts):
         codec.check_input(p, name_label(t.name))
@@ -718,7 +719,7 @@ def decode(blob: bytes | bytearray | memoryview, *, as_torch: bool = False, devi
     if as_torch:
         require_torch(AS_TORCH)  # fail before any work
         if device is not None:
-            device = torch_backend.device(device)
+            device = torch_transfer.device(device)
     auth.check(blob, keys, context, require_auth)  # first: a forged message costs one hash
     try:
         with parallel.using(threads):
@@ -857,10 +858,10 @@ def _decode_group(msg: fmt.Message, gi: int, group: fmt.Group, device: Any = Non
     elementwise map of a lossy group's values, applied to its lookup table where the codec's decode
     is one (``Codec.decode_mapped``), else to the decoded vector."""
     cls, n, dtype, sections = open_group(msg, gi, group)
-    on_device = device is not None and hasattr(cls, "decode_torch") and not cls.lossless
+    on_device = device is not None and hasattr(cls, "decode_on_device") and not cls.lossless
     with malformed_as_format_error(gi, group):
         if on_device:
-            flat = cls.decode_torch(n, group.params, sections, dtype, device)
+            flat = cls.decode_on_device(n, group.params, sections, dtype, device)
         elif table_map is not None and not cls.lossless:
             flat = cls.decode_mapped(n, group.params, sections, dtype, table_map)
             flat = table_map(cls.decode_array(n, group.params, sections, dtype)) if flat is None else flat

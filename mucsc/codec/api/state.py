@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mucsc.codec import kernels, parallel
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.tensors import is_torch_tensor
 from mucsc.codec.api.messages import decode, encode
 from mucsc.codec.api.settings import Settings
 from mucsc.codec.codecs.base import Codec
@@ -30,7 +30,7 @@ def _to_array(t: Any) -> Any:
     """A numpy array from an array or a torch tensor (bfloat16 widened to float32), without importing
     torch.  A float tensor the torch backend encodes where it lives (on a GPU, or any tensor with
     ``MUCSC_BACKEND=torch``) stays a tensor there, so the memory's state stays on its device too."""
-    if torch_backend.is_torch(t):
+    if is_torch_tensor(t):
         t = t.detach()
         if str(t.dtype) == "torch.bfloat16":
             t = t.float()
@@ -48,12 +48,12 @@ def _split(update: Any) -> tuple[dict[str, Any], bool]:
 
 
 def _is_float(a: Any) -> bool:
-    return a.is_floating_point() if torch_backend.is_torch(a) else a.dtype.kind == "f"
+    return a.is_floating_point() if is_torch_tensor(a) else a.dtype.kind == "f"
 
 
 def _device(tensors: Mapping[str, Any]) -> Any:
     """The device of the first tensor kept on one (None: all on the host)."""
-    return next((a.device for a in tensors.values() if torch_backend.is_torch(a)), None)
+    return next((a.device for a in tensors.values() if is_torch_tensor(a)), None)
 
 
 def _round_seed(seed: int, rounds: int) -> int:

@@ -17,6 +17,8 @@ from mucsc.errors import InputError, ParameterError
 from mucsc.optional import require_torch
 
 AS_TORCH = "as_torch=True"  # what needs torch when a caller asks for torch tensors back
+# elements per device chunk of the torch forms: bounds the int64 temporaries (~8 bytes x a few per element)
+CHUNK = 1 << 22
 
 _NUMPY_TO_NAME = {np.dtype(n): n for n in ("float16", "float32", "float64", *INT_DTYPES)}
 
@@ -54,7 +56,13 @@ class Tensor:
 
 
 def is_torch_tensor(x: Any) -> bool:
+    """True for a torch tensor (without importing torch)."""
     return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+
+
+def torch_module():
+    """torch, or a ParameterError saying the torch backend needs it (the torch forms' one import)."""
+    return require_torch("the torch backend (MUCSC_BACKEND=torch or a device tensor)")
 
 
 def to_tensor(name: str, value: Any) -> Tensor:

@@ -4,7 +4,7 @@ they live, byte-identical to :mod:`mucsc.codec.wire.lanes`.
 Encode: the symbols (the fused Triton kernel's packed IDs where it runs), their histogram on the
 device (only the 256 or k counts cross to the host, which normalises the table exactly as the host
 path does), every lane coded at once, the lanes' streams compacted into the section on the device:
-only the coded section is copied to the host, by the message writer (``torch_backend.DeviceBytes``).
+only the coded section is copied to the host, by the message writer (``torch_transfer.DeviceBytes``).
 Decode: the section copied to the device, every lane decoded at once, the IDs unpacked there.
 
 Each lane step is the same integer arithmetic as the C kernel (the renormalisation without a
@@ -19,12 +19,35 @@ from __future__ import annotations
 import numpy as np
 
 from mucsc.codec.backends import device_rounding, triton_lanes
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends.tensors import torch_module
+from mucsc.codec.backends import torch_packing, torch_transfer
 from mucsc.codec.backends.triton_lanes import PAD, Geometry, tables
 from mucsc.codec.wire import bitpack, lanes, rans
 from mucsc.errors import FormatError
 
 RANS_L = rans.RANS_L
+
+
+def histogram(v, size: int):
+    """Counts of the values of the int64 tensor ``v`` (all in [0, size)), ``size`` of them, on v's
+    device: ``bincount`` on the CPU; elsewhere a scatter-add into zeros, since CUDA's bincount reads
+    the input's min and max back to the host (two synchronisations) to size its output."""
+    torch = torch_module()
+    if v.device.type == "cpu":
+        return torch.bincount(v, minlength=size)
+    out = torch.zeros(size, dtype=torch.int64, device=v.device)
+    return out.scatter_add_(0, v, _one(v.device).expand(v.numel()))
+
+
+_ones: dict = {}
+
+
+def _one(dev):
+    """A 1-element int64 tensor of 1 on ``dev`` (made once per device; expanded, never written)."""
+    t = _ones.get(dev)
+    if t is None:
+        t = _ones[dev] = torch_module().ones(1, dtype=torch_module().int64, device=dev)
+    return t
 
 
 def symbols_of(ids, k: int, w: int):
@@ -37,26 +60,26 @@ def symbols_counted(ids, k: int, w: int):
     """(symbols, their histogram of ``lanes.alphabet(k, w)`` or more counts) on the IDs' device: the
     fused kernel's packed bytes where it runs, else the ids packed as int64 words, counted, then
     narrowed to bytes (no separate widening copy for the histogram)."""
-    torch = tb._torch()
+    torch = torch_module()
     size = lanes.alphabet(k, w)
     if w == lanes.WIDE:
         t = (ids.ids() if isinstance(ids, device_rounding.Rounding) else ids)
-        return t.to(torch.int32), tb.histogram(t.to(torch.int64), size)
+        return t.to(torch.int32), histogram(t.to(torch.int64), size)
     if isinstance(ids, device_rounding.Rounding):
         fused = ids.fused(w)
         if fused is not None:
-            return fused, tb.histogram(fused.to(torch.int64), size)
+            return fused, histogram(fused.to(torch.int64), size)
         ids = ids.ids()
     words = symbol_words(ids, w)
-    return words.to(torch.uint8), tb.histogram(words, size)
+    return words.to(torch.uint8), histogram(words, size)
 
 
 def symbol_words(ids, w: int):
     """The byte symbols of IDs (a tensor) at w = 1, 2, 4 or 8 bits as int64 values."""
-    return ids.to(tb._torch().int64) if w == 8 else tb.pack_words(ids, w)
+    return ids.to(torch_module().int64) if w == 8 else torch_packing.pack_words(ids, w)
 
 
-class LaneBytes(tb.DeviceBytes):
+class LaneBytes(torch_transfer.DeviceBytes):
     """An IDSL section coded on the device (a ``format.Payload``), with the symbols it codes."""
 
     def __init__(self, section, symbols):
@@ -79,7 +102,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     host in one copy with, for the host's compiled coder (CPU tensors), the symbols themselves (it
     codes them in place), else the symbol bytes of ``spans`` ((a, b) pairs, the zstd comparison's
     sample) -- the lanes then coded on the device and left there."""
-    torch = tb._torch()
+    torch = torch_module()
     size = lanes.alphabet(k, w)
     dev = ids.x.device if isinstance(ids, device_rounding.Rounding) else ids.device
     if dev.type == "cpu" and not triton_lanes.wanted(ids.x if isinstance(ids, device_rounding.Rounding) else ids):
@@ -87,9 +110,9 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
         # packing made, behind their counts, in one copy (no narrowing or dtype views on the device)
         t = ids.ids() if isinstance(ids, device_rounding.Rounding) else ids
         words = t.to(torch.int64) if w == lanes.WIDE else symbol_words(t, w)
-        counts = tb.histogram(words, size)
+        counts = histogram(words, size)
         nc = counts.numel()
-        got = tb.fetch(torch.cat((counts, words)))
+        got = torch_transfer.fetch(torch.cat((counts, words)))
         if nc > size:
             raise ValueError("a symbol is out of range")
         host = got[nc:].astype(np.uint16 if w == lanes.WIDE else np.uint8)
@@ -100,7 +123,7 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     if nc > size:
         raise ValueError("a symbol is out of range")
     spans = [(a, min(b, m)) for a, b in spans if a < m]
-    got = tb.fetch(torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]))
+    got = torch_transfer.fetch(torch.cat([counts.view(torch.uint8)] + [sym[a:b].view(torch.uint8) for a, b in spans]))
     fetched, at = {}, 8 * nc
     for a, b in spans:
         fetched[(a, b)], at = got[at:at + b - a], at + b - a
@@ -109,10 +132,10 @@ def encode_ids(ids, k: int, w: int, spans=()) -> Coded:
     geo = Geometry(lanes.layout(m), sym.device)
     streams, lens = encode_lanes(sym, f, cum, S, geo)
     head = bytes([S, w]) + rans._varints(f) + lens.astype("<u2").tobytes()
-    prefix = tb.to_dev(np.frombuffer(head, np.uint8).copy(), sym.device)
+    prefix = torch_transfer.to_dev(np.frombuffer(head, np.uint8).copy(), sym.device)
     section = LaneBytes(torch.cat((prefix, streams)), sym)
     return Coded(section, section.nbytes,
-                 lambda a, b: fetched[(a, b)] if (a, b) in fetched else tb.to_host(sym[a:b]))
+                 lambda a, b: fetched[(a, b)] if (a, b) in fetched else torch_transfer.to_host(sym[a:b]))
 
 
 def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
@@ -124,7 +147,7 @@ def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
     if sym.device.type == "cpu":  # CPU tensors (MUCSC_BACKEND=torch): the host's compiled coder, in place
         host = sym.numpy()
         lens, streams = lanes.code_lanes(host.astype(np.uint16) if host.dtype != np.uint8 else host, f, cum, S)
-        torch = tb._torch()
+        torch = torch_module()
         return torch.from_numpy(np.frombuffer(b"".join(streams), np.uint8).copy()), lens
     return compact(*encode_lanes_torch(sym, f, cum, S, geo), geo)
 
@@ -132,7 +155,7 @@ def encode_lanes(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
 def encode_lanes_torch(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometry):
     """(out, ptr): every lane coded backwards into its row of ``out`` (lanes x cap uint8), its stream
     being ``out[j, ptr[j]:]``; one vector step per symbol row, all lanes at once."""
-    torch = tb._torch()
+    torch = torch_module()
     dev = sym.device
     L, cap = geo.base.numel(), geo.cap
     ft, ct, _ = tables(f, cum, S, dev)
@@ -159,10 +182,10 @@ def encode_lanes_torch(sym, f: np.ndarray, cum: np.ndarray, S: int, geo: Geometr
 
 def compact(out, ptr, geo: Geometry):
     """The streams ``out[j, ptr[j]:]`` joined in lane order (a uint8 tensor), and their lengths (host)."""
-    torch = tb._torch()
+    torch = torch_module()
     L, cap = out.shape
     lens_t = cap - ptr
-    lens = tb.fetch(lens_t).astype(np.int64)
+    lens = torch_transfer.fetch(lens_t).astype(np.int64)
     total = int(lens.sum())
     ends = torch.cumsum(lens_t, 0)
     joined = torch.empty(total, dtype=torch.uint8, device=out.device)
@@ -180,7 +203,7 @@ def decode_ids(payload, n: int, k: int, device):
     section is validated as ``lanes.decode_symbols`` validates it (same errors).  For CPU tensors the
     host's compiled decoder reads the payload where it is and only the symbols move (no copy back to
     check them); an ID >= k is looked for only where the width allows one (2^w > k)."""
-    torch = tb._torch()
+    torch = torch_module()
     b = np.frombuffer(payload, np.uint8)
     p = lanes.parse(b, n, k)
     m = p.layout.m
@@ -196,7 +219,7 @@ def decode_ids(payload, n: int, k: int, device):
         sym = torch.from_numpy(out)
     else:
         geo = Geometry(p.layout, device)
-        buf = tb.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
+        buf = torch_transfer.to_device(np.concatenate((b, np.zeros(PAD, np.uint8))), device)
         sym, bad = decode_lanes(buf, p, geo)
         if bad:
             raise FormatError(lanes.CORRUPT)
@@ -204,7 +227,7 @@ def decode_ids(payload, n: int, k: int, device):
             return sym.to(torch.int64)
         sym = sym.to(torch.uint8)
         if m:  # the last byte's used bits: the padding after them must be zero
-            bitpack.check_padding(tb.to_host(sym[-1:]), n * p.w - 8 * (m - 1), "IDSL symbols")
+            bitpack.check_padding(torch_transfer.to_host(sym[-1:]), n * p.w - 8 * (m - 1), "IDSL symbols")
     ids = unpack_device(sym, p.w, n)
     if n and (1 << p.w) > k:  # every ID < k (a w-bit ID below 2^w <= k needs no look)
         top = int(ids.max())
@@ -215,10 +238,10 @@ def decode_ids(payload, n: int, k: int, device):
 
 def unpack_device(sym, w: int, n: int):
     """IDs (int64) of the uint8 device tensor ``sym`` packed w = 1, 2, 4 or 8 bits wide (LSB first)."""
-    torch = tb._torch()
+    torch = torch_module()
     if w == 8:
         return sym.to(torch.int64)
-    ids = ((sym.unsqueeze(1) >> tb._bit_offsets(sym.device, w)) & ((1 << w) - 1)).view(-1)  # int64
+    ids = ((sym.unsqueeze(1) >> torch_packing.bit_offsets(sym.device, w)) & ((1 << w) - 1)).view(-1)  # int64
     return ids if ids.numel() == n else ids[:n]
 
 
@@ -229,7 +252,7 @@ def decode_lanes(buf, p: lanes.Parsed, geo: Geometry):
     if got is not None:
         return got
     if buf.device.type == "cpu":  # CPU tensors: the host's compiled decoder, in place
-        torch = tb._torch()
+        torch = torch_module()
         out = np.empty(p.layout.m, np.uint8 if p.w != lanes.WIDE else np.uint16)
         bad = lanes.decode_lanes(buf.numpy()[: buf.numel() - PAD], p, out)
         return torch.from_numpy(out.astype(np.int32)), bad
@@ -239,7 +262,7 @@ def decode_lanes(buf, p: lanes.Parsed, geo: Geometry):
 def decode_lanes_torch(buf, p: lanes.Parsed, geo: Geometry):
     """:func:`decode_lanes` with one vector step per symbol row across all lanes (``buf``: the section
     on the device followed by PAD zero bytes)."""
-    torch = tb._torch()
+    torch = torch_module()
     dev = buf.device
     ft, ct, slot_sym = tables(p.f, p.cum, p.S, dev)
     starts = torch.from_numpy(p.starts).to(dev)

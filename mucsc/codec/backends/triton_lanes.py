@@ -20,7 +20,8 @@ import threading
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend, triton_round
+from mucsc.codec.backends.tensors import torch_module
+from mucsc.codec.backends import triton_round
 from mucsc.codec.backends.kernel_switch import KernelSwitch
 from mucsc.codec.wire import lanes
 
@@ -93,7 +94,7 @@ def tables(f: np.ndarray, cum: np.ndarray, S: int, dev):
 
 
 def _torch():
-    return torch_backend._torch()
+    return torch_module()
 
 
 def launch_encode(sym, f: np.ndarray, cum: np.ndarray, S: int, geo):

@@ -1,6 +1,6 @@
 """One fused Triton kernel for MUCSC's rounding + ID packing, checked against the torch reference.
 
-The torch backend (:mod:`mucsc.codec.backends.torch_backend`) rounds with one torch operation per step and
+The torch form (:mod:`mucsc.codec.backends.torch_rounding`) rounds with one torch operation per step and
 packs the IDs in a second pass; this kernel does both in one pass over x: per element the
 SplitMix64 counter stream, the interval search and eq. 7's decision (spec/FORMAT.md 4.3), and per
 group of 8 elements the ``w`` bytes of the LSB-first ``IDS_`` stream (FORMAT.md 4.2).  It never
@@ -26,7 +26,13 @@ import threading
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend as tb
+from mucsc.codec.backends import random_stream
+
+from mucsc.codec.backends.tensors import torch_module
+
+from mucsc.codec.backends import torch_packing
+
+from mucsc.codec.backends import torch_rounding
 from mucsc.codec.backends.kernel_switch import KernelSwitch
 
 ENV = "MUCSC_TRITON"
@@ -106,22 +112,22 @@ def _span(width: int) -> int:
 def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
     """The packed ``IDS_`` bytes (uint8 tensor on x's device) of eq. 7's rounding of ``x`` (float32 or
     float64, 1-D) to the sorted wire centroids ``c`` (2..65536 of them, every gap finite in the
-    working precision: ``torch_backend.round_supported``) with stream ``key``, ``width`` (1..16,
+    working precision: ``torch_rounding.round_supported``) with stream ``key``, ``width`` (1..16,
     2^width >= len(c)) bits per id; x[0] is element ``start`` (a multiple of 8) of the stream.  No
     self-check: :func:`round_pack` is what encoders call."""
 
-    torch = tb._torch()
+    torch = torch_module()
     n = x.numel()
     nbytes = (n * width + 7) // 8
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if n == 0:
         return out
-    f32 = tb.work_float32(x, c)
-    cdev, gdev = tb.working_levels(c, f32, x.device)  # c and c[k+1] - c[k] in the working precision
+    f32 = torch_rounding.work_float32(x, c)
+    cdev, gdev = torch_rounding.working_levels(c, f32, x.device)  # c and c[k+1] - c[k] in the working precision
     span = _span(width)
     groups = TILE // (8 * span)
     grid = (-(-n // (8 * groups)),)
-    args = torch.tensor([n, c.size - 2, nbytes, tb._i64(key), start, width], dtype=torch.int64).to(x.device)
+    args = torch.tensor([n, c.size - 2, nbytes, random_stream.i64(key), start, width], dtype=torch.int64).to(x.device)
     # Triton launches on the current CUDA device's current stream: make x's device the current one
     with torch.cuda.device(x.device) if x.device.type == "cuda" else _interpret_lock:
         _kernel()[grid](x.contiguous(), cdev, gdev, out, args, F32=f32, SPAN=span, G=groups, enable_fp_fusion=False)
@@ -131,9 +137,9 @@ def launch(x, c: np.ndarray, key: int, width: int, start: int = 0):
 def _applies(x, c: np.ndarray, width: int, start: int) -> bool:
     """Whether the kernel covers this call (else the caller's torch path runs)."""
 
-    torch = tb._torch()
+    torch = torch_module()
     return (x.dtype in (torch.float32, torch.float64) and 2 <= c.size <= 1 << 16 and 1 <= width <= 16
-            and c.size <= 1 << width and start % 8 == 0 and start >= 0 and tb.round_supported(x, c))
+            and c.size <= 1 << width and start % 8 == 0 and start >= 0 and torch_rounding.round_supported(x, c))
 
 
 def round_pack(x, c: np.ndarray, key: int, width: int, start: int = 0):
@@ -142,7 +148,7 @@ def round_pack(x, c: np.ndarray, key: int, width: int, start: int = 0):
     if not wanted(x) or not _applies(x, c, width, start):
         return None
 
-    variant = (str(x.device), str(x.dtype), tb.work_float32(x, c), _span(width))
+    variant = (str(x.device), str(x.dtype), torch_rounding.work_float32(x, c), _span(width))
     if not SWITCH.ready(variant, lambda: _self_check(x.device, variant)):
         return None
     try:
@@ -156,11 +162,11 @@ def reference(x, c: np.ndarray, key: int, width: int, start: int = 0):
     """The torch path's bytes for what :func:`launch` computes: ``stochastic_round`` + ``pack_tensor``
     (for ``start`` > 0 the stream of x's elements from ``start``: rounded as the tail of a longer x)."""
 
-    torch = tb._torch()
+    torch = torch_module()
     if start:
         x = torch.cat((torch.zeros(start, dtype=x.dtype, device=x.device) + float(c[0]), x))
-    ids, _ = tb.stochastic_round(x, c, key)
-    return tb.pack_tensor(ids, width)[start * width // 8:]
+    ids, _ = torch_rounding.stochastic_round(x, c, key)
+    return torch_packing.pack_tensor(ids, width)[start * width // 8:]
 
 
 def probes(xdtype: str, f32: bool, span: int) -> list[tuple[np.ndarray, np.ndarray, int, int, int]]:
@@ -199,7 +205,7 @@ def _self_check(dev, variant) -> bool:
     """Run the probes of ``variant`` on ``dev``: True (and remembered) when every byte equals the
     torch reference's; else the kernel is disabled for the process (one warning)."""
 
-    torch = tb._torch()
+    torch = torch_module()
     _, xdtype, f32, span = variant
     xdtype = xdtype.replace("torch.", "")
     try:

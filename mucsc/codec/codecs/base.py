@@ -50,7 +50,7 @@ class Section:
     """One typed payload of a group.  ``tag`` is 4 ASCII characters, upper-case first letter (critical)."""
 
     tag: str
-    # host bytes, or a payload still on a device (``torch_backend.DeviceBytes``, see format.Payload)
+    # host bytes, or a payload still on a device (a backend's ``payload`` step, see format.Payload)
     data: Any
     compressible: bool = False  # the container may store it zstd-compressed when that is smaller
 
@@ -104,9 +104,10 @@ class Codec(ABC):
     unbiased: ClassVar[bool] = False  # E[decode(encode(x))] == x
     lossless: ClassVar[bool] = False
     summary: ClassVar[str] = ""
-    # encode_array also takes a torch tensor (any device) and encodes it there with the same bytes;
-    # such a codec may define ``decode_torch(n, params, sections, dtype, device)`` too
-    accepts_torch: ClassVar[bool] = False
+    # encode_array also takes a torch tensor (any device) and encodes it there with the same bytes,
+    # through its backend's steps (backends.dispatch.backend_for); such a codec may define
+    # ``decode_on_device(n, params, sections, dtype, device)`` too
+    accepts_device: ClassVar[bool] = False
     # Ranges of the numeric parameters, {field: (lo, hi)} inclusive (Params' validation uses them).
     limits: ClassVar[Mapping[str, tuple[float, float]]] = {}
     # Options of :meth:`memory` (error-feedback state), accepted next to the codec's parameters by

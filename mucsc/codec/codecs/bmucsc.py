@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.dispatch import HOST, Kept, backend_of, backend_on
 from mucsc.codec.codecs.base import (F32_MAX, H, Z_RANGE, Codec, EncodedGroup, PaperSetup, Section, array_from,
                                      ceil_log2, param, param_int, param_str, plan_alone, register, scattered,
                                      section)
@@ -37,7 +37,7 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          ID_PACKING_HELP, ID_PACKINGS, LEVELS_BY, LEVELS_BY_HELP, LEVELS_HELP, MAX_Z,
                                          MIN_Z, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials, GoalTarget,
                                          cluster_resolved, cluster_section_sizes, decode_clusters,
-                                         decode_clusters_torch, encode_clusters, format_minor, given_levels,
+                                         decode_clusters_on_device, encode_clusters, format_minor, given_levels,
                                          resolve_id_packing)
 from mucsc.codec.codecs.mucsc import MucscParams
 from mucsc.codec.codecs.topk import (
@@ -67,12 +67,9 @@ def cluster_params(p: Any) -> MucscParams:
 
 
 def select(x: np.ndarray, keep: float) -> tuple[int, np.ndarray, np.ndarray, float]:
-    """The top-k selection: (k, sorted positions, kept values, sum of the rest in float64)."""
-    n = x.size
-    pos = sparse.top_k(x, sparse.keep_count(keep, n))  # np.argpartition on |x|: O(n), not a sort
-    kept = x[pos]  # fewer than asked when x has fewer non-zeros (the rest's mean is then 0)
-    rest_sum = float(x.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
-    return pos.size, pos, kept, rest_sum
+    """The top-k selection on the host: (k, sorted positions, kept values, sum of the rest in float64)."""
+    sel = HOST.keep_top_k(x, keep)
+    return sel.k, sel.pos, sel.kept, sel.rest_sum
 
 
 def rest_mean(n: int, k: int, rest_sum: float) -> np.float32:
@@ -82,15 +79,13 @@ def rest_mean(n: int, k: int, rest_sum: float) -> np.float32:
 
 def rest_bias(x: np.ndarray, pos: np.ndarray, mean: float) -> float:
     """||rest - mean||^2: the squared error of replacing the elements not kept by their mean."""
-    rest = np.ones(x.size, bool)
-    rest[pos] = False
-    return float(np.sum((x[rest].astype(np.float64) - float(mean)) ** 2))
+    return HOST.rest_sq_bias(x, pos, mean)
 
 
 @register
 class BMUCSC(Codec):
     name = "bmucsc"
-    accepts_torch = True
+    accepts_device = True
     summary = "B-MUCSC: MUCSC on the top keep*d magnitudes, the rest sent as their mean (paper IV-E)"
     paper_positions = "fixed"  # eq. CompressRateB: ceil(log2 d) bits per position
     limits = {**KEEP_LIMITS, "z": Z_RANGE}
@@ -189,53 +184,24 @@ class BMUCSC(Codec):
         if self.params.target != "z":  # called directly (not through the API): budget = this group
             codec, host, rng, done = plan_alone(self, x, rng)
             return done if done is not None else codec.encode_array(host, rng)
-        if torch_backend.is_torch(x):
-            return self._encode_torch(x, rng)
-        k, pos, kept, rest_sum = select(x, self.params.keep_fraction)
-        return self._encode_kept(x, x.size, k, pos, kept, rest_sum, rng)
+        sel = backend_of(x).keep_top_k(x, self.params.keep_fraction)  # where x lives (ties: the host)
+        return self._encode_kept(sel, rng)
 
-    def _encode_torch(self, x, rng: np.random.Generator) -> EncodedGroup:
-        """On the tensor's device: the top-k selection, the kept values' clustering and rounding,
-        and the rest's float64 sum in numpy's order (torch_backend.sum64_like_numpy): the same bytes
-        as the host path."""
-        n = x.numel()
-        k = sparse.keep_count(self.params.keep_fraction, n)
-        sel = torch_backend.select_top_k(x, k)  # positions and kept values in one copy
-        if sel is not None:
-            pos, kept, kept_host = sel
-            if torch_backend.host_sums(x):  # a CPU tensor: numpy's own sum over a view
-                rest_sum = float(x.numpy().sum(dtype=np.float64)) - float(kept_host.sum(dtype=np.float64))
-            else:
-                rest_sum = torch_backend.sum64_like_numpy(x) - torch_backend.sum64_like_numpy(kept)
-            return self._encode_kept(x, n, k, pos, kept, rest_sum, rng, kept_host)
-        pos = torch_backend.top_k_positions(x, k)  # k >= n, a tie at the k-th magnitude, zeros kept
-        k = k if pos is None else pos.size  # fewer than asked when x has fewer non-zeros (as select)
-        if pos is None or torch_backend.host_sums(x):  # ties at the k-th magnitude: the host's choice
-            host = x.cpu().numpy()  # (on the CPU this is a view: the reference sum, no copy)
-            if pos is None:
-                return self.encode_array(host, rng)
-            kept = host[pos]
-            rest_sum = float(host.sum(dtype=np.float64)) - float(kept.sum(dtype=np.float64))
-            return self._encode_kept(host, n, k, pos, torch_backend.as_tensor(kept), rest_sum, rng)
-        kept = x[torch_backend.as_tensor(pos).to(x.device)]
-        rest_sum = torch_backend.sum64_like_numpy(x) - torch_backend.sum64_like_numpy(kept)
-        return self._encode_kept(x, n, k, pos, kept, rest_sum, rng)
-
-    def _encode_kept(self, x, n: int, k: int, pos: np.ndarray, kept, rest_sum: float,
-                     rng: np.random.Generator, kept_host: np.ndarray | None = None) -> EncodedGroup:
+    def _encode_kept(self, sel: Kept, rng: np.random.Generator) -> EncodedGroup:
         """Everything after the selection: the kept values' clusters, positions and the rest's mean
-        (``kept_host``: device ``kept``'s values already on the host)."""
-        mean = rest_mean(n, k, rest_sum)
+        (``sel.kept_host``: device ``kept``'s values already on the host)."""
+        be = backend_of(sel.x)
+        x, k, pos = sel.x, sel.k, sel.pos
+        n = be.size(x)
+        mean = rest_mean(n, k, sel.rest_sum)
         # as the mucsc codec (a goal's levels, when resolved by plan)
-        cparams, csecs, J_kept = encode_clusters(kept, self._cluster_params, rng, given_levels(self.params),
-                                                 levels_by=self.params.levels_by, host=kept_host)
+        cparams, csecs, J_kept = encode_clusters(sel.kept, self._cluster_params, rng, given_levels(self.params),
+                                                 levels_by=self.params.levels_by, host=sel.kept_host)
         params = {"keep": self.params.keep_fraction, "k": k, **cparams}
         secs = (*csecs, *self._rest_sections(pos, n, mean, params))
 
         def sq_error() -> float:  # variance of the kept part (eq. 8-9) + the rest's squared bias
-            if torch_backend.is_torch(x):
-                return J_kept() + torch_backend.rest_sq_bias(x, pos, float(mean))
-            return J_kept() + rest_bias(x, pos, mean)
+            return J_kept() + be.rest_sq_bias(x, pos, mean)
         return EncodedGroup(params, secs, {"J": sq_error, "kept": float(k)},
                             {"keep": self.params.keep_fraction, **cluster_resolved(cparams),
                              **positions_resolved(self.params.positions, params["pos"])})
@@ -272,18 +238,14 @@ class BMUCSC(Codec):
         return pos, vals, mean
 
     @classmethod
-    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype, device) -> Any:
+    def decode_on_device(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                         dtype: np.dtype, device) -> Any:
         """:meth:`decode_array` on ``device``: the kept values unpacked and gathered there (as the
         mucsc codec's), the positions decoded on the host and the values scattered over the mean."""
-        torch = torch_backend._torch()
         k = cls._kept_count(n, params)
-        vals = decode_clusters_torch(k, params, sections, dtype, device)
+        vals = decode_clusters_on_device(k, params, sections, dtype, device)
         pos, mean = cls._rest(n, k, params, sections)
-        out = torch.full((n,), float(mean), dtype=getattr(torch, np.dtype(dtype).name), device=device)
-        if k:
-            out[torch.from_numpy(pos).to(device)] = vals.to(out.dtype)
-        return out
+        return backend_on(device).scatter(n, pos, vals, dtype, device, fill=mean)
 
     @staticmethod
     def _kept_count(n: int, params: Mapping[str, Any]) -> int:

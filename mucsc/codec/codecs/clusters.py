@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mucsc.codec import kernels, parallel
-from mucsc.codec.backends import device_rounding, torch_backend, torch_lanes
+from mucsc.codec import parallel
+from mucsc.codec.backends.dispatch import HOST, backend_for, backend_of, backend_on
 from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, PART, Z_RANGE, Codec, Section, add_scaled,
                                      array_from, ceil_log2, param_int, param_str, section, section_stream)
@@ -62,9 +62,7 @@ def packed_width(ids: np.ndarray, k: int, packing: str) -> int:
     if packing != "aligned" or w not in ALIGNED_WIDTH or len(ids) == 0:
         return w
     step = max(1, len(ids) // 65536)
-    sample = ids.sample(step) if isinstance(ids, device_rounding.Rounding) else ids[::step]
-    if torch_backend.is_torch(sample):
-        sample = sample.cpu().numpy()
+    sample = backend_of(ids).id_sample(ids, step)  # on the host (rounded there only, for a device rounding)
     p = np.bincount(sample, minlength=k) / sample.size
     p = p[p > 0]
     entropy = float(-(p * np.log2(p)).sum())
@@ -199,11 +197,10 @@ def encode_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     "packed", "rans", "lanes" or "auto" (default: ``p.id_coding``); ``estimate``: an IDSA
     section of zeros of the estimated coded size (rate control's search; never sent).
 
-    ``x`` may be a torch tensor (on any device): then the torch backend encodes it where it lives,
-    giving the same bytes (:mod:`mucsc.codec.backends.torch_backend`); so does ``MUCSC_BACKEND=torch``.
-    Given ``levels`` (a goal's choice, planned on the host) the host path encodes it; so is nearest
-    rounding.  ``host``: a torch ``x``'s values already on the host (nothing more is copied for the
-    solver)."""
+    ``x`` may be a torch tensor (on any device): then its backend (:func:`backend_for`) encodes it
+    where it lives, giving the same bytes; so does ``MUCSC_BACKEND=torch``.  Given ``levels`` (a
+    goal's choice, planned on the host) the host path encodes it; so is nearest rounding.  ``host``:
+    a torch ``x``'s values already on the host (nothing more is copied for the solver)."""
     return encode_clusters_kept(x, p, rng, levels, coding, estimate, levels_by, cache, host)[:3]
 
 
@@ -213,8 +210,8 @@ def encode_clusters_kept(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
                          host: np.ndarray | None = None) -> tuple[dict, tuple, Any, tuple | None]:
     """:func:`encode_clusters` and the lookup its decode is (``EncodedGroup.lookup``): (the wire
     levels as ``x``'s dtype, the IDs), None when the IDs live on a device."""
-    if (levels is not None or rounding_of(p) != "stochastic") and torch_backend.is_torch(x):
-        x = x.cpu().numpy() if host is None else host
+    if levels is not None or rounding_of(p) != "stochastic":
+        x = backend_of(x).host_array(x) if host is None else host
     wire, ids, J = round_clusters(x, p, rng, levels, cache, host)
     params, sections, J = cluster_message(x, p, wire, ids, J, levels, coding, estimate, levels_by)
     lookup = None
@@ -231,30 +228,17 @@ def round_clusters(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     (solved for ``p.fixed_z`` unless given) and the stochastic rounding, before any ID coding.
     ``cache``: kept by a caller that rounds the same ``x`` many times (a goal's search): its bounds
     and the solver's sorted data are computed once (centroids.solve's ``cache``)."""
-    if levels is None and rounding_of(p) == "stochastic" and torch_backend.applies(x):
-        return _cluster_on_torch(torch_backend.as_tensor(x), p, rng, host)
+    dtype = CENTROID_DTYPES[p.centroid_dtype]
+    if levels is None and rounding_of(p) == "stochastic":  # solved levels: where x lives
+        be = backend_for(x)
+        return be.solve_and_round(be.vector(x), p.fixed_z, p.solver, dtype, rng, cache, host)
     if x.size == 0:
-        return np.zeros(0, CENTROID_DTYPES[p.centroid_dtype]), np.zeros(0, np.uint8), 0.0
+        return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
     if rounding_of(p) == "nearest":  # deterministic: draws nothing from rng
         c = nearest.lloyd_max(x, p.fixed_z, cache) if levels is None else levels
         wire = nearest.wire_levels(c, p.centroid_dtype)
         return (wire, *nearest.assign(x, wire))
-    if cache is not None and "bounds" in cache:
-        bounds = cache["bounds"]
-    else:
-        bounds = parallel.bounds(x)  # once, not once per stage
-        if cache is not None:
-            cache["bounds"] = bounds
-    c = centroids.solve(x, p.fixed_z, p.solver, rng, bounds=bounds, cache=cache) if levels is None else levels
-    wire = quantize.wire_centroids(c, x, np.dtype(p.centroid_dtype), bounds=bounds)
-    # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
-    # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
-    if kernels.use_c():
-        ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
-    else:
-        ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
-        J = None
-    return wire, ids, J
+    return HOST.solve_and_round(x, p.fixed_z, p.solver, dtype, rng, cache, levels=levels)  # a goal's levels
 
 
 def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J: Any,
@@ -286,14 +270,10 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
         params = {"centroids": k, "centroid_dtype": p.centroid_dtype, "id_bits": bits, "solver": solver,
                   "z": z}
         if ids_section is not None:  # lane_section's packing, with the zstd frame it compared
-            packed = None
-        elif isinstance(ids, device_rounding.Rounding):  # rounded and packed on the device now
-            packed = ids.packed(bits)
-        elif torch_backend.is_torch(ids):
-            packed = torch_backend.pack(ids, bits)
+            sections = (cent, ids_section)
         else:
-            packed = parallel.pack(ids, bits)
-        sections = (cent, ids_section if packed is None else Section("IDS_", packed, compressible=True))
+            packed = backend_of(ids).pack(ids, bits)  # a device rounding: rounded and packed there now
+            sections = (cent, Section("IDS_", packed, compressible=True))
     if rounding_of(p) != "stochastic":  # informative (decoding is the same): for `info` and honesty
         params["rounding"] = rounding_of(p)
 
@@ -302,11 +282,7 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
 
 def _host_ids(ids: Any) -> np.ndarray:
     """Cluster IDs (an array, a torch tensor or a device rounding) as a host array."""
-    if isinstance(ids, device_rounding.Rounding):
-        ids = ids.ids()
-    if torch_backend.is_torch(ids):
-        ids = ids.cpu().numpy()
-    return ids
+    return backend_of(ids).host_array(ids)
 
 
 def _exact_J(x: Any, wire: np.ndarray, J: Any) -> Any:
@@ -324,35 +300,31 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     """The IDSL section of ``ids`` (k >= 2 centroids); with ``auto``, None when zstd on the IDS_
     packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES), or
     for host IDs of at most EXACT_ZSTD_BYTES packed the IDS_ section itself (its packing and the zstd
-    frame compared, a ``ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already
-    loses).  Device IDs are coded on their device (:mod:`mucsc.codec.backends.torch_lanes`): the same bytes."""
+    frame compared, a ``ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already loses).
+    Device IDs are coded on their device (their backend's ``lane_code``): the same bytes."""
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
-    if isinstance(ids, device_rounding.Rounding) or torch_backend.is_torch(ids):
-        m = lanes.symbol_count(len(ids), w)
-        spans = _sample_spans(m) if auto and bits == w else ()
-        coded = torch_lanes.encode_ids(ids, k, w, spans)  # the sample comes over with the counts
-        if auto:
-            if bits == w:
-                size, part = m, coded.part
-            else:
-                packed = (ids.packed(bits).tensor if isinstance(ids, device_rounding.Rounding)
-                          else torch_backend.pack_tensor(ids, bits))
-                size, part = packed.numel(), lambda a, b: torch_backend.to_host(packed[a:b])
-            if not _lanes_win(coded.nbytes, size, part):
-                return None
-        return Section("IDSL", coded.payload)
-    sym, counts = lanes.symbols_counted(ids, k, w)
-    packed = seen = None
-    if auto:
-        packed = sym if bits == w else parallel.pack_array(ids, bits)
-        if packed.size <= EXACT_ZSTD_BYTES:
-            return _lanes_or_packed(sym, counts, w, k, packed)
-        seen = structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)  # while in cache
-    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
-    if packed is not None and not _lanes_win(len(data), packed.size, lambda a, b: packed[a:b], seen):
+    be = backend_of(ids)
+    if auto and be is HOST and _packed_size(len(ids), bits, w) <= EXACT_ZSTD_BYTES:
+        sym, counts = lanes.symbols_counted(ids, k, w)
+        return _lanes_or_packed(sym, counts, w, k, sym if bits == w else parallel.pack_array(ids, bits))
+    spans = _sample_spans(lanes.symbol_count(len(ids), w)) if auto and bits == w else ()
+    coded = be.lane_code(ids, k, w, bits, auto, spans, _screen)
+    if auto and not _lanes_win(coded.nbytes, coded.size, coded.part, coded.seen):
         return None
-    return Section("IDSL", data)
+    return Section("IDSL", coded.payload)
+
+
+def _screen(packed: np.ndarray) -> structure.Screen | None:
+    """The structure screen of packed IDs too large for an exact zstd comparison (None below that)."""
+    if packed.size <= EXACT_ZSTD_BYTES:
+        return None
+    return structure.screen(packed, _sample_starts(packed.size), SAMPLE_BYTES)
+
+
+def _packed_size(n: int, bits: int, w: int) -> int:
+    """Bytes of n IDs packed ``bits`` wide (the lanes' ``w``-bit symbols when ``bits == w``)."""
+    return lanes.symbol_count(n, w) if bits == w else bitpack.packed_size(n, bits)
 
 
 def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed: np.ndarray) -> Section:
@@ -407,25 +379,6 @@ def _lanes_win(coded: int, size: int, part: Any, seen: structure.Screen | None =
             return True  # zstd's rate on the sample is no better than the lanes' mean rate
         zstd = parallel.zstd_compressor(COMPARE_LEVEL, parallel.current())
     return coded <= len(zstd.compress(part(0, size)))
-
-
-def _cluster_on_torch(x, p: GoalTarget, rng: np.random.Generator, host: np.ndarray | None = None):
-    """(wire centroids, ids, J) of a torch tensor, byte-identical to the host path: the solver reads
-    a small summary from the device, the rounding runs there (ids: a ``device_rounding.Rounding``, done
-    on the device when the message is written: fused with the packing where the Triton kernel runs)."""
-    dtype = np.dtype(CENTROID_DTYPES[p.centroid_dtype])
-    if x.numel() == 0:
-        return np.zeros(0, dtype), np.zeros(0, np.uint8), 0.0
-    src = torch_backend.solver_source(x, p.fixed_z, p.solver, host)  # one copy to the host (none: ``host``)
-    bounds = src.bounds()
-    c = centroids.solve(src, p.fixed_z, p.solver, rng, bounds=bounds)
-    wire = quantize.wire_centroids(c, None, dtype, bounds=bounds)
-    if wire.size == 1:  # one level: every id is 0 and the rounding step draws nothing
-        return wire, np.zeros(x.numel(), np.uint8), 0.0
-    if not torch_backend.round_supported(x, wire):  # a level gap beyond the working precision
-        return (wire, *quantize.stochastic_round(x.cpu().numpy(), wire, rng, bounds=bounds, return_J=True))
-    ids = device_rounding.Rounding(x, wire, quantize.draw_key(rng))
-    return wire, ids, lambda: torch_backend.variance_J(x, wire)  # a separate pass, only when asked
 
 
 def format_minor(params: Mapping[str, Any]) -> int:
@@ -574,25 +527,24 @@ def _rans_parts(payload: memoryview, n: int, cent: np.ndarray, dtype: np.dtype) 
     ids.finish()
 
 
-def decode_clusters_torch(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                          dtype: np.dtype, device) -> Any:
-    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (a torch tensor);
+def decode_clusters_on_device(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                              dtype: np.dtype, device) -> Any:
+    """:func:`decode_clusters` with the unpacking and the gather on ``device`` (its backend's steps);
     rANS-coded IDs are decoded on the host (the coder is sequential) and moved there; so is a
     dithered group (its bytes are rANS-coded too)."""
+    be = backend_on(device)
     if params.get("rounding") == "dithered":
-        torch = torch_backend._torch()
-        return torch.from_numpy(dithered.decode(n, params, sections, dtype)).to(device)
+        return be.from_host(dithered.decode(n, params, sections, dtype), device)
     cent, width, payload = _cluster_sections(n, params, sections)
     if width is None:  # the coder is sequential: decoded on the host in passes, the values moved there
-        return torch_backend._torch().from_numpy(_decode_rans(payload, n, cent, dtype)).to(device)
-    if width == "lanes":  # decoded on the device (mucsc.codec.backends.torch_lanes), then unpacked there
-        ids = torch_lanes.decode_ids(payload, n, cent.size, device)
-        return torch_backend.gather(cent.astype(dtype), ids)
+        return be.from_host(_decode_rans(payload, n, cent, dtype), device)
+    if width == "lanes":  # decoded on the device, then unpacked there
+        return be.gather(cent.astype(dtype), be.lane_decode_ids(payload, n, cent.size, device))
     bitpack.check_packed(payload, width, n)
-    ids = torch_backend.unpack(payload, width, n, device)
+    ids = be.unpack(payload, width, n, device)
     if cent.size and width and n and int(ids.max()) >= cent.size:
         raise FormatError(f"cluster id {int(ids.max())} out of range for {cent.size} centroids")
-    return torch_backend.gather(cent.astype(dtype), ids)
+    return be.gather(cent.astype(dtype), ids)
 
 
 def _cluster_sections(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

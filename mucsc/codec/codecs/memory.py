@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mucsc.codec.backends.dispatch import backend_of
 from mucsc.errors import InputError, ParameterError
 
 
@@ -90,21 +91,17 @@ class ArrayStateMemory(Memory):
 def like(a: Any, ref: Any) -> Any:
     """``a`` as ``ref``'s kind of array and dtype: a numpy array, or a torch tensor on ``ref``'s device
     (state loaded from a state_dict is numpy; a sender encoding on a GPU keeps it there)."""
-    if hasattr(ref, "device") and hasattr(ref, "detach"):  # a torch tensor (torch already imported)
-        import torch
-
-        return torch.as_tensor(a, device=ref.device).to(ref.dtype)
-    return np.asarray(a.cpu().numpy() if hasattr(a, "detach") else a).astype(ref.dtype, copy=False)
+    return backend_of(ref).like(a, ref)
 
 
 def copy(a: Any) -> Any:
     """A copy of a numpy array or a torch tensor."""
-    return a.clone() if hasattr(a, "detach") else a.copy()
+    return backend_of(a).copy(a)
 
 
 def host(a: Any) -> np.ndarray:
     """``a`` as a numpy array (state_dicts hold numpy arrays only)."""
-    return a.detach().cpu().numpy().copy() if hasattr(a, "detach") else a.copy()
+    return backend_of(a).host_copy(a)
 
 
 def check_shape(name: str, old: np.ndarray | None, new: np.ndarray) -> None:

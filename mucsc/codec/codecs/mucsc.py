@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.dispatch import backend_of
 from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (H, Z_RANGE, Codec, EncodedGroup, PaperSetup, ceil_log2, param, plan_alone,
                                      register)
@@ -26,9 +26,8 @@ from mucsc.codec.codecs.clusters import (BITS_HELP, CENTROID_DTYPES, CENTROID_LI
                                          MIN_Z, ROUNDINGS, SIZE_HELP, SOLVER_HELP, TARGETS, ClusterTrials,
                                          GoalTarget, check_id_coding, check_levels, cluster_resolved,
                                          cluster_section_sizes,
-                                         cluster_accumulator, cluster_parts, decode_clusters, decode_clusters_torch,
-                                         encode_clusters_kept,
-                                         format_minor,
+                                         cluster_accumulator, cluster_parts, decode_clusters, decode_clusters_on_device,
+                                         encode_clusters_kept, format_minor,
                                          given_levels, resolve_id_packing)
 from mucsc.codec.numerics import centroids, levels_floor
 from mucsc.errors import ParameterError, SizeError
@@ -146,7 +145,7 @@ class Mucsc(Codec):
 
     name = "mucsc"
     unbiased = True  # with rounding="nearest" it is not: see ``biased``
-    accepts_torch = True
+    accepts_device = True
     summary = "soft clustering to z centroids, unbiased; ceil(log2 z) bits per element"
     Params = MucscParams
     limits = {"z": Z_RANGE}
@@ -214,7 +213,7 @@ class Mucsc(Codec):
             if done is not None:
                 return done
         if self.params.rounding == "dithered":  # on the host on every backend (rANS-coded indices)
-            x = x.cpu().numpy() if torch_backend.is_torch(x) else x
+            x = backend_of(x).host_array(x)
             grid = codec.params.grid
             grid = dithered.Grid(*grid) if grid else dithered.fixed_grid(x, codec.params.fixed_z)
             params, sections, J = dithered.encode(x, rng, grid)
@@ -244,6 +243,6 @@ class Mucsc(Codec):
         return cluster_accumulator(n, params, sections, dtype)
 
     @classmethod
-    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype, device) -> Any:
-        return decode_clusters_torch(n, params, sections, dtype, device)
+    def decode_on_device(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                         dtype: np.dtype, device) -> Any:
+        return decode_clusters_on_device(n, params, sections, dtype, device)

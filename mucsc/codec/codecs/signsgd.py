@@ -14,14 +14,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.dispatch import backend_for, backend_on
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, Section, array_from, param, param_str, register,
                               joined, section)
 from mucsc.codec.wire.bitpack import check_padding
 from mucsc.errors import FormatError, ParameterError
 
-
-CHUNK = 1 << 20  # decoded elements per chunk (a multiple of 8: chunks start on whole bytes)
+CHUNK = 1 << 20  # host decode: elements per piece (a multiple of 8: pieces start on whole bytes)
 
 
 @register
@@ -29,7 +28,7 @@ class SignSGD(Codec):
     name = "signsgd"
     summary = "signSGD: 1 bit per element, scaled by ||U||_1/d (Bernstein et al. 2018)"
     input_limit = F32_MAX  # the scale (float32) is a mean of magnitudes
-    accepts_torch = True  # signs packed and the scale summed (in numpy's order) on the tensor's device
+    accepts_device = True  # signs packed and the scale summed (in numpy's order) on the tensor's device
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -45,53 +44,26 @@ class SignSGD(Codec):
         return {"SIGN": (n + 7) // 8, **({"SCAL": 4} if self.params.scale == "l1" else {})}
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
-        if torch_backend.applies(x):
-            return self._encode_torch(torch_backend.as_tensor(x))
-        neg = np.signbit(x) & (x != 0)  # -0.0 is sent as +
+        be = backend_for(x)  # the signs packed and the scale summed (in numpy's order) where x lives
+        x = be.vector(x)
+        n = be.size(x)
+        neg = be.negative(x)  # -0.0 is sent as +
         # compressible: updates with many zeros (sent as +) give long runs of 0 bits
-        secs = [Section("SIGN", np.packbits(neg, bitorder="little").tobytes(), compressible=True)]
+        secs = [Section("SIGN", be.pack_bits(neg), compressible=True)]
         if self.params.scale == "l1":
-            mag = np.float32(np.abs(x).sum(dtype=np.float64) / x.size) if x.size else np.float32(0)
+            mag = np.float32(be.sum64(be.abs(x)) / n) if n else np.float32(0)
             secs.append(Section("SCAL", np.array([mag], "<f4").tobytes()))
         else:
             mag = np.float32(1)
-        stats = {"J": lambda: float(np.sum((np.where(neg, -float(mag), float(mag)) - x) ** 2))}
+        stats = {"J": lambda: be.sq_error(be.signed(neg, mag), x)}
         return EncodedGroup({"scale": self.params.scale}, tuple(secs), stats)
 
-    def _encode_torch(self, x) -> EncodedGroup:
-        """The same sections from x's device: the sign bits packed there, the l1 scale a float64 sum
-        in numpy's order (torch_backend.sum64_like_numpy); only the packed bits cross to the host."""
-        torch = torch_backend._torch()
-        n = x.numel()
-        neg = torch.signbit(x) & (x != 0)
-        secs = [Section("SIGN", torch_backend.pack(neg, 1), compressible=True)]
-        if self.params.scale == "l1":
-            mag = np.float32(torch_backend.sum64_like_numpy(x.abs()) / n) if n else np.float32(0)
-            secs.append(Section("SCAL", np.array([mag], "<f4").tobytes()))
-        else:
-            mag = np.float32(1)
-
-        def sq_error() -> float:
-            sent = torch.where(neg, -float(mag), float(mag)).to(torch.float64)
-            return float(((sent - x.to(torch.float64)) ** 2).sum())
-        return EncodedGroup({"scale": self.params.scale}, tuple(secs), {"J": sq_error})
-
     @classmethod
-    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype, device) -> Any:
+    def decode_on_device(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                         dtype: np.dtype, device) -> Any:
         """:meth:`decode_array` on ``device``: the sign bits are copied over (once) and expanded there."""
-        torch = torch_backend._torch()
         bits, mag = cls._signs_and_scale(n, params, sections)
-        pos = torch.tensor(mag, dtype=getattr(torch, np.dtype(dtype).name), device=device)
-        out = torch.empty(n, dtype=pos.dtype, device=device)
-        if n == 0:
-            return out
-        dbits = torch_backend.to_device(bits, device)
-        step = torch_backend.CHUNK  # a multiple of 8: chunks of whole bytes, bounded bool temporaries
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            out[a:b] = torch.where(torch_backend.unpack_bits(dbits[a // 8: -(-b // 8)], b - a), -pos, pos)
-        return out
+        return backend_on(device).expand_signs(bits, n, mag, dtype, device)
 
     @classmethod
     def _signs_and_scale(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]):

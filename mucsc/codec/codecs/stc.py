@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mucsc.codec import kernels
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.dispatch import backend_of
 from mucsc.codec.wire import bitpack, sparse
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, param, param_int,
                               register, section)
@@ -35,7 +34,7 @@ class STC(ScatterDecoder, Codec):
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(up={"keep": 0.03}, down={"keep": 0.03})  # section VI-A: both directions
     input_limit = F32_MAX  # mu (float32) is a mean of magnitudes
-    accepts_torch = True  # selection, mu (summed in numpy's order) and signs on the tensor's device
+    accepts_device = True  # selection, mu (summed in numpy's order) and signs on the tensor's device
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -58,31 +57,15 @@ class STC(ScatterDecoder, Codec):
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         x, pos = selection(x, self.params.keep)
-        if torch_backend.is_torch(x):
-            return self._encode_torch(x, pos)
-        kept = x[pos]  # fewer than asked when x has fewer non-zeros
-        mu = np.float32(np.abs(kept).mean(dtype=np.float64)) if pos.size else np.float32(0)
-        neg = np.signbit(kept)
-
-        def sq_error() -> float:
-            sent = np.where(neg, -float(mu), float(mu))
-            return kernels.dot(x, x) - kernels.dot(kept, kept) + float(np.sum((sent - kept) ** 2))
-        return self._encoded(x.size, pos, mu, np.packbits(neg, bitorder="little").tobytes(), sq_error)
-
-    def _encode_torch(self, x, pos: np.ndarray) -> EncodedGroup:
-        """mu and the sign bits from the kept values on x's device; mu's float64 sum in numpy's order
-        (torch_backend.sum64_like_numpy), so the bytes are the host's."""
-        torch = torch_backend._torch()
-        kept = x[torch.from_numpy(pos).to(x.device)]
+        be = backend_of(x)  # selection, mu (summed in numpy's order) and signs where x lives
+        kept = be.take(x, pos)  # fewer than asked when x has fewer non-zeros
         k = pos.size
-        mu = np.float32(torch_backend.sum64_like_numpy(kept.abs()) / k) if k else np.float32(0)
-        neg = torch.signbit(kept)
+        mu = np.float32(be.sum64(be.abs(kept)) / k) if k else np.float32(0)
+        neg = be.signbit(kept)
 
         def sq_error() -> float:
-            x64, k64 = x.to(torch.float64), kept.to(torch.float64)
-            sent = torch.where(neg, -float(mu), float(mu)).to(torch.float64)
-            return float(x64 @ x64) - float(k64 @ k64) + float(((sent - k64) ** 2).sum())
-        return self._encoded(x.numel(), pos, mu, torch_backend.pack(neg, 1), sq_error)
+            return be.sq_norm(x) - be.sq_norm(kept) + be.sq_error(be.signed(neg, mu), kept)
+        return self._encoded(be.size(x), pos, mu, be.pack_bits(neg), sq_error)
 
     def _encoded(self, n: int, pos: np.ndarray, mu: np.float32, signs, sq_error) -> EncodedGroup:
         """The group from the selected positions, mu and the packed sign bits."""

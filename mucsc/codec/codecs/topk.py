@@ -12,8 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from mucsc.codec import kernels
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.dispatch import backend_for, backend_of, backend_on
 from mucsc.codec.wire import sparse
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, PaperSetup, Section, array_from, check_range, param,
                               param_float, param_int, register, scattered, section)
@@ -50,16 +49,17 @@ def positions_resolved(requested: str, method: str) -> dict[str, str]:
 
 
 def selection(x: Any, keep: float) -> tuple[Any, np.ndarray]:
-    """(x, the sorted positions of ``sparse.top_k``): selected on the device where the torch backend
-    applies (x is then a torch tensor), else on the host (x a numpy array), which is also where
-    elements tied at the k-th magnitude are decided (which of them are sent is the host's choice)."""
-    if torch_backend.applies(x):
-        t = torch_backend.as_tensor(x)
-        pos = torch_backend.top_k_positions(t, sparse.keep_count(keep, t.numel()))
-        if pos is not None:
-            return t, pos
-        x = t.cpu().numpy()
-    return x, sparse.top_k(x, sparse.keep_count(keep, x.size))
+    """(x, the sorted positions of ``sparse.top_k``): selected where x's backend runs (x then in its
+    form: a torch tensor on the torch backend), except that elements tied at the k-th magnitude are
+    decided on the host (which of them are sent is the host's choice: x is then a host array)."""
+    be = backend_for(x)
+    x = be.vector(x)
+    k = sparse.keep_count(keep, be.size(x))
+    pos = be.top_k_positions(x, k)
+    if pos is None:
+        x = be.host_array(x)
+        pos = sparse.top_k(x, k)
+    return x, pos
 
 
 def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, estimate: bool) -> int:
@@ -73,15 +73,12 @@ def positions_size(codec: Codec, n: int, k: int, positions_bytes: int | None, es
 
 class ScatterDecoder:
     """The decoders of a codec that sends k values at k positions (its ``_sent`` reads and checks
-    them): zeros elsewhere, on the host or, with ``decode_torch``, as a scatter on a device."""
+    them): zeros elsewhere, on the host or on a device (``decode_on_device``): one scatter step."""
 
     @classmethod
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
-        pos, vals = cls._sent(n, params, sections)
-        out = np.zeros(n, dtype)
-        out[pos] = vals
-        return out
+        return cls.decode_on_device(n, params, sections, dtype, None)
 
     @classmethod
     def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
@@ -90,10 +87,11 @@ class ScatterDecoder:
         yield from scattered(n, *cls._sent(n, params, sections), 0.0, dtype)
 
     @classmethod
-    def decode_torch(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
-                     dtype: np.dtype, device) -> Any:
-        """:meth:`decode_array` on ``device``: the k positions and values are copied over and scattered."""
-        return torch_backend.scatter(n, *cls._sent(n, params, sections), dtype, device)
+    def decode_on_device(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
+                         dtype: np.dtype, device) -> Any:
+        """The decoded vector on ``device`` (None: the host): the k positions and values are copied
+        over and scattered there."""
+        return backend_on(device).scatter(n, *cls._sent(n, params, sections), dtype, device)
 
 
 @register
@@ -104,7 +102,7 @@ class TopK(ScatterDecoder, Codec):
     limits = KEEP_LIMITS
     paper_setup = PaperSetup(downlink=False)  # not in the paper's experiments; uplink only, as DGC
     input_limit = F32_MAX  # VALS is float32
-    accepts_torch = True  # the selection and the gather on the tensor's device; positions coded on the host
+    accepts_device = True  # the selection and the gather on the tensor's device; positions coded on the host
 
     @dataclasses.dataclass(frozen=True)
     class Params:
@@ -122,25 +120,13 @@ class TopK(ScatterDecoder, Codec):
 
     def encode_array(self, x: np.ndarray, rng: np.random.Generator) -> EncodedGroup:
         x, pos = selection(x, self.params.keep)
-        if torch_backend.is_torch(x):
-            return self._encode_torch(x, pos)
-        vals = x[pos].astype("<f4")
+        be = backend_of(x)  # the gather and the cast where x lives; only the values cross
+        kept = be.take(x, pos)
+        vals = be.cast(kept, "<f4")
 
         def sq_error() -> float:
-            err = kernels.dot(x, x) - kernels.dot(x[pos], x[pos])
-            return err + float(np.sum((vals.astype(np.float64) - x[pos]) ** 2))
-        return self._encoded(x.size, pos, vals.tobytes(), sq_error)
-
-    def _encode_torch(self, x, pos: np.ndarray) -> EncodedGroup:
-        """The values at the selected positions gathered and cast on x's device; only they cross."""
-        torch = torch_backend._torch()
-        kept = x[torch.from_numpy(pos).to(x.device)]
-        vals = kept.to(torch.float32)
-
-        def sq_error() -> float:
-            x64, k64 = x.to(torch.float64), kept.to(torch.float64)
-            return float(x64 @ x64) - float(k64 @ k64) + float(((vals.to(torch.float64) - k64) ** 2).sum())
-        return self._encoded(x.numel(), pos, torch_backend.bytes_to_host(vals), sq_error)
+            return be.sq_norm(x) - be.sq_norm(kept) + be.sq_error(vals, kept)
+        return self._encoded(be.size(x), pos, be.host_bytes(vals), sq_error)
 
     def _encoded(self, n: int, pos: np.ndarray, vals, sq_error) -> EncodedGroup:
         """The group from the selected positions (fewer than asked when x has fewer non-zeros) and

@@ -32,7 +32,8 @@ def beyond(x: np.ndarray, k: int, sq_error: float) -> bool:
     xs = np.sort(x.astype(np.float64).reshape(-1))
     xc = xs - xs.mean()
     limit = sq_error * (1.0 + SLACK) + SLACK * float(np.square(xc).sum())
-    if kernels.use_c():
-        return kernels.c_module().kmeans(xc, k) > limit
+    kmeans = kernels.compiled("kmeans")
+    if kmeans is not None:
+        return kmeans(xc, k) > limit
     g = np.diff(xs)
     return float(np.sort(g * g)[: n - k].sum()) / 4 > limit

@@ -295,8 +295,9 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
     key = draw_key(rng)
-    if kernels.use_c() and c.size <= 1 << 16:
-        J = _sround_chunks(x, np.ascontiguousarray(c.astype(work)), key, ids, return_J, work)
+    sround = kernels.compiled("sround")
+    if sround is not None and c.size <= 1 << 16:
+        J = _sround_chunks(sround, x, np.ascontiguousarray(c.astype(work)), key, ids, return_J, work)
         return (ids, J) if return_J else ids
     J = _sround_numpy(x, c, key, ids, return_J, work)
     return (ids, J) if return_J else ids
@@ -372,7 +373,7 @@ def _sround_numpy(x: np.ndarray, c: np.ndarray, key: int, ids: np.ndarray, retur
     return J
 
 
-def _sround_chunks(x, cw, key, ids, return_J, work) -> float:
+def _sround_chunks(sround, x, cw, key, ids, return_J, work) -> float:
     """The C kernel over parallel.CHUNK-sized chunks on parallel.current() threads.
 
     Chunk [s, e) uses the stream state key + (s / 2) * GAMMA (float32 work: two elements per word)
@@ -380,7 +381,6 @@ def _sround_chunks(x, cw, key, ids, return_J, work) -> float:
     and the ids do not depend on the chunking; J is summed over the chunks in chunk order.
     """
     per_word = 2 if work == np.float32 else 1
-    sround = kernels.c_module().sround
 
     def one(s: int, e: int) -> float:
         k = (key + (s // per_word) * kernels.GAMMA) & kernels.MASK64

@@ -50,10 +50,11 @@ class Summary:
         [c_j, c_j+1) goes up with probability (x - c_j) / (c_j+1 - c_j) (eq. 7); elements at or
         beyond the last level all go to it."""
         S = self.S
-        if kernels.use_c() and len(levels):  # the same values in one call (~15 numpy calls otherwise)
+        stats = kernels.compiled("summary_stats")
+        if stats is not None and len(levels):  # the same values in one call (~15 numpy calls otherwise)
             seg, n = np.empty(len(levels) - 1), np.empty(len(levels))
-            kernels.c_module().summary_stats(S.xc, S.W, S.P1, S.P2, float(self.shift),
-                                             np.ascontiguousarray(levels, np.float64), seg, n, self.total)
+            stats(S.xc, S.W, S.P1, S.P2, float(self.shift), np.ascontiguousarray(levels, np.float64), seg, n,
+                  self.total)
             return float(seg.sum()), n
         v = np.asarray(levels, np.float64) - self.shift
         k = np.searchsorted(S.xc, v, side="left")
@@ -85,8 +86,9 @@ class Summary:
         of their rare IDs, about n_k log2(n_neighbour / n_k) bits (sparse tails of a uniform grid).
         Non-adjacent levels go at a time, so each J saving is exact; a few rounds."""
         S = self.S
-        if kernels.use_c():
-            return self._thin_c(levels, counts, lam, level_bytes)
+        thin = kernels.compiled("thin")
+        if thin is not None:
+            return self._thin_c(thin, levels, counts, lam, level_bytes)
         v = np.asarray(levels, np.float64)
         n = np.asarray(counts, np.float64)
         for _ in range(THIN_ROUNDS):
@@ -117,7 +119,7 @@ class Summary:
             v = v[keep]
         return v
 
-    def _thin_c(self, levels: np.ndarray, counts: np.ndarray, lam: float, level_bytes: float) -> np.ndarray:
+    def _thin_c(self, thin, levels: np.ndarray, counts: np.ndarray, lam: float, level_bytes: float) -> np.ndarray:
         """:meth:`thin` in one compiled call (~25 numpy calls a round otherwise), numpy's log2 called
         back between its steps: the same levels."""
         S = self.S
@@ -129,6 +131,6 @@ class Summary:
             np.log2(ratio[:q], out=lg[:q])
 
         with np.errstate(divide="ignore", invalid="ignore"):
-            m = kernels.c_module().thin(S.xc, S.W, S.P1, S.P2, float(self.shift), v, n, float(lam),
-                                        float(level_bytes), THIN_ROUNDS, ratio, lg, log2)
+            m = thin(S.xc, S.W, S.P1, S.P2, float(self.shift), v, n, float(lam), float(level_bytes), THIN_ROUNDS,
+                     ratio, lg, log2)
         return v[:m]

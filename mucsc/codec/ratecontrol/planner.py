@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mucsc.codec.backends import torch_backend
+from mucsc.codec.backends.tensors import is_torch_tensor
 from mucsc.codec.codecs import base
 from mucsc.codec.codecs.base import Codec
 from mucsc.codec.codecs._dithered import DitherTrials
@@ -287,7 +287,7 @@ def plan_alone(codec: Codec, x: Any, rng: np.random.Generator
     level = None if codec.params.id_packing == "tight" else container.DEFAULT_ZSTD_LEVEL
     state = rng.bit_generator.state
     fresh = lambda: _restored(rng, state)  # noqa: E731
-    host = x.cpu().numpy() if torch_backend.is_torch(x) else x
+    host = x.cpu().numpy() if is_torch_tensor(x) else x
     done: dict[int, base.EncodedGroup] = {}
     (planned,) = plan(codec, [host], PlanContext(level, host.size, 0, lambda i: fresh(), lambda params: 0), done)
     return planned, host, fresh(), done.get(0)

@@ -295,7 +295,7 @@ def section_bytes(data: Any, compressible: bool | ZstdFrame, zstd_level: int | N
 
 class Payload(Protocol):
     """A section payload that is not host bytes yet, e.g. packed IDs on a GPU
-    (``torch_backend.DeviceBytes``): the writer copies it straight into the message, and brings it
+    (``torch_transfer.DeviceBytes``): the writer copies it straight into the message, and brings it
     to the host as bytes of its own only when it compresses it."""
 
     nbytes: int

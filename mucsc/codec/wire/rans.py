@@ -54,9 +54,10 @@ def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
     frequencies (ties by symbol index)."""
     counts = np.asarray(counts, np.int64)
     M = 1 << scale_bits
-    if kernels.use_c() and counts.ndim == 1 and 0 <= scale_bits <= 30:  # the same table, compiled
+    normalize = kernels.compiled("normalize")
+    if normalize is not None and counts.ndim == 1 and 0 <= scale_bits <= 30:  # the same table, compiled
         f = np.empty(counts.size, np.int64)
-        got = kernels.c_module().normalize(np.ascontiguousarray(counts), scale_bits, f)
+        got = normalize(np.ascontiguousarray(counts), scale_bits, f)
         if got == 0:
             return f
         if got == -1:
@@ -136,10 +137,11 @@ def expected_size(counts: np.ndarray, n: int) -> int:
 def _varints(values: np.ndarray) -> bytes:
     """LEB128 varints of non-negative integers (the frequency tables of IDSA and IDSL): one compiled
     call where built (the loop below costs ~60 us per 256-entry table, a fixed cost of every encode)."""
-    if kernels.use_c():
+    varints = kernels.compiled("varints")
+    if varints is not None:
         v = np.ascontiguousarray(values).astype(np.uint64, copy=False).reshape(-1)
         out = np.empty(10 * v.size, np.uint8)
-        return out[: kernels.c_module().varints(v, out)].tobytes()
+        return out[: varints(v, out)].tobytes()
     out = bytearray()
     for v in values.tolist():
         while True:
@@ -192,13 +194,14 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
     if not n:  # empty: a valid table is still required; put all mass on symbol 0
         f[0] = 1 << S
     cum = np.concatenate(([0], np.cumsum(f)[:-1]))
-    if kernels.use_c() and hasattr(kernels.c_module(), "rans_encode"):
+    rans_encode = kernels.compiled("rans_encode")
+    if rans_encode is not None:
         T = -(-n // W) if n else 0
         cap = 4 + 3 * T
         out = np.empty(W * cap, np.uint8)
         lens = np.zeros(W, np.int64)
         narrow = ids if ids.dtype in (np.uint8, np.uint16, np.uint32) else ids.astype(np.uint32)
-        if kernels.c_module().rans_encode(narrow, f.astype(np.uint32), cum.astype(np.uint32), S, W, out, lens) != 0:
+        if rans_encode(narrow, f.astype(np.uint32), cum.astype(np.uint32), S, W, out, lens) != 0:
             raise RuntimeError("rans_encode: a lane overflowed its buffer")  # cannot happen (cap bound)
         streams = [out[(j + 1) * cap - int(lens[j]): (j + 1) * cap].tobytes() for j in range(W)]
     else:
@@ -389,10 +392,10 @@ class Lanes:
         out = np.empty(m, np.uint32)
         if m == 0:
             return out
-        if kernels.use_c() and hasattr(kernels.c_module(), "rans_decode_part"):
-            err = kernels.c_module().rans_decode_part(self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32),
-                                                      self.S, self.W, self.x, self.p, self.ends, self.done, out,
-                                                      self._table() if self.keep_table else None)
+        decode_part = kernels.compiled("rans_decode_part")
+        if decode_part is not None:
+            err = decode_part(self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32), self.S, self.W, self.x,
+                              self.p, self.ends, self.done, out, self._table() if self.keep_table else None)
         else:
             err = self._take_numpy(out)
         if err:

@@ -62,8 +62,9 @@ def slice_stats(buf: np.ndarray, starts: np.ndarray, length: int, stride: int = 
     of the slice's positions 0, stride, ... with that hash) is another position with the same key,
     summed, and each window's byte counts -- compiled where built (``_kernels.byte_screen``)."""
     hist = np.zeros((starts.size, 256), np.int64)
-    if kernels.use_c():  # the kernel checks the slices against the buffer
-        return int(kernels.c_module().byte_screen(buf, starts, length, stride, window, hist)), hist
+    byte_screen = kernels.compiled("byte_screen")
+    if byte_screen is not None:  # the kernel checks the slices against the buffer
+        return int(byte_screen(buf, starts, length, stride, window, hist)), hist
     if not 0 <= length <= MAX_SLICE or np.any(starts < 0) or np.any(starts > buf.size):
         raise ValueError(f"slice_stats: slices of at most {MAX_SLICE} bytes inside the buffer")
     hits = 0
