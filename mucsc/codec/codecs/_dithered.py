@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mucsc.codec import kernels
 from mucsc.codec.codecs.base import Section, param_int, section
 from mucsc.codec.numerics import dither, quantize
 from mucsc.codec.numerics.centroids import _sample_sorted
@@ -214,13 +213,12 @@ def _fused(indices: "_Indices", q_lo: int, k: int, escape: bool, sections: Mappi
     escape, a value not finite, escape bytes left over): the chunked path then decodes the group
     from the start and names the problem as it always did.  After the pass it checks the lanes'
     final states (:meth:`_Indices.finish`, what the chunked path checks last)."""
-    m = kernels.c_module()
-    if not (kernels.use_c() and hasattr(m, "dither_decode") and y.dtype in (np.float32, np.float64) and y.size):
-        return False
     states = [lanes.decoder() for lanes in indices.lanes]
     qesc = section(sections, "QESC") if escape else b""
-    code, read, counts = m.dither_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step,
-                                         offset, share, y)
+    done = dither.fused_decode(indices.key, indices.c, tuple(states), q_lo, k, escape, qesc, step, offset, share, y)
+    if done is None:
+        return False
+    code, read, counts = done
     if code or read != len(qesc):
         return False
     indices.count(counts)

@@ -24,7 +24,7 @@ and the size estimates that rate control chooses with.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -507,3 +507,15 @@ def estimated_bytes(x: np.ndarray, step: float, offset: float, t: np.ndarray, v:
     q = quantize(x, step, offset, v)
     alpha, c, size = choose_alphabet(q, t)
     return size, alpha, c
+
+
+def fused_decode(key: int, c: int, states: tuple, q_lo: int, k: int, escape: bool, qesc: Any, step: float,
+                 offset: float, share: float, y: np.ndarray) -> tuple | None:
+    """One compiled pass of a dithered group's decode into ``y`` (the stream, the contexts, their
+    rANS lanes from ``states``, the escapes ``qesc`` and the dequantisation): (code, escape bytes
+    read, the contexts' counts); None where that kernel is not built or ``y`` is not float32/64
+    (the caller decodes in passes)."""
+    decode = kernels.compiled("dither_decode")
+    if decode is None or y.dtype not in (np.float32, np.float64) or not y.size:
+        return None
+    return decode(key, c, states, q_lo, k, escape, qesc, step, offset, share, y)
