@@ -247,8 +247,8 @@ def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | s
     geo = torch_lanes.Geometry(lanes.layout(sym.numel()), dev)
     kernel = triton_lanes.encode(sym, f, cum, S, geo) is not None
     coder = "Triton kernels" if kernel else f"torch loop ({triton_lanes.disabled_reason() or 'Triton not run here'})"
-    section = torch_lanes.encode_ids(ids, wire.size, w)
-    host = section.host()
+    payload = torch_lanes.encode_ids(ids, wire.size, w).payload  # host bytes (CPU tensors) or LaneBytes
+    host = payload.host() if hasattr(payload, "host") else np.frombuffer(payload, np.uint8)
     p = lanes.parse(host, x.numel(), wire.size)
     buf = torch_transfer.to_device(np.concatenate((host, np.zeros(torch_lanes.PAD, np.uint8))), dev)
     enc = (lambda: triton_lanes.launch_encode(sym, f, cum, S, geo)) if kernel else \
@@ -260,10 +260,10 @@ def lane_stages(x, z: int, repeat: int, torch, dev) -> list[tuple[str, float | s
                                                             .cpu().numpy(), sym.numel()), repeat, torch, dev)),
         ("  lane encode", best_time(enc, repeat, torch, dev)),
         ("  compaction", best_time(lambda: torch_lanes.compact(*raw, geo), repeat, torch, dev)),
-        ("  whole IDSL section on the device", best_time(lambda: torch_lanes.encode_ids(ids, wire.size, w).tensor,
+        ("  whole IDSL section on the device", best_time(lambda: torch_lanes.encode_ids(ids, wire.size, w).payload,
                                                          repeat, torch, dev)),
         ("  copy of the section to host",
-         best_time(lambda: torch_transfer.to_host(section.tensor), repeat, torch, dev)),
+         best_time(lambda: payload.host() if hasattr(payload, "host") else payload, repeat, torch, dev)),
         ("  lane decode", best_time(lambda: torch_lanes.decode_lanes(buf, p, geo), repeat, torch, dev)),
     ]
 
