@@ -122,8 +122,9 @@ def lookup_error(x: np.ndarray, ids: np.ndarray, tables: np.ndarray, acc: np.nda
     tables = np.ascontiguousarray(tables, np.float64)
     if tables.ndim != 2 or acc.shape != (tables.shape[0] + 1, 8) or ids.size != x.size:
         raise ValueError("lookup_error: bad arguments")
-    if use_c() and x.dtype in (np.float32, np.float64) and ids.dtype in (np.uint8, np.uint16):
-        _c.lookup_error(x, ids, tables, acc.reshape(-1))
+    kernel = compiled("lookup_error")
+    if kernel is not None and x.dtype in (np.float32, np.float64) and ids.dtype in (np.uint8, np.uint16):
+        kernel(x, ids, tables, acc.reshape(-1))
         return
     if ids.size and int(ids.max()) >= tables.shape[1]:
         raise ValueError("lookup_error: an id is out of range")
