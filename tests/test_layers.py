@@ -193,6 +193,57 @@ def test_the_checker_finds_what_it_bans():
                                         "def f(x):\n    return backend_for(x).sum64(x)\n")
 
 
+# the C-or-numpy switches: only kernels.compiled(name) makes that choice (the compiled kernel or None);
+# use_c / c_module / BACKEND and the extension itself stay inside mucsc/codec/kernels.py
+KERNEL_SWITCHES = {"use_c", "c_module", "BACKEND", "_c", "_kernels"}  # _c: as kernels' attribute; _kernels: imported
+# module (relative to mucsc/) -> why it may name a switch
+SWITCH_ALLOWED = {"codec/kernels.py": "defines the switches and compiled(), the one place the choice is made"}
+
+
+def kernel_switch_references(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every use of a C-kernel switch in ``source``: a name or attribute ``use_c``,
+    ``c_module``, ``BACKEND``, the attribute ``_c`` (kernels' handle on the extension), or an import of
+    the compiled extension ``mucsc.codec._kernels`` (strings, docstrings and local names such as the
+    Triton modules' ``_kernels`` caches are not uses)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id] if node.id not in ("_c", "_kernels") else []
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr] if node.attr != "_kernels" else []
+        elif isinstance(node, ast.Import):
+            names = [p for a in node.names for p in a.name.split(".")]
+        elif isinstance(node, ast.ImportFrom):
+            names = (node.module or "").split(".") + [a.name for a in node.names]
+        found += [(node.lineno, n) for n in names if n in KERNEL_SWITCHES]
+    return found
+
+
+def test_only_kernels_chooses_between_c_and_numpy():
+    """Issue 36: every module but kernels.py asks ``kernels.compiled(name)`` once per call and runs its
+    numpy twin on None; none calls ``use_c()`` / ``c_module()``, reads ``BACKEND`` or imports the
+    extension (46 calls of use_c() / c_module() in numerics/centroids, numerics/dither, wire/lanes,
+    wire/rans and wire/container before)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in SWITCH_ALLOWED and (refs := kernel_switch_references(path.read_text())):
+            found[rel] = refs
+    assert not found, found
+    assert all((PACKAGE / rel).is_file() for rel in SWITCH_ALLOWED)  # no stale exemption
+
+
+def test_the_switch_checker_finds_what_it_bans():
+    src = ("from mucsc.codec import kernels, _kernels\nfrom mucsc.codec._kernels import dot\n"
+           "def f(x):\n    if kernels.use_c() and kernels.BACKEND == 'c':\n        return kernels.c_module().dot(x, x)\n"
+           "    return kernels._c\n")
+    assert {n for _, n in kernel_switch_references(src)} == KERNEL_SWITCHES
+    assert not kernel_switch_references('"""use_c() and c_module() are gone."""\nfrom mucsc.codec import kernels\n'
+                                        '_kernels, _c = {}, None\ndef f(x):\n    kernel = kernels.compiled("dot")\n'
+                                        '    return kernel(x, x) if kernel is not None else 0.0\n')
+
+
 def test_every_backend_step_has_the_same_name_and_parameters_in_every_form():
     """Each step module's Host and Torch forms define the same steps with the same parameters, so a
     codec's call works on whichever backend_for picked (adding a step is one module: STEPS)."""

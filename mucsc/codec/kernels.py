@@ -3,9 +3,9 @@
 ``BACKEND`` is ``"c"`` when the extension was built and imports, else ``"numpy"``.  Setting the
 environment variable ``MUCSC_PURE_NUMPY=1`` (or ``MUCSC_BACKEND=numpy``) before the import forces
 ``"numpy"``.  Both backends give bit-identical results (same random stream, same decision rule, same
-DP operation order), so encoder output never depends on the installation; ``quantize`` and
-``centroids`` read ``BACKEND`` at call time, which is also how tests compare the two paths in one
-process.
+DP operation order), so encoder output never depends on the installation.  Every caller outside this
+module asks :func:`compiled`, which reads ``BACKEND`` at call time: that is also how tests compare the
+two paths in one process.
 
 ``MUCSC_BACKEND=torch`` additionally routes the encoders that have a torch path (the ``Torch`` forms
 of :mod:`mucsc.codec.backends.dispatch`) through it for CPU data (tensors on a GPU always take it);
@@ -38,13 +38,15 @@ TORCH = _REQUESTED == "torch"  # encode CPU data on the torch backend too (read 
 
 
 def use_c() -> bool:
-    """True when the compiled kernels are available and selected (``BACKEND == "c"``)."""
+    """True when the compiled kernels are available and selected (``BACKEND == "c"``).  For tests
+    (skips, comparisons); the library asks :func:`compiled` for the kernel it runs."""
     return BACKEND == "c" and _c is not None
 
 
 def c_module():
     """The compiled module, or None when it was not built (it is still importable when
-    MUCSC_PURE_NUMPY=1 selected the numpy path, so tests can compare the two)."""
+    MUCSC_PURE_NUMPY=1 selected the numpy path, so tests can compare the two).  For tests; the
+    library asks :func:`compiled`."""
     return _c
 
 
@@ -122,8 +124,9 @@ def lookup_error(x: np.ndarray, ids: np.ndarray, tables: np.ndarray, acc: np.nda
     tables = np.ascontiguousarray(tables, np.float64)
     if tables.ndim != 2 or acc.shape != (tables.shape[0] + 1, 8) or ids.size != x.size:
         raise ValueError("lookup_error: bad arguments")
-    if use_c() and x.dtype in (np.float32, np.float64) and ids.dtype in (np.uint8, np.uint16):
-        _c.lookup_error(x, ids, tables, acc.reshape(-1))
+    kernel = compiled("lookup_error")
+    if kernel is not None and x.dtype in (np.float32, np.float64) and ids.dtype in (np.uint8, np.uint16):
+        kernel(x, ids, tables, acc.reshape(-1))
         return
     if ids.size and int(ids.max()) >= tables.shape[1]:
         raise ValueError("lookup_error: an id is out of range")

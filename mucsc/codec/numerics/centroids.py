@@ -143,7 +143,7 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
 
 
 def _solver_input(x: Any, solver: str) -> Any:
-    """``x`` as the solvers read it: a flat float array, or a device summary (torch_backend) that the
+    """``x`` as the solvers read it: a flat float array, or a device summary (``backends.torch_summary``) that the
     optimal solver reads for large inputs (the data itself on the host otherwise)."""
     if not isinstance(x, np.ndarray) and hasattr(x, "outside"):
         if x.size <= FULL_SORT_MAX or solver != "optimal":
@@ -304,10 +304,11 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
     m = v.size
     if z >= m:
         return np.arange(m)
-    if kernels.use_c() and m < 1 << 31:
+    kernel = kernels.compiled("dp_levels")
+    if kernel is not None and m < 1 << 31:
         idx = np.empty(z, dtype=np.int64)
         f = [np.ascontiguousarray(a, dtype=np.float64) for a in (v, n, s1, s2)]
-        kernels.c_module().dp_levels(*f, z, idx)
+        kernel(*f, z, idx)
         return idx
     inf = np.inf
     prev = np.full(m, inf)
@@ -431,8 +432,9 @@ def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
 
     Both backends collect them in index order, so the sorted results are identical.
     """
-    if kernels.use_c() and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
-        parts = parallel.run_spans(lambda s, e: _outside_c(x[s:e], t_lo, t_hi), x.size)  # index order
+    kernel = kernels.compiled("outside")
+    if kernel is not None and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
+        parts = parallel.run_spans(lambda s, e: _outside_c(kernel, x[s:e], t_lo, t_hi), x.size)  # index order
         return tuple(np.sort(np.concatenate(side)) for side in zip(*parts))
     lows, highs = [], []
     step = 1 << 16
@@ -450,14 +452,15 @@ def _outside(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
     return cat(lows), cat(highs)
 
 
-def _outside_c(x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
-    """The C kernel's pass: x's elements below ``t_lo`` and above ``t_hi``, in index order."""
+def _outside_c(kernel: Callable, x: np.ndarray, t_lo, t_hi) -> tuple[np.ndarray, np.ndarray]:
+    """The C kernel's pass (``kernel``: ``kernels.compiled("outside")``): x's elements below ``t_lo``
+    and above ``t_hi``, in index order."""
     cap = 4 * (x.size * (TAIL_RANK + 1) // SUBSAMPLE) + 4096  # expected count per side, with room
     low, high = np.empty(cap, x.dtype), np.empty(cap, x.dtype)
-    nl, nh = kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+    nl, nh = kernel(x, float(t_lo), float(t_hi), low, high)
     if nl > cap or nh > cap:  # many equal values beyond a threshold: exact sizes
         low, high = np.empty(nl, x.dtype), np.empty(nh, x.dtype)
-        kernels.c_module().outside(x, float(t_lo), float(t_hi), low, high)
+        kernel(x, float(t_lo), float(t_hi), low, high)
     return low[:nl], high[:nh]
 
 
@@ -481,14 +484,15 @@ class _Sorted:
     def centred(cls, xs: np.ndarray, shift: float, w: np.ndarray | None) -> "_Sorted":
         """``_Sorted(xs - shift, w)``; with the C kernels, centring and the three prefix sums in one
         pass (the same values: numpy's cumsum adds in sequence, and the products are the same)."""
-        if not kernels.use_c():
+        kernel = kernels.compiled("prefix")
+        if kernel is None:
             return cls(xs - shift, w)
         S = cls.__new__(cls)
         S.unit = w is None
         S.xc = np.empty(xs.size)
         buf = np.empty((3, xs.size + 1))
-        kernels.c_module().prefix(np.ascontiguousarray(xs, np.float64), float(shift), S.xc, buf,
-                                  None if w is None else np.ascontiguousarray(w, np.float64))
+        kernel(np.ascontiguousarray(xs, np.float64), float(shift), S.xc, buf,
+               None if w is None else np.ascontiguousarray(w, np.float64))
         S.W, S.P1, S.P2 = buf
         return S
 
@@ -523,10 +527,9 @@ def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
     density for J is ~ f^(1/3) (J ~ sum_segments n w^2 / 6), so companding points concentrate
     candidates where levels go; quantiles and the uniform grid cover the rest.
     """
-    if kernels.use_c():
-        cand = _candidates_c(xs, W, m)
-        if cand is not None:
-            return cand
+    cand = _candidates_c(xs, W, m)
+    if cand is not None:
+        return cand
     d = xs.size
     lo, hi = xs[0], xs[-1]
     # element covering each cumulative weight (= rank linspace(0, d - 1) for unit weights)
@@ -548,14 +551,18 @@ def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
 def _candidates_c(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray | None:
     """``_candidates`` in two compiled calls around numpy's own ``np.cbrt`` (numpy may use a SIMD
     cube root: the kernels take its values rather than libm's); the same values, or None when -0.0
-    and 0.0 both occur among them (np.unique's pick between the two is its sort's)."""
+    and 0.0 both occur among them (np.unique's pick between the two is its sort's) or when the
+    compiled kernels are not selected (``kernels.compiled``)."""
+    cand_counts, candidates = kernels.compiled("cand_counts"), kernels.compiled("candidates")
+    if cand_counts is None or candidates is None:
+        return None
     xs = np.ascontiguousarray(xs, dtype=np.float64)
     W = np.ascontiguousarray(W, dtype=np.float64)
     k = m // 3 + 2
     counts = np.empty(4 * m)
-    kernels.c_module().cand_counts(xs, W, counts)
+    cand_counts(xs, W, counts)
     out = np.empty(5 * k)
-    n = kernels.c_module().candidates(xs, W, _cbrt(counts), k, out)
+    n = candidates(xs, W, _cbrt(counts), k, out)
     return out[:n] if n >= 0 else None
 
 
@@ -592,8 +599,9 @@ def _polish(S: _Sorted, c: np.ndarray, sweeps: int = POLISH_SWEEPS) -> np.ndarra
     z = c.size
     if z <= 2:
         return c
-    if kernels.use_c():  # the same sweeps in one call: numpy's ~15 calls per sweep dominate small inputs
-        kernels.c_module().polish(xs, W, p1, c, S.unit, sweeps)
+    kernel = kernels.compiled("polish")
+    if kernel is not None:  # the same sweeps in one call: numpy's ~15 calls per sweep dominate small inputs
+        kernel(xs, W, p1, c, S.unit, sweeps)
         return c
     for _ in range(sweeps):
         changed = False
@@ -649,10 +657,10 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
 def _dp_polish(S: _Sorted, cand: np.ndarray, z: int) -> np.ndarray:
     """The best ``z`` of the sorted distinct candidates ``cand`` (centred like S.xc) by the DP, then
     polished; with the kernels in one call (~10 numpy calls fewer: they dominate small inputs)."""
-    if kernels.use_c() and cand.size < 1 << 31:
+    kernel = kernels.compiled("dp_polish")
+    if kernel is not None and cand.size < 1 << 31:
         out = np.empty(min(z, cand.size))
-        kernels.c_module().dp_polish(S.xc, S.W, S.P1, S.P2, np.ascontiguousarray(cand, np.float64), z, S.unit,
-                                     POLISH_SWEEPS, out)
+        kernel(S.xc, S.W, S.P1, S.P2, np.ascontiguousarray(cand, np.float64), z, S.unit, POLISH_SWEEPS, out)
         return out
     pos = np.searchsorted(S.xc, cand, side="left")
     idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], z)

@@ -24,6 +24,7 @@ and the size estimates that rate control chooses with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,17 +68,19 @@ def contexts(t: np.ndarray, count: int) -> np.ndarray:
     return ((t * np.uint64(count)) >> np.uint64(MANTISSA)).astype(np.intp)
 
 
-def _c_routes(sym: np.ndarray, count: int) -> bool:
-    """True where the compiled kernels move these symbols between index and context order."""
-    return (kernels.use_c() and hasattr(kernels.c_module(), "context_route") and sym.dtype == np.uint32
-            and count <= MAX_CONTEXTS)
+def _c_route(sym: np.ndarray, count: int) -> Callable | None:
+    """The compiled ``context_route`` where it moves these symbols between index and context order,
+    else None (the numpy twin runs)."""
+    route = kernels.compiled("context_route")
+    return route if route is not None and sym.dtype == np.uint32 and count <= MAX_CONTEXTS else None
 
 
 def context_counts(t: np.ndarray, count: int) -> np.ndarray:
     """How many elements each context 0 .. count - 1 holds (int64)."""
-    if kernels.use_c() and hasattr(kernels.c_module(), "context_counts") and 1 <= count <= MAX_CONTEXTS:
+    kernel = kernels.compiled("context_counts")
+    if kernel is not None and 1 <= count <= MAX_CONTEXTS:
         out = np.empty(count, np.int64)
-        kernels.c_module().context_counts(np.ascontiguousarray(t, np.uint64), count, out)
+        kernel(np.ascontiguousarray(t, np.uint64), count, out)
         return out
     return np.bincount(contexts(t, count), minlength=count).astype(np.int64)
 
@@ -86,10 +89,10 @@ def by_context(sym: np.ndarray, t: np.ndarray, count: int) -> list[np.ndarray]:
     """The symbols of each context 0 .. count - 1, in index order within each (one stable sort)."""
     if count == 1:
         return [sym]
-    if _c_routes(sym, count):
+    route = _c_route(sym, count)
+    if route is not None:
         ordered = np.empty_like(sym)
-        counts = kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count,
-                                                  np.ascontiguousarray(sym), ordered, True)
+        counts = route(np.ascontiguousarray(t, np.uint64), count, np.ascontiguousarray(sym), ordered, True)
         return np.split(ordered, np.cumsum(counts)[:-1])
     ctx = contexts(t, count).astype(np.uint8)
     ordered = sym[np.argsort(ctx, kind="stable")]
@@ -101,9 +104,10 @@ def from_contexts(ordered: np.ndarray, t: np.ndarray, count: int) -> np.ndarray:
     order (``ordered``, as many as ``t``)."""
     if count == 1:
         return ordered
-    if _c_routes(ordered, count):
+    route = _c_route(ordered, count)
+    if route is not None:
         sym = np.empty_like(ordered)
-        kernels.c_module().context_route(np.ascontiguousarray(t, np.uint64), count, ordered, sym, False)
+        route(np.ascontiguousarray(t, np.uint64), count, ordered, sym, False)
         return sym
     ctx = contexts(t, count).astype(np.uint8)
     sym = np.empty_like(ordered)
@@ -129,8 +133,8 @@ def rounded(x: np.ndarray, step: float, offset: float, t: np.ndarray, straddled:
     order), else the numpy functions.  ``bounds``: (min x, max x), which bound the indices
     (every index lies in floor((min - offset) / step) .. floor((max - offset) / step) + 1), so the
     histogram is counted in the same pass.  The same numbers either way."""
-    c = kernels.c_module()
-    if kernels.use_c() and hasattr(c, "dither_quantize") and x.dtype in (np.float32, np.float64) and x.size:
+    kernel = kernels.compiled("dither_quantize")
+    if kernel is not None and x.dtype in (np.float32, np.float64) and x.size:
         x = np.ascontiguousarray(x)
         q = np.empty(x.size, np.int64)
         base, joint = 0, None
@@ -139,7 +143,7 @@ def rounded(x: np.ndarray, step: float, offset: float, t: np.ndarray, straddled:
             span = math.floor((bounds[1] - offset) / step) + 2 - base
             if 1 <= span <= max(4 * x.size, 1 << 16) and FINE * span <= JOINT_MAX:
                 joint = np.empty((FINE, span), np.int64)
-        got = c.dither_quantize(x, np.ascontiguousarray(t, np.uint64), float(step), float(offset), q, base, FINE, joint)
+        got = kernel(x, np.ascontiguousarray(t, np.uint64), float(step), float(offset), q, base, FINE, joint)
         if got is not None:  # the straddle summed in numpy's pairwise order, as :func:`straddle`
             return q, (got[2] if straddled else 0.0), (None if joint is None else Histogram(*got[:2], base, joint))
     q = quantize(x, step, offset, uniforms(t))
@@ -160,10 +164,11 @@ def symbols_by_context(alpha: "Alphabet", q: np.ndarray, t: np.ndarray, count: i
                        ) -> tuple[list[np.ndarray], np.ndarray]:
     """(the symbols of each context 0 .. count - 1 in index order, the escaped q in index order):
     :meth:`Alphabet.split` then :func:`by_context`, in one compiled pass where the kernels are built."""
-    if kernels.use_c() and hasattr(kernels.c_module(), "dither_split") and 1 <= count <= MAX_CONTEXTS and q.size:
+    kernel = kernels.compiled("dither_split")
+    if kernel is not None and 1 <= count <= MAX_CONTEXTS and q.size:
         ordered = np.empty(q.size, np.uint32)
-        per, esc = kernels.c_module().dither_split(np.ascontiguousarray(q, np.int64), np.ascontiguousarray(t, np.uint64),
-                                                   count, alpha.q_lo, alpha.inner, alpha.escape, ordered)
+        per, esc = kernel(np.ascontiguousarray(q, np.int64), np.ascontiguousarray(t, np.uint64),
+                          count, alpha.q_lo, alpha.inner, alpha.escape, ordered)
         return np.split(ordered, np.cumsum(per)[:-1]), np.frombuffer(esc, np.int64)
     sym, esc = alpha.split(q)
     return by_context(sym, t, count), esc
@@ -443,12 +448,12 @@ def _cells(xs: np.ndarray, w: np.ndarray | None, scale: float
     each run of equal z a cell, in order) -> (z, weight, sum of b w, sum of (b w)^2 / w) per cell,
     b = xs scale - z the remainder (without weights: count, sum of b, sum of b^2); sums as
     np.add.reduceat's.  One compiled pass where the kernels are built (the same numbers)."""
-    c = kernels.c_module()
-    if kernels.use_c() and hasattr(c, "dither_cells") and xs.size and xs.dtype == np.float64:
+    kernel = kernels.compiled("dither_cells")
+    if kernel is not None and xs.size and xs.dtype == np.float64:
         n = xs.size
         cell, W, B, G = np.empty(n, np.int64), np.empty(n), np.empty(n), np.empty(n)
-        m = c.dither_cells(np.ascontiguousarray(xs), None if w is None else np.ascontiguousarray(w, np.float64), scale,
-                           cell, W, B, G)
+        m = kernel(np.ascontiguousarray(xs), None if w is None else np.ascontiguousarray(w, np.float64), scale,
+                   cell, W, B, G)
         if m >= 0:
             return cell[:m], W[:m], B[:m], G[:m]
     g = np.multiply(xs, scale)

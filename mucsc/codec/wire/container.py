@@ -418,7 +418,7 @@ class _MessageBuffer:
     def __init__(self, size: int) -> None:
         from mucsc.codec import kernels
 
-        new_bytes = getattr(kernels.c_module(), "new_bytes", None) if kernels.use_c() else None
+        new_bytes = kernels.compiled("new_bytes")
         if new_bytes is not None:
             self._bytes, writable = new_bytes(size)
         else:

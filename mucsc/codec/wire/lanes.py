@@ -163,7 +163,8 @@ def symbols_counted(ids: np.ndarray, k: int, w: int) -> tuple[np.ndarray, np.nda
     """(:func:`symbols`, :func:`counts_of` of them): byte symbols of uint8 IDs packed and counted in
     one pass by the compiled kernel where built (over the fixed chunks on ``parallel.current()``
     threads; every chunk but the last holds whole bytes), else the two steps."""
-    if not (kernels.use_c() and w in BYTE_WIDTHS and ids.dtype == np.uint8 and ids.ndim == 1):
+    kernel = kernels.compiled("pack_counts")
+    if not (kernel is not None and w in BYTE_WIDTHS and ids.dtype == np.uint8 and ids.ndim == 1):
         sym = symbols(ids, k, w)
         return sym, counts_of(sym, alphabet(k, w))
     ids = np.ascontiguousarray(ids)
@@ -171,7 +172,7 @@ def symbols_counted(ids: np.ndarray, k: int, w: int) -> tuple[np.ndarray, np.nda
 
     def one(s: int, e: int) -> np.ndarray:
         c = np.zeros(256, np.int64)
-        kernels.c_module().pack_counts(ids[s:e], w, sym[s * w // 8: (e * w + 7) // 8], c)
+        kernel(ids[s:e], w, sym[s * w // 8: (e * w + 7) // 8], c)
         return c
     parts = parallel.run_spans(one, ids.size)
     return sym, (parts[0] if len(parts) == 1 else np.sum(parts, axis=0))
@@ -193,10 +194,12 @@ def encode(ids: np.ndarray, k: int) -> bytes:
 def counts_of(sym: np.ndarray, size: int) -> np.ndarray:
     """The symbol histogram, over the fixed chunks on ``parallel.current()`` threads (the compiled
     counter where built: ``np.bincount`` converts every symbol to intp first)."""
+    kernel = kernels.compiled("symbol_counts")
+
     def count(s: int, e: int) -> np.ndarray:
-        if kernels.use_c() and sym.dtype in (np.uint8, np.uint16):
+        if kernel is not None and sym.dtype in (np.uint8, np.uint16):
             c = np.zeros(256 if sym.dtype == np.uint8 else 65536, np.int64)
-            kernels.c_module().symbol_counts(sym[s:e], c)
+            kernel(sym[s:e], c)
             return c
         return np.bincount(sym[s:e], minlength=size)
     parts = parallel.run_spans(count, sym.size)
@@ -229,9 +232,10 @@ def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None
     return buf[:end]
 
 
-def runs_of(lay: Layout) -> list[tuple[int, int]]:
-    """The thread tasks: runs of RUN_BLOCKS blocks (NUMPY_RUN_BLOCKS without the compiled kernels)."""
-    per = RUN_BLOCKS if kernels.use_c() else NUMPY_RUN_BLOCKS
+def runs_of(lay: Layout, compiled: bool) -> list[tuple[int, int]]:
+    """The thread tasks: runs of RUN_BLOCKS blocks (NUMPY_RUN_BLOCKS without the compiled kernel:
+    ``compiled`` False)."""
+    per = RUN_BLOCKS if compiled else NUMPY_RUN_BLOCKS
     return [(b, min(b + per, lay.blocks)) for b in range(0, lay.blocks, per)]
 
 
@@ -245,12 +249,14 @@ def code_lanes(sym: np.ndarray, f: np.ndarray, cum: np.ndarray, S: int) -> tuple
 def _code_into(sym, f, cum, S, lay: Layout, start: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(buffer, every lane's length, end): the lanes' streams written to buffer[start:end], each run
     of blocks on its own thread into its own room, then the rooms closed up."""
-    runs = runs_of(lay)
+    kernel = kernels.compiled("lanes_encode")
+    runs = runs_of(lay, kernel is not None)
     room = (4 + 3 * lay.count).cumsum()  # a lane's bytes are at most 4 + 3 T
     caps = [int(room[lay.first_lane[b1] - 1] - (room[lay.first_lane[b0] - 1] if b0 else 0)) for b0, b1 in runs]
     at = start + np.concatenate(([0], np.cumsum(caps, dtype=np.int64))).astype(np.int64)
     buf = np.empty(int(at[-1]), np.uint8)
-    parts = parallel.run(lambda i: _encode_run(sym, f, cum, S, lay, *runs[i], buf[at[i]: at[i + 1]]), range(len(runs)))
+    parts = parallel.run(lambda i: _encode_run(kernel, sym, f, cum, S, lay, *runs[i], buf[at[i]: at[i + 1]]),
+                         range(len(runs)))
     end = start
     for i, (_, used) in enumerate(parts):
         if at[i] != end:
@@ -260,13 +266,13 @@ def _code_into(sym, f, cum, S, lay: Layout, start: int) -> tuple[np.ndarray, np.
     return buf, lens, end
 
 
-def _encode_run(sym, f, cum, S, lay: Layout, b0: int, b1: int, out: np.ndarray) -> tuple[np.ndarray, int]:
-    """(lane lengths, bytes written to ``out``) of blocks [b0, b1), their lane streams one after the other."""
+def _encode_run(kernel, sym, f, cum, S, lay: Layout, b0: int, b1: int, out: np.ndarray) -> tuple[np.ndarray, int]:
+    """(lane lengths, bytes written to ``out``) of blocks [b0, b1), their lane streams one after the
+    other (``kernel``: ``kernels.compiled("lanes_encode")``; None: numpy)."""
     l0, l1 = int(lay.first_lane[b0]), int(lay.first_lane[b1])
-    if kernels.use_c():
+    if kernel is not None:
         lens = np.zeros(l1 - l0, np.int64)
-        used = kernels.c_module().lanes_encode(sym, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, b0, b1,
-                                               out, lens)
+        used = kernel(sym, f.astype(np.uint32), cum.astype(np.uint32), S, lay.m, b0, b1, out, lens)
         if used < 0:
             raise ValueError("lanes_encode: a symbol has no frequency" if used == -2 else "lanes_encode failed")
         return lens, int(used)
@@ -367,7 +373,8 @@ def decode_values(buf, n: int, k: int, table: np.ndarray) -> np.ndarray | None:
     :func:`decode_symbols`' error.  None where this does not apply and the caller decodes the symbols and
     unpacks them (which then raises IDS_'s errors): the numpy backend, w = 16, rows over 64 bytes, a
     symbol with a frequency that holds an ID >= k, or the last symbol's padding bits not zero."""
-    if not kernels.use_c() or n == 0:
+    kernel = kernels.compiled("lanes_decode")
+    if kernel is None or n == 0:
         return None
     b = np.frombuffer(buf, np.uint8)
     p = parse(b, n, k)
@@ -383,8 +390,7 @@ def decode_values(buf, n: int, k: int, table: np.ndarray) -> np.ndarray | None:
 
     def run(r: tuple[int, int]) -> int:
         l0, l1 = int(lay.first_lane[r[0]]), int(lay.first_lane[r[1]])
-        return kernels.c_module().lanes_decode(b, f, cum, p.S, lay.m, r[0], r[1], p.starts[l0:l1],
-                                               p.lengths[l0:l1], ob, rows.bytes)
+        return kernel(b, f, cum, p.S, lay.m, r[0], r[1], p.starts[l0:l1], p.lengths[l0:l1], ob, rows.bytes)
     # one run of blocks per thread (at least RUN_BLOCKS): each call builds its slot tables once
     per = max(RUN_BLOCKS, -(-lay.blocks // parallel.current()))
     got = parallel.run(run, [(b0, min(b0 + per, lay.blocks)) for b0 in range(0, lay.blocks, per)])
@@ -396,16 +402,18 @@ def decode_values(buf, n: int, k: int, table: np.ndarray) -> np.ndarray | None:
 def decode_lanes(b: np.ndarray, p: Parsed, out: np.ndarray) -> bool:
     """Decode every lane of the parsed section ``b`` into ``out``, runs of blocks on the threads;
     True when a lane is corrupt."""
-    return any(parallel.run(lambda r: _decode_run(b, p, out, *r), runs_of(p.layout)))
+    kernel = kernels.compiled("lanes_decode")
+    return any(parallel.run(lambda r: _decode_run(kernel, b, p, out, *r), runs_of(p.layout, kernel is not None)))
 
 
-def _decode_run(b, p: Parsed, out, b0: int, b1: int) -> bool:
-    """Decode blocks [b0, b1) into ``out``; True when a lane is corrupt."""
+def _decode_run(kernel, b, p: Parsed, out, b0: int, b1: int) -> bool:
+    """Decode blocks [b0, b1) into ``out`` (``kernel``: ``kernels.compiled("lanes_decode")``; None:
+    numpy); True when a lane is corrupt."""
     lay = p.layout
     l0, l1 = int(lay.first_lane[b0]), int(lay.first_lane[b1])
-    if kernels.use_c():
-        return bool(kernels.c_module().lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, lay.m,
-                                                    b0, b1, p.starts[l0:l1], p.lengths[l0:l1], out))
+    if kernel is not None:
+        return bool(kernel(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, lay.m,
+                           b0, b1, p.starts[l0:l1], p.lengths[l0:l1], out))
     return decode_lane_set(b, p.f, p.cum, p.S, p.starts[l0:l1], p.lengths[l0:l1], lay.base[l0:l1],
                            lay.stride[l0:l1], lay.count[l0:l1], out)
 

@@ -213,9 +213,10 @@ def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | 
 def _counts(ids: np.ndarray, k: int) -> np.ndarray:
     """Occurrences of each id (at least k entries; more when an id is >= k): the compiled histogram
     for 1- and 2-byte ids (np.bincount first copies them to 8-byte integers: 8 bytes an element)."""
-    if ids.dtype in (np.uint8, np.uint16) and kernels.use_c() and ids.size:
+    symbol_counts = kernels.compiled("symbol_counts")
+    if ids.dtype in (np.uint8, np.uint16) and symbol_counts is not None and ids.size:
         counts = np.zeros(256 if ids.dtype == np.uint8 else 65536, np.int64)
-        kernels.c_module().symbol_counts(ids, counts)
+        symbol_counts(ids, counts)
         top = int(np.flatnonzero(counts)[-1]) + 1
         return counts[: max(k, top)]
     return np.bincount(ids, minlength=k) if ids.size else np.zeros(k, np.int64)
@@ -408,11 +409,12 @@ class Lanes:
         ``table``'s dtype): the compiled decoder writes each value as it decodes its ID, so there is
         no ID array and no second pass; else :meth:`take` a chunk at a time and a gather."""
         m = out.size
-        if (kernels.use_c() and hasattr(kernels.c_module(), "rans_decode_part") and table.size == self.f.size
+        decode_part = kernels.compiled("rans_decode_part")
+        if (decode_part is not None and table.size == self.f.size
                 and table.dtype.itemsize in (2, 4, 8) and out.dtype == table.dtype and out.flags.c_contiguous):
             if self.n is None or self.done + m > self.n:
                 raise ValueError(f"{self.tag}: {m} more IDs asked of {(self.n or 0) - self.done} left")
-            if m and kernels.c_module().rans_decode_part(
+            if m and decode_part(
                     self.b, self.f.astype(np.uint32), self.cum.astype(np.uint32), self.S, self.W, self.x, self.p,
                     self.ends, self.done, out, self._table() if self.keep_table else None,
                     np.ascontiguousarray(table)):
