@@ -2806,28 +2806,28 @@ done:
 #define DITHER_BOUND 4611686018427387904.0              /* 2^62: a floor below it converts exactly */
 #define DITHER_MAX_INDEX ((int64_t)1 << 52)
 
-static int i64_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+/* A buffer of one integer type (format character c1 or c2, itemsize bytes), else ValueError naming it. */
+static int typed_buf(PyObject *o, Py_buffer *b, int writable, const char *name, char c1, char c2,
+                     Py_ssize_t itemsize, const char *kind)
 {
     if (get_buf(o, b, writable, name) < 0) return -1;
     char c = fmt_char(b);
-    if (!((c == 'q' || c == 'l') && b->itemsize == 8)) {
+    if (!((c == c1 || c == c2) && b->itemsize == itemsize)) {
         PyBuffer_Release(b);
-        PyErr_Format(PyExc_ValueError, "%s: int64 buffer needed", name);
+        PyErr_Format(PyExc_ValueError, "%s: %s buffer needed", name, kind);
         return -1;
     }
     return 0;
 }
 
+static int i64_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
+{
+    return typed_buf(o, b, writable, name, 'q', 'l', 8, "int64");
+}
+
 static int u32_buf(PyObject *o, Py_buffer *b, int writable, const char *name)
 {
-    if (get_buf(o, b, writable, name) < 0) return -1;
-    char c = fmt_char(b);
-    if (!((c == 'I' || c == 'L') && b->itemsize == 4)) {
-        PyBuffer_Release(b);
-        PyErr_Format(PyExc_ValueError, "%s: uint32 buffer needed", name);
-        return -1;
-    }
-    return 0;
+    return typed_buf(o, b, writable, name, 'I', 'L', 4, "uint32");
 }
 
 /* numpy's pairwise summation of a[0 .. n) (float64, contiguous; numpy 2's DOUBLE_pairwise_sum): the
