@@ -218,9 +218,7 @@ class BMUCSC(Codec):
     def decode_array(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> np.ndarray:
         pos, vals, mean = cls._kept(n, params, sections, dtype)
-        out = np.full(n, mean, dtype)
-        out[pos] = vals
-        return out
+        return HOST.scatter(n, pos, vals, dtype, fill=mean)
 
     @classmethod
     def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mucsc.codec.backends.dispatch import backend_for, backend_on
+from mucsc.codec.backends.dispatch import HOST, backend_for, backend_on
 from mucsc.codec.codecs.base import (F32_MAX, Codec, EncodedGroup, Section, array_from, param, param_str, register,
                               joined, section)
 from mucsc.codec.wire.bitpack import check_padding
@@ -88,13 +88,9 @@ class SignSGD(Codec):
     def decode_parts(cls, n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview],
                      dtype: np.dtype) -> Iterator[np.ndarray]:
         bits, mag = cls._signs_and_scale(n, params, sections)
-        buf = np.empty(min(CHUNK, n), dtype)  # one chunk's values, reused
-        for a in range(0, n, CHUNK):  # bytes of one chunk unpacked at a time: a fixed scratch
+        for a in range(0, n, CHUNK):  # one chunk's sign bytes expanded at a time: a fixed scratch
             b = min(a + CHUNK, n)
-            neg = np.unpackbits(bits[a // 8: -(-b // 8)], count=b - a, bitorder="little").view(bool)
-            part = buf[: b - a]
-            part.fill(mag)
-            yield np.negative(part, out=part, where=neg)
+            yield HOST.expand_signs(bits[a // 8: -(-b // 8)], b - a, mag, dtype)
 
 
 def majority_vote(updates: Iterable[np.ndarray]) -> np.ndarray:
