@@ -202,19 +202,39 @@ def test_c_validates_buffers():
 @needs_c
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("n", [5, 1000, 100_000])
-def test_prefix_kernel_is_numpys_cumsum(n, weighted):
-    """The one-pass prefix sums equal numpy's (sequential) cumsum bit for bit, with unit weights and
-    with the subsample's weights: the solver's DP costs and polishing read them, so the levels stay
-    identical across backends."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prefix_kernel_is_numpys_cumsum(n, weighted, dtype):
+    """The one-pass prefix sums equal numpy's blocked cumsum (``centroids._blocked_cumsum``) bit for
+    bit, from float32 or float64 data, with unit weights and with the subsample's weights: the
+    solver's DP costs and polishing read them, so the levels stay identical across backends."""
     rng = np.random.default_rng(n)
-    xs = np.sort(rng.standard_t(3, n)).astype(np.float64)
+    xs = np.sort(rng.standard_t(3, n)).astype(dtype)
     w = np.where(rng.random(n) < 0.2, 1.0, 7.63) if weighted else None  # exact tails, a bulk weight
-    shift = 0.5 * (xs[0] + xs[-1])
+    shift = 0.5 * (float(xs[0]) + float(xs[-1]))
     a = centroids._Sorted.centred(xs, shift, w)
-    b = centroids._Sorted(xs - shift, w)
+    b = centroids._Sorted(xs.astype(np.float64) - shift, w)
     assert a.unit == b.unit == (w is None)
     for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
         np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
+
+
+def test_blocked_cumsum_is_four_sequential_blocks():
+    """The prefix sums' order: four blocks summed in sequence from 0, each then offset by the sum up
+    to its start; checked against that definition in Python floats, on data where it differs from
+    one sequential chain."""
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 4, 9, 1001):
+        a = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 9, n)
+        out = np.zeros(n + 1)
+        centroids._blocked_cumsum(a, out)
+        want, bounds = [0.0], [k * n // 4 for k in range(5)]
+        for k in range(4):
+            local = 0.0
+            for v in a[bounds[k]:bounds[k + 1]].tolist():
+                local += v
+                want.append(local + want[bounds[k]] if k else local)
+        assert out.tolist() == want
+    assert not np.array_equal(out[1:], np.cumsum(a))  # a different order from one chain
 
 
 def _candidate_inputs():
@@ -248,6 +268,43 @@ def test_candidate_kernels_are_numpys(monkeypatch):
         np.testing.assert_array_equal(c.view(np.int64), n.view(np.int64))
         declined += centroids._candidates_c(xs, W, m) is None
     assert declined > 0  # the signed-zero rule was exercised
+
+
+@needs_c
+def test_solve_sorted_kernel_is_the_python_path(monkeypatch):
+    """solve_sorted (prefix sums, candidates, DP and polish in one call on x's own sort) gives the
+    levels of the step-by-step path (a caller's cache takes it) and of the numpy backend, on
+    float32 and float64 inputs with ties, heavy tails and signed zeros, z from 3 to 256."""
+    rng = np.random.default_rng(37)
+    used = 0
+    for i in range(60):
+        d = int(rng.integers(4, 40_000))
+        x = [rng.standard_normal(d), rng.standard_t(2, d), rng.integers(-40, 41, d) / 7.0,
+             np.where(rng.random(d) < 0.7, 0.0, rng.standard_normal(d)),
+             np.concatenate((g := rng.standard_normal(d), -g, [-0.0, 0.0] * 3)), 1e-30 * rng.laplace(size=d)][i % 6]
+        x = x.astype((np.float32, np.float64)[i % 2])
+        z = int(rng.choice((3, 4, 7, 16, 33, 256)))
+        fused, numpy_path = both(monkeypatch, lambda: centroids.solve(x, z))
+        steps = centroids.solve(x, z, cache={})
+        np.testing.assert_array_equal(fused.view(np.int64), steps.view(np.int64))
+        np.testing.assert_array_equal(fused.view(np.int64), numpy_path.view(np.int64))
+        used += centroids._solve_sorted(x, z, {}) is not None
+    assert used > 30 if kernels.compiled("solve_sorted") is not None else used == 0  # MUCSC_PURE_NUMPY: never
+
+
+@needs_c
+def test_solve_sorted_validates_buffers():
+    m = kernels.c_module()
+    s = np.sort(np.random.default_rng(0).standard_normal(100))
+    tab = centroids._cbrt_table()
+    for args in ((s[:1], 16, 192, tab, 5, np.empty(16)),  # n < 2
+                 (s, 2, 192, tab, 5, np.empty(16)),  # z < 3
+                 (s, 16, 8, tab, 5, np.empty(16)),  # m < z
+                 (s, 16, 192, tab, 5, np.empty(15)),  # out shorter than z
+                 (s.astype(np.int64), 16, 192, tab, 5, np.empty(16)),  # not a float
+                 (s, 16, 192, tab.astype(np.float32), 5, np.empty(16))):  # float32 table
+        with pytest.raises(ValueError):
+            m.solve_sorted(*args)
 
 
 @needs_c

@@ -342,6 +342,26 @@ typedef struct {
     int32_t *arg;
 } dp_ctx;
 
+/* The DP's inner step: min_{olo <= i <= top} prev[i] + C(i, j) and its leftmost argmin *bi: the
+ * first i's cost, replaced by each later one that is smaller (so NaN never wins, ties keep the first). */
+#define DP_COST(i) (q->prev[i] + ((q->v[i] + vj) * (s1j - q->s1[i]) - q->v[i] * vj * (nj - q->n[i]) - (s2j - q->s2[i])))
+
+static inline double dp_scan(const dp_ctx *q, Py_ssize_t j, Py_ssize_t olo, Py_ssize_t top, Py_ssize_t *bi)
+{
+    const double vj = q->v[j], nj = q->n[j], s1j = q->s1[j], s2j = q->s2[j];
+    if (top < olo) { *bi = olo; return INFINITY; }
+    double best = DP_COST(olo);
+    Py_ssize_t b = olo;
+    for (Py_ssize_t i = olo + 1; i <= top; i++) {  /* branch-free selects: the order of costs is random */
+        double cost = DP_COST(i);
+        int lt = cost < best;
+        best = lt ? cost : best;
+        b = lt ? i : b;
+    }
+    *bi = b;
+    return best;
+}
+
 /* cur[j] = min_{olo <= i <= min(ohi, j-1)} prev[i] + C(i, j) for j in [lo, hi], leftmost argmin;
  * the recursion tree of centroids._dc_layer (which runs it breadth first).  Aligned to 64 bytes so
  * its loop's place against 32-byte boundaries does not move with the code before it: measured on a
@@ -351,15 +371,8 @@ __attribute__((aligned(64))) static void dc(const dp_ctx *q, Py_ssize_t lo, Py_s
     while (lo <= hi) {
         Py_ssize_t mid = (lo + hi) >> 1;
         Py_ssize_t top = ohi < mid - 1 ? ohi : mid - 1;
-        const double vj = q->v[mid], nj = q->n[mid], s1j = q->s1[mid], s2j = q->s2[mid];
-        double best = INFINITY;
-        Py_ssize_t bi = olo;
-        int first = 1;
-        for (Py_ssize_t i = olo; i <= top; i++) {
-            double vi = q->v[i];
-            double cost = q->prev[i] + ((vi + vj) * (s1j - q->s1[i]) - vi * vj * (nj - q->n[i]) - (s2j - q->s2[i]));
-            if (first || cost < best) { best = cost; bi = i; first = 0; }
-        }
+        Py_ssize_t bi;
+        double best = dp_scan(q, mid, olo, top, &bi);
         q->cur[mid] = best;
         q->arg[mid] = (int32_t)bi;
         if (lo <= mid - 1) dc(q, lo, mid - 1, olo, bi);
@@ -649,6 +662,37 @@ PyDoc_STRVAR(dp_polish_doc,
 "xc; its prefix sums W, P1, P2 read at searchsorted(xc, cand, 'left')), polished as by polish(), into\n"
 "out (float64, >= min(z, m)).  The operations of dp_levels and polish in one call.");
 
+/* The body of dp_polish on raw arrays: the DP's best min(z, m) of the m candidates, polished, into
+ * out; returns that count, or -1 when out of memory. */
+static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W, const double *P1, const double *P2,
+                                const double *cand, Py_ssize_t m, Py_ssize_t z, int unit, Py_ssize_t sweeps, double *out)
+{
+    Py_ssize_t count = z < m ? z : m;
+    double *work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
+    int64_t *idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
+    Py_ssize_t *pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)count + 1) * sizeof(Py_ssize_t));
+    int32_t *argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
+    if (!work || !idx || !pos || !argm) {
+        count = -1;
+    } else {
+        double *vn = work, *v1 = vn + m, *v2 = v1 + m, *prev = v2 + m, *cur = prev + m, *fresh = cur + m;
+        gallop g = gallop_init(xc, n, m);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            Py_ssize_t p = gallop_search(&g, cand[i], 0);
+            vn[i] = W[p]; v1[i] = P1[p]; v2[i] = P2[p];
+        }
+        if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
+        else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
+        for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
+        polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
+    }
+    PyMem_RawFree(work);
+    PyMem_RawFree(idx);
+    PyMem_RawFree(pos);
+    PyMem_RawFree(argm);
+    return count;
+}
+
 static PyObject *py_dp_polish(PyObject *self, PyObject *args)
 {
     PyObject *o[6];
@@ -659,10 +703,6 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
         return NULL;
     if (get_f64_bufs(o, b, 6, 5, "dp_polish") < 0) return NULL;
     PyObject *res = NULL;
-    double *work = NULL;
-    int32_t *argm = NULL;
-    int64_t *idx = NULL;
-    Py_ssize_t *pos = NULL;
     Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
     count = z < m ? z : m;
     int ok = n >= 1 && m >= 1 && z >= 2 && m <= 0x7FFFFFFF && b[5].len / 8 >= count
@@ -673,43 +713,106 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
                                           "out (>= min(z, m)); 2 <= z, m < 2^31");
         goto done;
     }
-    work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
-    idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
-    pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)count + 1) * sizeof(Py_ssize_t));
-    argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
-    if (!work || !idx || !pos || !argm) { PyErr_NoMemory(); goto done; }
     {
         const double *xc = (const double *)b[0].buf, *W = (const double *)b[1].buf;
         const double *P1 = (const double *)b[2].buf, *P2 = (const double *)b[3].buf;
         const double *cand = (const double *)b[4].buf;
-        double *vn = work, *v1 = vn + m, *v2 = v1 + m, *prev = v2 + m, *cur = prev + m, *fresh = cur + m;
         double *out = (double *)b[5].buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < m; i++) {
-            Py_ssize_t p = search_left(xc, n, cand[i]);
-            vn[i] = W[p]; v1[i] = P1[p]; v2[i] = P2[p];
-        }
-        if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
-        else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
-        for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
-        polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
+        count = dp_polish_run(xc, n, W, P1, P2, cand, m, z, unit, sweeps, out);
         Py_END_ALLOW_THREADS
     }
-    res = PyLong_FromSsize_t(count);
+    if (count < 0) PyErr_NoMemory();
+    else res = PyLong_FromSsize_t(count);
 done:
-    PyMem_RawFree(work);
-    PyMem_RawFree(idx);
-    PyMem_RawFree(pos);
-    PyMem_RawFree(argm);
     release_bufs(b, 6);
     return res;
 }
 
+/* The four blocks of prefix_run: block k is [bounds[k], bounds[k + 1]), bounds[k] = k n / 4. */
+#define PREFIX_BLOCKS 4
+
+/* xc = x - shift and the prefix sums W = cumsum(w), P1 = cumsum(w xc), P2 = cumsum(w xc xc), each
+ * with a leading 0 (without w: P1 = cumsum(xc), P2 = cumsum(xc xc), W not written), summed in
+ * PREFIX_BLOCKS blocks: within block k in sequence from 0, then the global value at the block's start
+ * added to each.  The blocks' chains run side by side (one chain of dependent adds waits ~4 cycles
+ * per element); centroids._blocked_cumsum is the same order in numpy, so both give the same values.
+ * X(i) reads element i as a double (float32 or float64 input). */
+#define PREFIX_BODY(X)                                                                              \
+    do {                                                                                            \
+        Py_ssize_t bd[PREFIX_BLOCKS + 1], shortest = n;                                             \
+        for (int k = 0; k <= PREFIX_BLOCKS; k++) bd[k] = (Py_ssize_t)(((size_t)k * (size_t)n) / PREFIX_BLOCKS); \
+        for (int k = 0; k < PREFIX_BLOCKS; k++) if (bd[k + 1] - bd[k] < shortest) shortest = bd[k + 1] - bd[k]; \
+        double a0 = 0, a1 = 0, a2 = 0, a3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;                      \
+        double w0 = 0, w1 = 0, w2 = 0, w3 = 0;                                                      \
+        P1[0] = P2[0] = 0.0;                                                                        \
+        if (w) W[0] = 0.0;                                                                          \
+        if (!w) {                                                                                   \
+            for (Py_ssize_t t = 0; t < shortest; t++) {                                             \
+                Py_ssize_t i0 = bd[0] + t, i1 = bd[1] + t, i2 = bd[2] + t, i3 = bd[3] + t;          \
+                double v0 = X(i0) - shift, v1 = X(i1) - shift, v2 = X(i2) - shift, v3 = X(i3) - shift; \
+                xc[i0] = v0; xc[i1] = v1; xc[i2] = v2; xc[i3] = v3;                                 \
+                a0 += v0; a1 += v1; a2 += v2; a3 += v3;                                             \
+                q0 += v0 * v0; q1 += v1 * v1; q2 += v2 * v2; q3 += v3 * v3;                         \
+                P1[i0 + 1] = a0; P1[i1 + 1] = a1; P1[i2 + 1] = a2; P1[i3 + 1] = a3;                 \
+                P2[i0 + 1] = q0; P2[i1 + 1] = q1; P2[i2 + 1] = q2; P2[i3 + 1] = q3;                 \
+            }                                                                                       \
+        } else {                                                                                    \
+            for (Py_ssize_t t = 0; t < shortest; t++) {                                             \
+                Py_ssize_t i0 = bd[0] + t, i1 = bd[1] + t, i2 = bd[2] + t, i3 = bd[3] + t;          \
+                double v0 = X(i0) - shift, v1 = X(i1) - shift, v2 = X(i2) - shift, v3 = X(i3) - shift; \
+                double x0 = w[i0] * v0, x1 = w[i1] * v1, x2 = w[i2] * v2, x3 = w[i3] * v3;          \
+                xc[i0] = v0; xc[i1] = v1; xc[i2] = v2; xc[i3] = v3;                                 \
+                w0 += w[i0]; w1 += w[i1]; w2 += w[i2]; w3 += w[i3];                                 \
+                a0 += x0; a1 += x1; a2 += x2; a3 += x3;                                             \
+                q0 += x0 * v0; q1 += x1 * v1; q2 += x2 * v2; q3 += x3 * v3;                         \
+                W[i0 + 1] = w0; W[i1 + 1] = w1; W[i2 + 1] = w2; W[i3 + 1] = w3;                     \
+                P1[i0 + 1] = a0; P1[i1 + 1] = a1; P1[i2 + 1] = a2; P1[i3 + 1] = a3;                 \
+                P2[i0 + 1] = q0; P2[i1 + 1] = q1; P2[i2 + 1] = q2; P2[i3 + 1] = q3;                 \
+            }                                                                                       \
+        }                                                                                           \
+        double as[PREFIX_BLOCKS] = {a0, a1, a2, a3}, qs[PREFIX_BLOCKS] = {q0, q1, q2, q3};          \
+        double ws[PREFIX_BLOCKS] = {w0, w1, w2, w3};                                                \
+        for (int k = 0; k < PREFIX_BLOCKS; k++) {  /* the longer blocks' last element */            \
+            for (Py_ssize_t i = bd[k] + shortest; i < bd[k + 1]; i++) {                             \
+                double v = X(i) - shift, wx = w ? w[i] * v : v;                                     \
+                xc[i] = v;                                                                          \
+                if (w) { ws[k] += w[i]; W[i + 1] = ws[k]; }                                         \
+                as[k] += wx;                                                                        \
+                qs[k] += wx * v;                                                                    \
+                P1[i + 1] = as[k];                                                                  \
+                P2[i + 1] = qs[k];                                                                  \
+            }                                                                                       \
+        }                                                                                           \
+        for (int k = 1; k < PREFIX_BLOCKS; k++) {                                                   \
+            const double o0 = w ? W[bd[k]] : 0.0, o1 = P1[bd[k]], o2 = P2[bd[k]];                   \
+            if (w) for (Py_ssize_t i = bd[k] + 1; i <= bd[k + 1]; i++) W[i] += o0;                  \
+            for (Py_ssize_t i = bd[k] + 1; i <= bd[k + 1]; i++) { P1[i] += o1; P2[i] += o2; }       \
+        }                                                                                           \
+    } while (0)
+
+static void prefix_run_f64(const double *x, const double *w, Py_ssize_t n, double shift, double *xc, double *W,
+                           double *P1, double *P2)
+{
+#define X64(i) (x[i])
+    PREFIX_BODY(X64);
+#undef X64
+}
+
+static void prefix_run_f32(const float *x, const double *w, Py_ssize_t n, double shift, double *xc, double *W,
+                           double *P1, double *P2)
+{
+#define X32(i) ((double)x[i])
+    PREFIX_BODY(X32);
+#undef X32
+}
+
 PyDoc_STRVAR(prefix_doc,
 "prefix(xs, shift, xc, buf, w=None)\n\n"
-"The prefix sums of centroids._Sorted in one pass: xc = xs - shift (float64, n) and buf (float64,\n"
-"3 x (n + 1)) rows W = cumsum(w) (i without w), P1 = cumsum(w * xc), P2 = cumsum(w * xc * xc), each\n"
-"with a leading 0: numpy's sequential accumulate of the same products, the same values.");
+"The prefix sums of centroids._Sorted in one pass: xc = float64(xs) - shift (xs float32 or float64, n)\n"
+"and buf (float64) rows W = cumsum(w), P1 = cumsum(w * xc), P2 = cumsum(w * xc * xc) (3 x (n + 1)), or\n"
+"without w P1 = cumsum(xc), P2 = cumsum(xc * xc) (2 x (n + 1)), each with a leading 0, summed in four\n"
+"blocks as centroids._blocked_cumsum: the same values.");
 
 static PyObject *py_prefix(PyObject *self, PyObject *args)
 {
@@ -723,35 +826,21 @@ static PyObject *py_prefix(PyObject *self, PyObject *args)
     if (get_buf(co, &cb, 1, "prefix xc") < 0) goto f1;
     if (get_buf(bo, &bb, 1, "prefix buf") < 0) goto f2;
     if (weighted && get_buf(wo, &wb, 0, "prefix w") < 0) goto f3;
-    Py_ssize_t n = xb.len / 8;
-    if (float_kind(&xb) != 8 || float_kind(&cb) != 8 || float_kind(&bb) != 8 || cb.len != xb.len
-        || bb.len / 8 != 3 * (n + 1) || (weighted && (float_kind(&wb) != 8 || wb.len != xb.len))) {
-        PyErr_SetString(PyExc_ValueError, "prefix: xs, xc, w (n) and buf (3 x (n + 1)) must be float64");
+    int kind = float_kind(&xb);
+    Py_ssize_t n = kind ? xb.len / kind : 0, rows = weighted ? 3 : 2;
+    if (!kind || float_kind(&cb) != 8 || float_kind(&bb) != 8 || cb.len / 8 != n
+        || bb.len / 8 != rows * (n + 1) || (weighted && (float_kind(&wb) != 8 || wb.len / 8 != n))) {
+        PyErr_SetString(PyExc_ValueError, "prefix: xs (float32 or float64, n), float64 xc, w (n) and buf "
+                                          "(3 x (n + 1) with w, 2 x (n + 1) without)");
         goto done;
     }
     {
-        const double *x = (const double *)xb.buf, *w = weighted ? (const double *)wb.buf : NULL;
-        double *xc = (double *)cb.buf, *W = (double *)bb.buf, *P1 = W + n + 1, *P2 = P1 + n + 1;
+        const double *w = weighted ? (const double *)wb.buf : NULL;
+        double *xc = (double *)cb.buf, *B = (double *)bb.buf;
+        double *W = weighted ? B : NULL, *P1 = weighted ? B + n + 1 : B, *P2 = P1 + n + 1;
         Py_BEGIN_ALLOW_THREADS
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0;
-        W[0] = P1[0] = P2[0] = 0.0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double v = x[i] - shift;
-            xc[i] = v;
-            if (w) {  /* numpy: cumsum(w), wx = w * xc, cumsum(wx), cumsum(wx * xc) */
-                double wx = w[i] * v;
-                s0 += w[i];
-                s1 += wx;
-                s2 += wx * v;
-                W[i + 1] = s0;
-            } else {
-                s1 += v;
-                s2 += v * v;
-                W[i + 1] = (double)(i + 1);
-            }
-            P1[i + 1] = s1;
-            P2[i + 1] = s2;
-        }
+        if (kind == 4) prefix_run_f32((const float *)xb.buf, w, n, shift, xc, W, P1, P2);
+        else prefix_run_f64((const double *)xb.buf, w, n, shift, xc, W, P1, P2);
         Py_END_ALLOW_THREADS
     }
     Py_INCREF(Py_None);
@@ -832,6 +921,18 @@ PyDoc_STRVAR(cand_counts_doc,
 "centroids._candidates' bin weights: with edges = linspace(xs[0], xs[-1], nb + 1) (nb = len(counts)),\n"
 "counts = diff(W[searchsorted(xs, edges, 'right')]); xs sorted float64 (n), W float64 (n + 1).");
 
+/* The body of cand_counts: nb bin weights into counts. */
+static void cand_counts_run(const double *xs, const double *W, Py_ssize_t n, double *counts, Py_ssize_t nb)
+{
+    gallop g = gallop_init(xs, n, nb + 1);
+    double lo = xs[0], hi = xs[n - 1], prev = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, 0), 1)];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        double next = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, i + 1), 1)];
+        counts[i] = next - prev;
+        prev = next;
+    }
+}
+
 static PyObject *py_cand_counts(PyObject *self, PyObject *args)
 {
     PyObject *o[3];
@@ -847,13 +948,7 @@ static PyObject *py_cand_counts(PyObject *self, PyObject *args)
     const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
     double *counts = (double *)bf[2].buf;
     Py_BEGIN_ALLOW_THREADS
-    gallop g = gallop_init(xs, n, nb + 1);
-    double lo = xs[0], hi = xs[n - 1], prev = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, 0), 1)];
-    for (Py_ssize_t i = 0; i < nb; i++) {
-        double next = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, i + 1), 1)];
-        counts[i] = next - prev;
-        prev = next;
-    }
+    cand_counts_run(xs, W, n, counts, nb);
     Py_END_ALLOW_THREADS
     release_bufs(bf, 3);
     Py_RETURN_NONE;
@@ -866,6 +961,47 @@ PyDoc_STRVAR(candidates_doc,
 "weights; pos: searchsorted(xs, v, 'left') of the k-point uniform grid and the k companding points\n"
 "interp(linspace(0, cdf[-1], k), cdf, edges)), into out (float64, >= 5 k); numpy's operations.\n"
 "-1 when -0.0 and 0.0 are both among them (which one np.unique keeps is its sort's choice).");
+
+/* Work doubles candidates_run needs for nb bins and k points per kind. */
+#define CANDIDATES_WORK(nb, k) (2 * ((size_t)(nb) + 1) + 4 * (size_t)(k))
+
+/* The body of candidates: the sorted distinct candidates into out (>= 5 k), their count, or -1 when
+ * -0.0 and 0.0 are both among them. */
+static Py_ssize_t candidates_run(const double *xs, const double *W, Py_ssize_t n, const double *dens, Py_ssize_t nb,
+                                 Py_ssize_t k, double *out, double *work)
+{
+    Py_ssize_t cnt = 0;
+    double *cdf = work, *edges = work + nb + 1;
+    double lo = xs[0], hi = xs[n - 1];
+    cdf[0] = 0.0;
+    for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
+    for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
+    /* five runs in out: the weighted quantiles, then for the grid and for the companding points
+     * xs[p] and xs[p - 1] each (runs of k); sorted runs are merged, else all is qsorted (the same
+     * multiset in order, so the same distinct values below) */
+    gallop gw = gallop_init(W, n + 1, k), gx = gallop_init(xs, n, 2 * k);
+    for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
+        Py_ssize_t q = gallop_search(&gw, linspace_at(0.0, W[n] - 1, k, i), 1) - 1;
+        out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
+    }
+    for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
+        double v = i < k ? linspace_at(lo, hi, k, i)
+                         : interp_at(linspace_at(0.0, cdf[nb], k, i - k), cdf, edges, nb + 1);
+        Py_ssize_t p = gallop_search(&gx, v, 0);
+        if (p > n - 1) p = n - 1;
+        Py_ssize_t run = i < k ? 1 : 3, at = i < k ? i : i - k;
+        out[run * k + at] = xs[p];
+        out[(run + 1) * k + at] = xs[p > 0 ? p - 1 : 0];
+    }
+    cnt = 5 * k;
+    if (!merge_runs(out, k, 5, edges + nb + 1)) qsort(out, (size_t)cnt, sizeof(double), cmp_double);
+    Py_ssize_t u = 0;
+    for (Py_ssize_t i = 0; i < cnt; i++) {
+        if (i == 0 || out[i] != out[u - 1]) out[u++] = out[i];
+        else if (out[i] == 0.0 && signbit(out[i]) != signbit(out[u - 1])) { u = -1; break; }
+    }
+    return u;
+}
 
 static PyObject *py_candidates(PyObject *self, PyObject *args)
 {
@@ -883,48 +1019,89 @@ static PyObject *py_candidates(PyObject *self, PyObject *args)
                         "candidates: float64 xs (n >= 1), W (n + 1), dens (>= 1), out (>= 5 k), k >= 2");
         goto done;
     }
-    work = (double *)PyMem_RawMalloc((2 * ((size_t)nb + 1) + 4 * (size_t)k) * sizeof(double));
+    work = (double *)PyMem_RawMalloc(CANDIDATES_WORK(nb, k) * sizeof(double));
     if (!work) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)bf[0].buf, *W = (const double *)bf[1].buf;
         const double *dens = (const double *)bf[2].buf;
-        double *out = (double *)bf[3].buf, *cdf = work, *edges = work + nb + 1;
+        double *out = (double *)bf[3].buf;
         Py_BEGIN_ALLOW_THREADS
-        double lo = xs[0], hi = xs[n - 1];
-        cdf[0] = 0.0;
-        for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
-        for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
-        /* five runs in out: the weighted quantiles, then for the grid and for the companding points
-         * xs[p] and xs[p - 1] each (runs of k); sorted runs are merged, else all is qsorted (the same
-         * multiset in order, so the same distinct values below) */
-        gallop gw = gallop_init(W, n + 1, k), gx = gallop_init(xs, n, 2 * k);
-        for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
-            Py_ssize_t q = gallop_search(&gw, linspace_at(0.0, W[n] - 1, k, i), 1) - 1;
-            out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
-        }
-        for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
-            double v = i < k ? linspace_at(lo, hi, k, i)
-                             : interp_at(linspace_at(0.0, cdf[nb], k, i - k), cdf, edges, nb + 1);
-            Py_ssize_t p = gallop_search(&gx, v, 0);
-            if (p > n - 1) p = n - 1;
-            Py_ssize_t run = i < k ? 1 : 3, at = i < k ? i : i - k;
-            out[run * k + at] = xs[p];
-            out[(run + 1) * k + at] = xs[p > 0 ? p - 1 : 0];
-        }
-        cnt = 5 * k;
-        if (!merge_runs(out, k, 5, edges + nb + 1)) qsort(out, (size_t)cnt, sizeof(double), cmp_double);
-        Py_ssize_t u = 0;
-        for (Py_ssize_t i = 0; i < cnt; i++) {
-            if (i == 0 || out[i] != out[u - 1]) out[u++] = out[i];
-            else if (out[i] == 0.0 && signbit(out[i]) != signbit(out[u - 1])) { u = -1; break; }
-        }
-        cnt = u;
+        cnt = candidates_run(xs, W, n, dens, nb, k, out, work);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(cnt);
 done:
     PyMem_RawFree(work);
     release_bufs(bf, 4);
+    return res;
+}
+
+PyDoc_STRVAR(solve_sorted_doc,
+"solve_sorted(s, z, m, cbrt, sweeps, out) -> count\n\n"
+"centroids._solve_optimal on x's own sort s (float32 or float64, n >= 2, unweighted, z <= m) in one\n"
+"call: xc = s - shift with shift = 0.5 (s[0] + s[-1]), the prefix sums (prefix), the candidates of\n"
+"_candidates(xc, W, m) with the bin weights' cube roots read from cbrt (np.cbrt of 0, 1, ...), the\n"
+"DP and polish (dp_polish), and the levels + shift into out (float64, >= z).  Returns their count,\n"
+"or -1 where the Python path must decide (a bin weight past the table, -0.0 and 0.0 among the\n"
+"candidates): the same operations in the same order as those calls, so the same levels.");
+
+static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
+{
+    PyObject *so, *co, *oo;
+    Py_ssize_t z, m, sweeps, count = -1;
+    if (!PyArg_ParseTuple(args, "OnnOnO", &so, &z, &m, &co, &sweeps, &oo)) return NULL;
+    Py_buffer sb, cb, ob;
+    PyObject *res = NULL;
+    double *work = NULL;
+    if (get_buf(so, &sb, 0, "solve_sorted s") < 0) return NULL;
+    if (get_buf(co, &cb, 0, "solve_sorted cbrt") < 0) { PyBuffer_Release(&sb); return NULL; }
+    if (get_buf(oo, &ob, 1, "solve_sorted out") < 0) { PyBuffer_Release(&sb); PyBuffer_Release(&cb); return NULL; }
+    int kind = float_kind(&sb);
+    Py_ssize_t n = kind ? sb.len / kind : 0, tab = cb.len / 8, k = m / 3 + 2, nb = 4 * m;
+    if (!kind || float_kind(&cb) != 8 || float_kind(&ob) != 8 || n < 2 || z < 3 || m < z || m > 0x100000
+        || n > PY_SSIZE_T_MAX / 64 || ob.len / 8 < z || tab < 1) {
+        PyErr_SetString(PyExc_ValueError, "solve_sorted: s float32 or float64 (n >= 2), 3 <= z <= m <= 2^20, "
+                                          "float64 cbrt table and out (>= z)");
+        goto done;
+    }
+    {
+        /* xc (n), W, P1, P2 (n + 1 each), counts / dens (nb), candidates (5 k), candidates' work */
+        size_t words = (size_t)n + 3 * ((size_t)n + 1) + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
+        work = (double *)PyMem_RawMalloc(words * sizeof(double));
+        if (!work) { PyErr_NoMemory(); goto done; }
+        double *xc = work, *W = xc + n, *P1 = W + n + 1, *P2 = P1 + n + 1, *dens = P2 + n + 1;
+        double *cand = dens + nb, *cwork = cand + 5 * k, *out = (double *)ob.buf;
+        const double *cbrt = (const double *)cb.buf;
+        int oom = 0;
+        Py_BEGIN_ALLOW_THREADS
+        double lo = kind == 4 ? (double)((const float *)sb.buf)[0] : ((const double *)sb.buf)[0];
+        double hi = kind == 4 ? (double)((const float *)sb.buf)[n - 1] : ((const double *)sb.buf)[n - 1];
+        double shift = 0.5 * (lo + hi);
+        if (kind == 4) prefix_run_f32((const float *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
+        else prefix_run_f64((const double *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
+        for (Py_ssize_t i = 0; i <= n; i++) W[i] = (double)i;
+        cand_counts_run(xc, W, n, dens, nb);
+        int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
+        for (Py_ssize_t i = 0; i < nb && table; i++) {
+            double c = dens[i];
+            if (!(c >= 0.0 && c < (double)tab && c == (double)(Py_ssize_t)c)) table = 0;
+            else dens[i] = cbrt[(Py_ssize_t)c];
+        }
+        Py_ssize_t mc = table ? candidates_run(xc, W, n, dens, nb, k, cand, cwork) : -1;
+        if (mc > 0) {
+            count = dp_polish_run(xc, n, W, P1, P2, cand, mc, z, 1, sweeps, out);
+            if (count < 0) oom = 1;
+            for (Py_ssize_t i = 0; i < count; i++) out[i] += shift;
+        }
+        Py_END_ALLOW_THREADS
+        if (oom) { PyErr_NoMemory(); goto done; }
+    }
+    res = PyLong_FromSsize_t(count);
+done:
+    PyMem_RawFree(work);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&sb);
     return res;
 }
 
@@ -3682,6 +3859,7 @@ static PyMethodDef methods[] = {
     {"cand_counts", py_cand_counts, METH_VARARGS, cand_counts_doc},
     {"dp_polish", py_dp_polish, METH_VARARGS, dp_polish_doc},
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
+    {"solve_sorted", py_solve_sorted, METH_VARARGS, solve_sorted_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode_part", py_rans_decode_part, METH_VARARGS, rans_decode_part_doc},
     {"normalize", py_normalize, METH_VARARGS, normalize_doc},
