@@ -340,6 +340,7 @@ typedef struct {
     const double *v, *n, *s1, *s2, *prev;
     double *cur;
     int32_t *arg;
+    const int32_t *lower;  /* the previous layer's argmins (NULL in the first layer) */
 } dp_ctx;
 
 /* The DP's inner step: min_{olo <= i <= top} prev[i] + C(i, j) and its leftmost argmin *bi: the
@@ -371,8 +372,12 @@ __attribute__((aligned(64))) static void dc(const dp_ctx *q, Py_ssize_t lo, Py_s
     while (lo <= hi) {
         Py_ssize_t mid = (lo + hi) >> 1;
         Py_ssize_t top = ohi < mid - 1 ? ohi : mid - 1;
+        /* Knuth's bound: with one more level the last segment starts no earlier (opt_{k-1}(j) <=
+         * opt_k(j)); it cuts the long scans of the recursion's first levels */
+        Py_ssize_t from = q->lower && q->lower[mid] > olo ? q->lower[mid] : olo;
+        if (from > top) from = top >= olo ? top : olo;  /* the bounds disagree (rounding): keep one */
         Py_ssize_t bi;
-        double best = dp_scan(q, mid, olo, top, &bi);
+        double best = dp_scan(q, mid, from, top, &bi);
         q->cur[mid] = best;
         q->arg[mid] = (int32_t)bi;
         if (lo <= mid - 1) dc(q, lo, mid - 1, olo, bi);
@@ -387,7 +392,7 @@ __attribute__((aligned(64))) static void dc(const dp_ctx *q, Py_ssize_t lo, Py_s
 static void dp_run(const double *v, const double *n, const double *s1, const double *s2, Py_ssize_t m,
                    Py_ssize_t z, int64_t *idx, double *prev, double *cur, int32_t *argm)
 {
-    dp_ctx q = {v, n, s1, s2, prev, cur, NULL};
+    dp_ctx q = {v, n, s1, s2, prev, cur, NULL, NULL};
     for (Py_ssize_t j = 0; j < m; j++) prev[j] = INFINITY;
     prev[0] = 0.0;
     for (Py_ssize_t k = 1; k < z; k++) {
@@ -397,6 +402,7 @@ static void dp_run(const double *v, const double *n, const double *s1, const dou
         q.prev = prev;
         q.cur = cur;
         q.arg = argm + (size_t)k * (size_t)m;
+        q.lower = k > 1 ? argm + (size_t)(k - 1) * (size_t)m : NULL;
         dc(&q, jlo, jhi, k - 1, jhi - 1);
         double *t = prev; prev = cur; cur = t;
     }

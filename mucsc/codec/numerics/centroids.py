@@ -325,7 +325,7 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
         if k == z - 1:
             jlo = m - 1
         cur = np.full(m, inf)
-        _dc_layer(prev, cur, args[k], v, n, s1, s2, jlo, jhi, k - 1)
+        _dc_layer(prev, cur, args[k], v, n, s1, s2, jlo, jhi, k - 1, args[k - 1] if k > 1 else None)
         prev = cur
     return _backtrack(args, m, z)
 
@@ -340,8 +340,12 @@ def _backtrack(args: np.ndarray, m: int, z: int) -> np.ndarray:
     return idx
 
 
-def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo):
-    """cur[j] = min_{ilo <= i < j} prev[i] + C(i, j) for j in [jlo, jhi], breadth-first D&C."""
+def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo, lower=None):
+    """cur[j] = min_{ilo <= i < j} prev[i] + C(i, j) for j in [jlo, jhi], breadth-first D&C.
+
+    ``lower``: the previous layer's argmins; with one more level the last segment starts no earlier
+    (Knuth's bound opt_{k-1}(j) <= opt_k(j)), so each scan starts at max(its range's start,
+    lower[j]) (clipped to the range where rounding makes the two bounds disagree)."""
     lo = np.array([jlo], dtype=np.int64)
     hi = np.array([jhi], dtype=np.int64)
     olo = np.array([ilo], dtype=np.int64)
@@ -349,12 +353,14 @@ def _dc_layer(prev, cur, arg, v, n, s1, s2, jlo, jhi, ilo):
     while lo.size:
         mid = (lo + hi) >> 1
         top = np.minimum(ohi, mid - 1)
-        cnt = top - olo + 1  # >= 1 by construction (opt(j) < j and ranges stay consistent)
+        frm = olo if lower is None else np.maximum(olo, lower[mid])
+        frm = np.where(frm > top, np.where(top >= olo, top, olo), frm)
+        cnt = top - frm + 1  # >= 1 by construction (opt(j) < j and ranges stay consistent)
         starts = np.zeros(cnt.size, dtype=np.int64)
         np.cumsum(cnt[:-1], out=starts[1:])
         total = int(cnt.sum())
         seg = np.repeat(np.arange(cnt.size), cnt)
-        i = np.arange(total) - starts[seg] + olo[seg]
+        i = np.arange(total) - starts[seg] + frm[seg]
         j = mid[seg]
         vi, vj = v[i], v[j]
         cost = prev[i] + ((vi + vj) * (s1[j] - s1[i]) - vi * vj * (n[j] - n[i]) - (s2[j] - s2[i]))
