@@ -553,6 +553,9 @@ static inline Py_ssize_t gallop_search(gallop *g, double key, int right)
     return g->at;
 }
 
+/* W[i] of prefix weights, or i itself where W is NULL (unit weights: the same values). */
+#define WAT(W, i) ((W) ? (W)[i] : (double)(i))
+
 /* centroids._polish on c (z levels) in place; work: pos (2 z Py_ssize_t) and fresh (z / 2 + 1
  * doubles).  Returns the sweeps run.  Each level's searchsorted positions (right in pos[0 .. z),
  * left in pos[z .. 2 z)) are kept and, when the level moves, searched for again from where they were
@@ -578,7 +581,7 @@ static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, co
             for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
                 double a = c[j - 1], b = c[j + 1];
                 Py_ssize_t lo = right[j - 1], hi = left[j + 1];
-                double T = b * (W[hi] - W[lo]) - (p1[hi] - p1[lo]);
+                double T = b * (WAT(W, hi) - WAT(W, lo)) - (p1[hi] - p1[lo]);
                 double t = T / (b - a);
                 double v = c[j];
                 if (hi > lo && t > 0) {
@@ -685,7 +688,7 @@ static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W,
         gallop g = gallop_init(xc, n, m);
         for (Py_ssize_t i = 0; i < m; i++) {
             Py_ssize_t p = gallop_search(&g, cand[i], 0);
-            vn[i] = W[p]; v1[i] = P1[p]; v2[i] = P2[p];
+            vn[i] = WAT(W, p); v1[i] = P1[p]; v2[i] = P2[p];
         }
         if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
         else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
@@ -931,9 +934,9 @@ PyDoc_STRVAR(cand_counts_doc,
 static void cand_counts_run(const double *xs, const double *W, Py_ssize_t n, double *counts, Py_ssize_t nb)
 {
     gallop g = gallop_init(xs, n, nb + 1);
-    double lo = xs[0], hi = xs[n - 1], prev = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, 0), 1)];
+    double lo = xs[0], hi = xs[n - 1], prev = WAT(W, gallop_search(&g, linspace_at(lo, hi, nb + 1, 0), 1));
     for (Py_ssize_t i = 0; i < nb; i++) {
-        double next = W[gallop_search(&g, linspace_at(lo, hi, nb + 1, i + 1), 1)];
+        double next = WAT(W, gallop_search(&g, linspace_at(lo, hi, nb + 1, i + 1), 1));
         counts[i] = next - prev;
         prev = next;
     }
@@ -985,9 +988,10 @@ static Py_ssize_t candidates_run(const double *xs, const double *W, Py_ssize_t n
     /* five runs in out: the weighted quantiles, then for the grid and for the companding points
      * xs[p] and xs[p - 1] each (runs of k); sorted runs are merged, else all is qsorted (the same
      * multiset in order, so the same distinct values below) */
-    gallop gw = gallop_init(W, n + 1, k), gx = gallop_init(xs, n, 2 * k);
+    gallop gw = gallop_init(W ? W : xs, n + (W != NULL), k), gx = gallop_init(xs, n, 2 * k);
     for (Py_ssize_t i = 0; i < k; i++) {  /* weighted quantiles: searchsorted(W, ., 'right') - 1 */
-        Py_ssize_t q = gallop_search(&gw, linspace_at(0.0, W[n] - 1, k, i), 1) - 1;
+        double t = linspace_at(0.0, WAT(W, n) - 1, k, i);  /* unit W: floor(t) entries of 0..n are <= t, less one */
+        Py_ssize_t q = W ? gallop_search(&gw, t, 1) - 1 : (Py_ssize_t)floor(t);
         out[cnt++] = xs[q < 0 ? 0 : q > n - 1 ? n - 1 : q];
     }
     for (Py_ssize_t i = 0; i < 2 * k; i++) {  /* the uniform grid, then the companding points */
@@ -1071,11 +1075,13 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         goto done;
     }
     {
-        /* xc (n), W, P1, P2 (n + 1 each), counts / dens (nb), candidates (5 k), candidates' work */
-        size_t words = (size_t)n + 3 * ((size_t)n + 1) + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
+        /* xc (n), P1, P2 (n + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is
+         * the unit weights 0..n, read as the index (WAT) */
+        size_t words = (size_t)n + 2 * ((size_t)n + 1) + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
         work = (double *)PyMem_RawMalloc(words * sizeof(double));
         if (!work) { PyErr_NoMemory(); goto done; }
-        double *xc = work, *W = xc + n, *P1 = W + n + 1, *P2 = P1 + n + 1, *dens = P2 + n + 1;
+        const double *W = NULL;
+        double *xc = work, *P1 = xc + n, *P2 = P1 + n + 1, *dens = P2 + n + 1;
         double *cand = dens + nb, *cwork = cand + 5 * k, *out = (double *)ob.buf;
         const double *cbrt = (const double *)cb.buf;
         int oom = 0;
@@ -1085,7 +1091,6 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         double shift = 0.5 * (lo + hi);
         if (kind == 4) prefix_run_f32((const float *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
         else prefix_run_f64((const double *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
-        for (Py_ssize_t i = 0; i <= n; i++) W[i] = (double)i;
         cand_counts_run(xc, W, n, dens, nb);
         int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
         for (Py_ssize_t i = 0; i < nb && table; i++) {
