@@ -403,7 +403,14 @@ static void dp_run(const double *v, const double *n, const double *s1, const dou
         q.cur = cur;
         q.arg = argm + (size_t)k * (size_t)m;
         q.lower = k > 1 ? argm + (size_t)(k - 1) * (size_t)m : NULL;
-        dc(&q, jlo, jhi, k - 1, jhi - 1);
+        if (k == 1) {  /* only prev[0] is finite: every j's best is C(0, j), what the recursion finds */
+            const double vj0 = v[0], n0 = n[0], a0 = s1[0], b0 = s2[0];
+            for (Py_ssize_t j = jlo; j <= jhi; j++)
+                cur[j] = prev[0] + ((vj0 + v[j]) * (s1[j] - a0) - vj0 * v[j] * (n[j] - n0) - (s2[j] - b0));
+            /* q.arg stays 0 (zeroed) */
+        } else {
+            dc(&q, jlo, jhi, k - 1, jhi - 1);
+        }
         double *t = prev; prev = cur; cur = t;
     }
     Py_ssize_t j = m - 1;
