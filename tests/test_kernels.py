@@ -204,9 +204,9 @@ def test_c_validates_buffers():
 @pytest.mark.parametrize("n", [5, 1000, 100_000])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_prefix_kernel_is_numpys_cumsum(n, weighted, dtype):
-    """The one-pass prefix sums equal numpy's blocked cumsum (``centroids._blocked_cumsum``) bit for
-    bit, from float32 or float64 data, with unit weights and with the subsample's weights: the
-    solver's DP costs and polishing read them, so the levels stay identical across backends."""
+    """The one-pass prefix sums equal numpy's (sequential) cumsum bit for bit, from float32 or float64
+    data, with unit weights and with the subsample's weights: the solver's DP costs and polishing
+    read them, so the levels stay identical across backends."""
     rng = np.random.default_rng(n)
     xs = np.sort(rng.standard_t(3, n)).astype(dtype)
     w = np.where(rng.random(n) < 0.2, 1.0, 7.63) if weighted else None  # exact tails, a bulk weight
@@ -216,25 +216,6 @@ def test_prefix_kernel_is_numpys_cumsum(n, weighted, dtype):
     assert a.unit == b.unit == (w is None)
     for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
         np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
-
-
-def test_blocked_cumsum_is_four_sequential_blocks():
-    """The prefix sums' order: four blocks summed in sequence from 0, each then offset by the sum up
-    to its start; checked against that definition in Python floats, on data where it differs from
-    one sequential chain."""
-    rng = np.random.default_rng(5)
-    for n in (1, 3, 4, 9, 1001):
-        a = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 9, n)
-        out = np.zeros(n + 1)
-        centroids._blocked_cumsum(a, out)
-        want, bounds = [0.0], [k * n // 4 for k in range(5)]
-        for k in range(4):
-            local = 0.0
-            for v in a[bounds[k]:bounds[k + 1]].tolist():
-                local += v
-                want.append(local + want[bounds[k]] if k else local)
-        assert out.tolist() == want
-    assert not np.array_equal(out[1:], np.cumsum(a))  # a different order from one chain
 
 
 def _candidate_inputs():

@@ -498,8 +498,8 @@ class _Sorted:
     @classmethod
     def centred(cls, xs: np.ndarray, shift: float, w: np.ndarray | None) -> "_Sorted":
         """``_Sorted(xs - shift, w)`` with xs float32 or float64 and xc = float64(xs) - shift; with the
-        C kernels, centring and the prefix sums in one pass (the same values: the same blocked order
-        of additions, and the same products).  Without weights W is a shared read-only 0, 1, ..., n
+        C kernels, centring and the prefix sums in one pass (the same values: numpy's cumsum adds in
+        sequence, and the products are the same).  Without weights W is a shared read-only 0, 1, ..., n
         (the pass writes xc, P1 and P2 only: at 1e5 elements it is bound by its stores)."""
         kernel = kernels.compiled("prefix")
         xs = np.asarray(xs)
@@ -524,9 +524,9 @@ class _Sorted:
         xc = self.xc
         wx = xc if w is None else w * xc
         if w is not None:
-            _blocked_cumsum(w, self.W)
-        _blocked_cumsum(wx, self.P1)
-        _blocked_cumsum(wx * xc if w is None else np.multiply(wx, xc, out=wx), self.P2)
+            np.cumsum(w, out=self.W[1:])
+        np.cumsum(wx, out=self.P1[1:])
+        np.cumsum(wx * xc if w is None else np.multiply(wx, xc, out=wx), out=self.P2[1:])
 
     def rank_at(self, lo: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Index of the first point at or after ``lo`` whose cumulative weight from ``lo`` reaches t
@@ -542,28 +542,12 @@ class _Sorted:
         return float(segment_costs(v, self.W[k], self.P1[k], self.P2[k]).sum())
 
 
-PREFIX_BLOCKS = 4  # the compiled prefix kernel's blocks (_kernels.c: PREFIX_BLOCKS)
-
-
 @functools.lru_cache(maxsize=4)
 def _unit_weights(n: int) -> np.ndarray:
     """0.0, 1.0, ..., n as float64 (read-only): the prefix weights of n unweighted points."""
     W = np.arange(n + 1, dtype=np.float64)
     W.setflags(write=False)
     return W
-
-
-def _blocked_cumsum(a: np.ndarray, out: np.ndarray) -> None:
-    """out[1:] = the prefix sums of ``a`` (out[0] = 0 already), in PREFIX_BLOCKS blocks: each block
-    summed in sequence from 0, then the sum up to the block's start added.  The compiled kernel runs
-    the blocks' chains side by side (one chain of dependent adds is ~3x slower); this is its order."""
-    n = a.size
-    bounds = [k * n // PREFIX_BLOCKS for k in range(PREFIX_BLOCKS + 1)]
-    for k in range(PREFIX_BLOCKS):
-        s, e = bounds[k], bounds[k + 1]
-        np.cumsum(a[s:e], out=out[s + 1 : e + 1])
-        if k:
-            out[s + 1 : e + 1] += out[s]
 
 
 def _candidates(xs: np.ndarray, W: np.ndarray, m: int) -> np.ndarray:
