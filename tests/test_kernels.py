@@ -218,6 +218,28 @@ def test_prefix_kernel_is_numpys_cumsum(n, weighted, dtype):
         np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
 
 
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prefix_kernel_reads_the_subsample_steps(dtype):
+    """The subsample's weights as steps (1, wb, 1) give the sums of the same weights as an array, and
+    the solver's large-input sample is the one _sample_sorted returns (values and weights)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_t(3, 400_000).astype(dtype)
+    lo, hi = float(x.min()), float(x.max())
+    xs, steps = centroids._sample_steps(x, lo, hi)
+    assert xs.dtype == dtype and 0 < steps.a < steps.b < steps.n == xs.size
+    xs64, w = centroids._sample_sorted(x, lo, hi)
+    np.testing.assert_array_equal(xs64, xs.astype(np.float64))
+    np.testing.assert_array_equal(w, steps.weights())
+    shift = 0.5 * (lo + hi)
+    a = centroids._Sorted.centred(xs, shift, steps)
+    b = centroids._Sorted(xs64 - shift, w)
+    for u, v in ((a.xc, b.xc), (a.W, b.W), (a.P1, b.P1), (a.P2, b.P2)):
+        np.testing.assert_array_equal(u.view(np.int64), v.view(np.int64))
+    with pytest.raises(ValueError):  # a step past the end
+        kernels.c_module().prefix(xs, shift, np.empty(xs.size), np.empty((3, xs.size + 1)), (0, xs.size + 1, 2.0))
+
+
 def _candidate_inputs():
     """(sorted float64 data, prefix weights W, m): unit and non-unit weights, heavy tails, ties,
     many zeros, tiny scales, both signs of zero, sizes 3..3e4 and m from 3 to 3072."""

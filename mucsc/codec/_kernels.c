@@ -750,16 +750,16 @@ done:
  * sequential accumulate of the same products, the same values.  The pass is bound by its stores
  * (three or four per element), not by the chains of adds: summing in four blocks side by side
  * measured 15-25% slower for the offsets' second pass.  X(i) reads element i as a double. */
-#define PREFIX_BODY(X)                                                                              \
+#define PREFIX_BODY(X, WGT)                                                                         \
     do {                                                                                            \
         double s0 = 0.0, s1 = 0.0, s2 = 0.0;                                                        \
         P1[0] = P2[0] = 0.0;                                                                        \
-        if (w) {                                                                                    \
+        if (W) {                                                                                    \
             W[0] = 0.0;                                                                             \
             for (Py_ssize_t i = 0; i < n; i++) {  /* numpy: cumsum(w), wx = w * xc, cumsum(wx), cumsum(wx * xc) */ \
-                double v = X(i) - shift, wx = w[i] * v;                                             \
+                double v = X(i) - shift, wi = WGT(i), wx = wi * v;                                  \
                 xc[i] = v;                                                                          \
-                s0 += w[i]; s1 += wx; s2 += wx * v;                                                 \
+                s0 += wi; s1 += wx; s2 += wx * v;                                                   \
                 W[i + 1] = s0; P1[i + 1] = s1; P2[i + 1] = s2;                                      \
             }                                                                                       \
         } else {                                                                                    \
@@ -772,28 +772,37 @@ done:
         }                                                                                           \
     } while (0)
 
-static void prefix_run_f64(const double *x, const double *w, Py_ssize_t n, double shift, double *xc, double *W,
+/* The weights of prefix_run: an array w, or (w NULL) the subsample's steps, 1 before `a`, wb in
+ * [a, b), 1 from b on (centroids._Steps); W NULL: no weights (nothing stored for W). */
+typedef struct { const double *w; Py_ssize_t a, b; double wb; } prefix_weights;
+
+#define WARRAY(i) (pw.w[i])
+#define WSTEPS(i) ((i) >= pw.a && (i) < pw.b ? pw.wb : 1.0)
+#define X64(i) (x[i])
+#define X32(i) ((double)x[i])
+static void prefix_run_f64(const double *x, prefix_weights pw, Py_ssize_t n, double shift, double *xc, double *W,
                            double *P1, double *P2)
 {
-#define X64(i) (x[i])
-    PREFIX_BODY(X64);
-#undef X64
+    if (pw.w) PREFIX_BODY(X64, WARRAY); else PREFIX_BODY(X64, WSTEPS);
 }
 
-static void prefix_run_f32(const float *x, const double *w, Py_ssize_t n, double shift, double *xc, double *W,
+static void prefix_run_f32(const float *x, prefix_weights pw, Py_ssize_t n, double shift, double *xc, double *W,
                            double *P1, double *P2)
 {
-#define X32(i) ((double)x[i])
-    PREFIX_BODY(X32);
-#undef X32
+    if (pw.w) PREFIX_BODY(X32, WARRAY); else PREFIX_BODY(X32, WSTEPS);
 }
+#undef X64
+#undef X32
+#undef WARRAY
+#undef WSTEPS
 
 PyDoc_STRVAR(prefix_doc,
 "prefix(xs, shift, xc, buf, w=None)\n\n"
 "The prefix sums of centroids._Sorted in one pass: xc = float64(xs) - shift (xs float32 or float64, n)\n"
 "and buf (float64) rows W = cumsum(w), P1 = cumsum(w * xc), P2 = cumsum(w * xc * xc) (3 x (n + 1)), or\n"
 "without w P1 = cumsum(xc), P2 = cumsum(xc * xc) (2 x (n + 1)), each with a leading 0: numpy's\n"
-"sequential accumulate of the same products, the same values.");
+"sequential accumulate of the same products, the same values.  w: a float64 array, or a tuple\n"
+"(a, b, wb) for the weights 1 before a, wb in [a, b), 1 from b on (the subsample's).");
 
 static PyObject *py_prefix(PyObject *self, PyObject *args)
 {
@@ -802,32 +811,36 @@ static PyObject *py_prefix(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OdOO|O", &xo, &shift, &co, &bo, &wo)) return NULL;
     Py_buffer xb, cb, bb, wb;
     PyObject *res = NULL;
-    int weighted = wo != Py_None;
+    prefix_weights pw = {NULL, 0, 0, 1.0};
+    int weighted = wo != Py_None, steps = weighted && PyTuple_Check(wo), warray = weighted && !steps;
+    if (steps && !PyArg_ParseTuple(wo, "nnd", &pw.a, &pw.b, &pw.wb)) return NULL;
     if (get_buf(xo, &xb, 0, "prefix xs") < 0) return NULL;
     if (get_buf(co, &cb, 1, "prefix xc") < 0) goto f1;
     if (get_buf(bo, &bb, 1, "prefix buf") < 0) goto f2;
-    if (weighted && get_buf(wo, &wb, 0, "prefix w") < 0) goto f3;
+    if (warray && get_buf(wo, &wb, 0, "prefix w") < 0) goto f3;
     int kind = float_kind(&xb);
     Py_ssize_t n = kind ? xb.len / kind : 0, rows = weighted ? 3 : 2;
     if (!kind || float_kind(&cb) != 8 || float_kind(&bb) != 8 || cb.len / 8 != n
-        || bb.len / 8 != rows * (n + 1) || (weighted && (float_kind(&wb) != 8 || wb.len / 8 != n))) {
-        PyErr_SetString(PyExc_ValueError, "prefix: xs (float32 or float64, n), float64 xc, w (n) and buf "
-                                          "(3 x (n + 1) with w, 2 x (n + 1) without)");
+        || bb.len / 8 != rows * (n + 1) || (warray && (float_kind(&wb) != 8 || wb.len / 8 != n))
+        || (steps && !(0 <= pw.a && pw.a <= pw.b && pw.b <= n))) {
+        PyErr_SetString(PyExc_ValueError, "prefix: xs (float32 or float64, n), float64 xc, w (n, or steps (a, b, "
+                                          "wb) with 0 <= a <= b <= n) and buf (3 x (n + 1) with w, 2 x (n + 1) "
+                                          "without)");
         goto done;
     }
     {
-        const double *w = weighted ? (const double *)wb.buf : NULL;
+        if (warray) pw.w = (const double *)wb.buf;
         double *xc = (double *)cb.buf, *B = (double *)bb.buf;
         double *W = weighted ? B : NULL, *P1 = weighted ? B + n + 1 : B, *P2 = P1 + n + 1;
         Py_BEGIN_ALLOW_THREADS
-        if (kind == 4) prefix_run_f32((const float *)xb.buf, w, n, shift, xc, W, P1, P2);
-        else prefix_run_f64((const double *)xb.buf, w, n, shift, xc, W, P1, P2);
+        if (kind == 4) prefix_run_f32((const float *)xb.buf, pw, n, shift, xc, W, P1, P2);
+        else prefix_run_f64((const double *)xb.buf, pw, n, shift, xc, W, P1, P2);
         Py_END_ALLOW_THREADS
     }
     Py_INCREF(Py_None);
     res = Py_None;
 done:
-    if (weighted) PyBuffer_Release(&wb);
+    if (warray) PyBuffer_Release(&wb);
 f3:
     PyBuffer_Release(&bb);
 f2:
@@ -1061,8 +1074,9 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         double lo = kind == 4 ? (double)((const float *)sb.buf)[0] : ((const double *)sb.buf)[0];
         double hi = kind == 4 ? (double)((const float *)sb.buf)[n - 1] : ((const double *)sb.buf)[n - 1];
         double shift = 0.5 * (lo + hi);
-        if (kind == 4) prefix_run_f32((const float *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
-        else prefix_run_f64((const double *)sb.buf, NULL, n, shift, xc, NULL, P1, P2);
+        prefix_weights none = {NULL, 0, 0, 1.0};
+        if (kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, P1, P2);
+        else prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, P1, P2);
         cand_counts_run(xc, W, n, dens, nb);
         int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
         for (Py_ssize_t i = 0; i < nb && table; i++) {

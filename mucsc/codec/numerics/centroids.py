@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -412,6 +412,27 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float,
     d = x.size
     if d <= FULL_SORT_MAX:
         return _cached(cache, ("sort",), lambda: np.sort(x)).astype(np.float64), None
+    xs, steps = _sample_steps(x, lo, hi)
+    return xs.astype(np.float64), steps.weights()
+
+
+class _Steps(NamedTuple):
+    """The subsample's weights without an array: 1 before ``a``, ``wb`` in [a, b), 1 from b to n."""
+
+    a: int
+    b: int
+    wb: float
+    n: int
+
+    def weights(self) -> np.ndarray:
+        """The same weights as a float64 array."""
+        return np.concatenate((np.ones(self.a), np.full(self.b - self.a, self.wb), np.ones(self.n - self.b)))
+
+
+def _sample_steps(x: Any, lo: float, hi: float) -> tuple[np.ndarray, _Steps]:
+    """``_sample_sorted``'s large-input sample in x's dtype (float32 stays float32) and its weights
+    as steps (the prefix kernel reads them without an array: ~2 MB fewer bytes written at 3e5)."""
+    d = x.size
     idx = _subsample_index(d)
     s = np.sort(x[idx] if isinstance(x, np.ndarray) else x.gather(idx))
     t_lo, t_hi = s[TAIL_RANK], s[-1 - TAIL_RANK]  # elements of x: exact in its dtype
@@ -421,9 +442,8 @@ def _sample_sorted(x: np.ndarray, lo: float, hi: float,
         low, high = (np.sort(t) for t in x.outside(t_lo, t_hi))
     bulk = s[np.searchsorted(s, t_lo, side="left"):np.searchsorted(s, t_hi, side="right")]
     wb = (d - low.size - high.size) / bulk.size  # bulk elements of x per sampled bulk element
-    xs = np.concatenate((low, bulk, high)).astype(np.float64)
-    w = np.concatenate((np.ones(low.size), np.full(bulk.size, wb), np.ones(high.size)))
-    return xs, w
+    xs = np.concatenate((low, bulk, high))
+    return xs, _Steps(low.size, low.size + bulk.size, wb, xs.size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -500,19 +520,21 @@ class _Sorted:
         """``_Sorted(xs - shift, w)`` with xs float32 or float64 and xc = float64(xs) - shift; with the
         C kernels, centring and the prefix sums in one pass (the same values: numpy's cumsum adds in
         sequence, and the products are the same).  Without weights W is a shared read-only 0, 1, ..., n
-        (the pass writes xc, P1 and P2 only: at 1e5 elements it is bound by its stores)."""
+        (the pass writes xc, P1 and P2 only: at 1e5 elements it is bound by its stores); ``w`` may be
+        the subsample's ``_Steps`` (read without an array)."""
         kernel = kernels.compiled("prefix")
         xs = np.asarray(xs)
         if xs.dtype not in (np.float32, np.float64):
             xs = xs.astype(np.float64)
         if kernel is None:
-            return cls(np.subtract(xs, shift, dtype=np.float64), w)
+            return cls(np.subtract(xs, shift, dtype=np.float64), w.weights() if isinstance(w, _Steps) else w)
         S = cls.__new__(cls)
         S.unit = w is None
         S.xc = np.empty(xs.size)
         buf = np.empty((2 if w is None else 3, xs.size + 1))
         kernel(np.ascontiguousarray(xs), float(shift), S.xc, buf,
-               None if w is None else np.ascontiguousarray(w, np.float64))
+               None if w is None else (w.a, w.b, float(w.wb)) if isinstance(w, _Steps)
+               else np.ascontiguousarray(w, np.float64))
         if w is None:
             S.W = _unit_weights(xs.size)
             S.P1, S.P2 = buf
@@ -668,8 +690,8 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
     def sample() -> _Sorted:
         if isinstance(x, np.ndarray) and x.size <= FULL_SORT_MAX:  # x's own sort (float32: half the bytes)
             return _Sorted.centred(_cached(cache, ("sort",), lambda: np.sort(x)), shift, None)
-        xs, w = _sample_sorted(x, lo, hi, cache)
-        return _Sorted.centred(xs, shift, w)  # w itself is not kept (peak memory at d ~ 1e6)
+        xs, steps = _sample_steps(x, lo, hi)
+        return _Sorted.centred(xs, shift, steps)
 
     S = _cached(cache, ("sorted", lo, hi), sample)  # read-only below
     zd = min(z, DP_MAX_Z)
