@@ -244,14 +244,20 @@ static void build_table(sround_job *job)
 {
     Py_ssize_t nb = (Py_ssize_t)1 << job->tb;
     uint32_t *t = job->klo;
-    memset(t, 0, (size_t)(nb + 1) * sizeof(uint32_t));
+    /* t[i] = #{interior levels whose bin < i}: the levels increase and their keys with them, so the
+     * bins do not decrease and t is a run of 0s, then 1s, ...; written run by run (a fill the compiler
+     * vectorises) instead of counting then summing in place, a chain through memory of ~5 cycles per
+     * entry: ~25 us of a 1e4-element encode's 2^14 entries */
+    Py_ssize_t i = 0;
     for (Py_ssize_t j = 1; j < job->z - 1; j++) {
         Py_ssize_t b;
         if (job->wk == 4) b = (Py_ssize_t)(key32(((const float *)job->c)[j]) >> (32 - job->tb));
         else b = (Py_ssize_t)(key64(((const double *)job->c)[j]) >> (64 - job->tb));
-        t[b + 1]++;
+        uint32_t below = (uint32_t)(j - 1);
+        for (; i <= b; i++) t[i] = below;
     }
-    for (Py_ssize_t b = 0; b < nb; b++) t[b + 1] += t[b];
+    uint32_t all = job->z > 2 ? (uint32_t)(job->z - 2) : 0;
+    for (; i <= nb; i++) t[i] = all;
     if (job->wk == 4) {
         const float *c = (const float *)job->c;
         float *w = (float *)job->w;
