@@ -1391,6 +1391,7 @@ done:
 /* ---- rANS frequency normalisation (numpy twin: rans.normalize) ---------------------------------- */
 
 static const int64_t *norm_f;  /* the frequencies qsort orders by (set under the GIL, read by the sort) */
+#define NORM_LAZY 8  /* places of the order found one by one before sorting it all (py_normalize) */
 
 /* largest frequency first, then the lower symbol (np.argsort(-f, kind="stable")) */
 static int norm_order(const void *a, const void *b)
@@ -1439,12 +1440,32 @@ static PyObject *py_normalize(PyObject *self, PyObject *args)
         }
         int64_t diff = M - sum;
         if (diff != 0 && A > 0) {
-            order = (Py_ssize_t *)PyMem_Malloc((size_t)A * sizeof(Py_ssize_t));
+            /* The loop visits the symbols in the order of their frequencies before it (norm_order) and
+             * usually stops within a few: a surplus all goes to the first.  So the first NORM_LAZY
+             * places are found by successive maxima (O(A) each) and the whole order is sorted only
+             * when the loop gets past them (~60k instructions of qsort per call otherwise). */
+            order = (Py_ssize_t *)PyMem_Malloc((size_t)A * (sizeof(Py_ssize_t) + sizeof(int64_t)));
             if (!order) { PyErr_NoMemory(); goto done; }
-            for (Py_ssize_t s = 0; s < A; s++) order[s] = s;
-            norm_f = f;
-            qsort(order, (size_t)A, sizeof(Py_ssize_t), norm_order);
+            int64_t *f0 = (int64_t *)(order + A);  /* the frequencies the order is by */
+            memcpy(f0, f, (size_t)A * sizeof(int64_t));
+            Py_ssize_t known = 0;  /* order[0 .. known) placed */
             for (Py_ssize_t i = 0; diff != 0; i++) {  /* as rans.normalize's loop */
+                if (i >= known && known < A) {
+                    if (known < NORM_LAZY) {  /* the next place: the largest f0 not placed, lower symbol on ties */
+                        Py_ssize_t best = -1;
+                        for (Py_ssize_t t = 0; t < A; t++) {
+                            int placed = 0;
+                            for (Py_ssize_t q = 0; q < known && !placed; q++) placed = order[q] == t;
+                            if (!placed && (best < 0 || f0[t] > f0[best])) best = t;
+                        }
+                        order[known++] = best;
+                    } else {
+                        for (Py_ssize_t t = 0; t < A; t++) order[t] = t;
+                        norm_f = f0;
+                        qsort(order, (size_t)A, sizeof(Py_ssize_t), norm_order);
+                        known = A;
+                    }
+                }
                 Py_ssize_t s = order[i % A];
                 if (diff > 0) {
                     int64_t step = i < A ? diff : 1;
