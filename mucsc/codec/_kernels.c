@@ -2104,6 +2104,273 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
 }
 #endif
 
+/* ---- decode outputs: huge pages, faulted in before the decoder writes them -----------------------
+ * A decoder's output is fresh memory: every first store to a page traps into the kernel, which
+ * zeroes it.  A numpy array gets transparent huge pages only over its 2 MiB-aligned interior (numpy's
+ * madvise), so up to 2 x 511 edge pages fault 4 KiB at a time, and every fault lands in the middle of
+ * the decode, its zeroing evicting the decoder's streams and tables from the core's cache.
+ * huge_buffer(n) maps n bytes from a 2 MiB boundary with MADV_HUGEPAGE (one fault per 2 MiB where
+ * the kernel allows it), reported to tracemalloc as numpy's buffers are; out_prefault then faults a
+ * range in before the decoder runs over it (MADV_POPULATE_WRITE, Linux 5.14; else one store per
+ * 4 KiB page: the decoder overwrites every byte).  Memory already mapped costs a page-table walk. */
+#if defined(__linux__)
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define HUGE_BUFFERS 1
+#endif
+#define PAGE_BYTES 4096
+#define HUGE_PAGE (2u << 20)
+#define PREFAULT_MIN (1 << 20)  /* smaller ranges: not worth a system call */
+#define TRACE_DOMAIN 389047  /* numpy's tracemalloc domain: the decoded arrays count as numpy's do */
+
+static void out_prefault(uint8_t *p, Py_ssize_t n)
+{
+    if (n < PREFAULT_MIN) return;
+#ifdef HUGE_BUFFERS
+    uintptr_t a = ((uintptr_t)p + PAGE_BYTES - 1) & ~(uintptr_t)(PAGE_BYTES - 1);
+    uintptr_t e = ((uintptr_t)p + (uintptr_t)n) & ~(uintptr_t)(PAGE_BYTES - 1);
+    if (e > a && madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    for (Py_ssize_t i = 0; i < n; i += PAGE_BYTES) ((volatile uint8_t *)p)[i] = 0;
+}
+
+#ifdef HUGE_BUFFERS
+/* Freed mappings kept for the next output (the same trade glibc makes for blocks under its 32 MiB mmap
+ * threshold, which a 1e7-float output exceeds): a process decoding in a loop then writes into memory
+ * it already has, with no page faults and no zeroing.  At most POOL_SLOTS mappings and pool_cap bytes
+ * (huge_buffer_pool sets it; 0 keeps none).  Touched only under the GIL (huge_buffer, the dealloc). */
+#define POOL_SLOTS 4
+static struct { uint8_t *ptr; size_t mapped; } pool[POOL_SLOTS];
+static size_t pool_bytes, pool_cap = (size_t)64 << 20;
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *ptr;
+    Py_ssize_t len;
+    size_t mapped;
+} HugeBufObject;
+
+static int hugebuf_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    HugeBufObject *h = (HugeBufObject *)self;
+    return PyBuffer_FillInfo(view, self, h->ptr, h->len, 0, flags);
+}
+
+static void hugebuf_dealloc(PyObject *self)
+{
+    HugeBufObject *h = (HugeBufObject *)self;
+    if (h->ptr) {
+        PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)h->ptr);
+        int kept = 0;
+        for (int i = 0; i < POOL_SLOTS && !kept && pool_bytes + h->mapped <= pool_cap; i++)
+            if (!pool[i].ptr) {
+                pool[i].ptr = h->ptr;
+                pool[i].mapped = h->mapped;
+                pool_bytes += h->mapped;
+                kept = 1;
+            }
+        if (!kept) munmap(h->ptr, h->mapped);
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs hugebuf_as_buffer = {hugebuf_getbuffer, NULL};
+
+static PyTypeObject HugeBufType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mucsc.codec._kernels.HugeBuffer",
+    .tp_basicsize = sizeof(HugeBufObject),
+    .tp_dealloc = hugebuf_dealloc,
+    .tp_as_buffer = &hugebuf_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "n writable bytes mapped from a 2 MiB boundary, huge pages advised (see huge_buffer).",
+};
+
+/* A kept mapping of at least len bytes (the smallest; its tail past len unmapped), or NULL. */
+static uint8_t *pool_take(size_t len)
+{
+    int best = -1;
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (pool[i].ptr && pool[i].mapped >= len && (best < 0 || pool[i].mapped < pool[best].mapped)) best = i;
+    if (best < 0) return NULL;
+    uint8_t *p = pool[best].ptr;
+    if (pool[best].mapped > len) munmap(p + len, pool[best].mapped - len);
+    pool_bytes -= pool[best].mapped;
+    pool[best].ptr = NULL;
+    pool[best].mapped = 0;
+    return p;
+}
+
+PyDoc_STRVAR(huge_buffer_doc,
+"huge_buffer(n) -> buffer\n\n"
+"n >= 1 writable, uninitialised bytes from a 2 MiB boundary: a freed one's mapping when one is kept\n"
+"(its pages already there), else a new mapping with transparent huge pages advised (the kernel's\n"
+"choice), not faulted in yet.  Traced by tracemalloc (numpy's domain) while alive; when the last view\n"
+"goes, kept for the next (huge_buffer_pool) or unmapped.  MemoryError when the mapping fails.");
+
+static PyObject *py_huge_buffer(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > PY_SSIZE_T_MAX - 2 * (Py_ssize_t)HUGE_PAGE) {
+        PyErr_SetString(PyExc_ValueError, "huge_buffer: need 1 <= n < 2^63 - 4 MiB");
+        return NULL;
+    }
+    size_t len = ((size_t)n + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+    uint8_t *p = pool_take(len);
+    if (!p) {
+        size_t span = len + HUGE_PAGE;
+        uint8_t *raw = (uint8_t *)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == (uint8_t *)MAP_FAILED) return PyErr_NoMemory();
+        p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (p > raw) munmap(raw, (size_t)(p - raw));  /* the unaligned head and the tail past len: unmapped */
+        if (raw + span > p + len) munmap(p + len, (size_t)(raw + span - (p + len)));
+        (void)madvise(p, len, MADV_HUGEPAGE);  /* advice: refused (no THP) is fine */
+    }
+    HugeBufObject *h = PyObject_New(HugeBufObject, &HugeBufType);
+    if (h == NULL) { munmap(p, len); return NULL; }
+    h->ptr = p;
+    h->len = n;
+    h->mapped = len;
+    (void)PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)p, len);
+    return (PyObject *)h;
+}
+
+PyDoc_STRVAR(huge_buffer_pool_doc,
+"huge_buffer_pool(cap) -> (previous cap, bytes kept)\n\n"
+"Keep up to cap bytes (at most 4 mappings) of freed huge_buffer memory for the next ones; cap < 0\n"
+"only reports.  Lowering it unmaps what is kept beyond it (0: everything).");
+
+static PyObject *py_huge_buffer_pool(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t cap = PyLong_AsSsize_t(arg);
+    if (cap == -1 && PyErr_Occurred()) return NULL;
+    size_t prev = pool_cap;
+    if (cap >= 0) {
+        pool_cap = (size_t)cap;
+        for (int i = 0; i < POOL_SLOTS && pool_bytes > pool_cap; i++)
+            if (pool[i].ptr) {
+                munmap(pool[i].ptr, pool[i].mapped);
+                pool_bytes -= pool[i].mapped;
+                pool[i].ptr = NULL;
+                pool[i].mapped = 0;
+            }
+    }
+    return Py_BuildValue("(nn)", (Py_ssize_t)prev, (Py_ssize_t)pool_bytes);
+}
+#endif
+
+/* ---- CRC-32 (zlib's: reflected polynomial 0xEDB88320) by carry-less multiplication --------------
+ * The message trailer's check (FORMAT.md 3.1) reads every byte of a message before it decodes: zlib
+ * 1.2's table CRC runs ~5 GB/s, a tenth of a 40 MB output's decode time at d = 1e7.  Four 128-bit
+ * accumulators fold 64 bytes a step with PCLMULQDQ (Gopal et al., "Fast CRC computation for generic
+ * polynomials using PCLMULQDQ", Intel 2009; the constants are Linux's crc32-pclmul_asm.S: x^(k) mod P
+ * bit-reflected), then fold to 128 bits, reduce to 32 (Barrett), and finish the last < 16 bytes with
+ * the byte table.  The same value as zlib.crc32 for every input (tests/test_kernels.py). */
+static uint32_t crc_table[256];
+
+static void crc_table_init(void)
+{
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t c = b;
+        for (int i = 0; i < 8; i++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
+        crc_table[b] = c;
+    }
+}
+
+/* The register (pre-inverted) advanced over n bytes, one table step a byte. */
+static uint32_t crc32_bytes(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n--) c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+#ifdef LANES_AVX2
+#define CRC_FOLDS 1
+/* The register c advanced over n >= 64 bytes, 16 at a time; the last n % 16 are left to the caller. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc32_fold(uint32_t c, const uint8_t *p, size_t n)
+{
+    const __m128i k12 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL), k34 = _mm_set_epi64x(0xccaa009eLL, 0x1751997d0LL);
+    const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124LL), pu = _mm_set_epi64x(0x1f7011641LL, 0x1db710641LL);
+    const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+    __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 32)), x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)c));
+    p += 64;
+    n -= 64;
+#define CRC_FOLD(X, K, D) (X) = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((X), (K), 0x00), \
+                                                            _mm_clmulepi64_si128((X), (K), 0x11)), (D))
+    for (; n >= 64; p += 64, n -= 64) {
+        CRC_FOLD(x1, k12, _mm_loadu_si128((const __m128i *)p));
+        CRC_FOLD(x2, k12, _mm_loadu_si128((const __m128i *)(p + 16)));
+        CRC_FOLD(x3, k12, _mm_loadu_si128((const __m128i *)(p + 32)));
+        CRC_FOLD(x4, k12, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    CRC_FOLD(x1, k34, x2);
+    CRC_FOLD(x1, k34, x3);
+    CRC_FOLD(x1, k34, x4);
+    for (; n >= 16; p += 16, n -= 16) CRC_FOLD(x1, k34, _mm_loadu_si128((const __m128i *)p));
+#undef CRC_FOLD
+    /* 128 -> 64 bits (with 32 zero bits appended), 64 -> 32, then Barrett's reduction */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(k34, x1, 0x01));
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 4), _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5, 0x00));
+    __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), pu, 0x10), mask32);
+    x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, pu, 0x00));
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+/* zlib.crc32(p[0:n], crc). */
+static uint32_t crc32_run(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint32_t c = ~crc;
+#ifdef CRC_FOLDS
+    static int pclmul = -1;
+    if (pclmul < 0) {
+        __builtin_cpu_init();
+        pclmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    }
+    if (pclmul && n >= 64) {
+        c = crc32_fold(c, p, n);
+        p += n - n % 16;
+        n %= 16;
+    }
+#endif
+    return ~crc32_bytes(c, p, n);
+}
+
+PyDoc_STRVAR(crc32_doc,
+"crc32(data[, crc=0]) -> int\n\n"
+"zlib.crc32(data, crc) of a bytes-like object (any layout: its bytes in order), folded 64 bytes a step\n"
+"with PCLMULQDQ where the CPU has it (else zlib's byte table); the GIL released for large data.");
+
+static PyObject *py_crc32(PyObject *self, PyObject *args)
+{
+    PyObject *o;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTuple(args, "O|k", &o, &crc)) return NULL;
+    if (crc > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "crc32: crc is a 32-bit value");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0) return NULL;
+    if (!crc_table[1]) crc_table_init();  /* under the GIL: every caller sees it whole */
+    uint32_t c;
+    if (b.len >= (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        c = crc32_run((uint32_t)crc, (const uint8_t *)b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        c = crc32_run((uint32_t)crc, (const uint8_t *)b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
 static const char lanes_decode_doc[] =
     "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16[, rows u8[, simd=1]])\n"
     "Decode blocks [b0, b1) of m IDSL symbols (FORMAT.md 4.6; starts/lens: their lanes' streams in buf,\n"
@@ -2188,6 +2455,11 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         int err = 0;
         long last = 0;
         Py_BEGIN_ALLOW_THREADS
+        if (V) {  /* this call's rows of the output */
+            Py_ssize_t lo = b0 * LANES_BLOCK * V, hi = b1 * LANES_BLOCK * V;
+            if (hi > ob.len) hi = ob.len;
+            if (hi > lo) out_prefault((uint8_t *)ob.buf + lo, hi - lo);
+        }
         for (Py_ssize_t c = 0; c < k; c++)
             for (uint32_t t = 0; t < f[c]; t++) slot_sym[cum[c] + t] = (uint16_t)c;
         if (vec) {
@@ -3674,6 +3946,10 @@ static PyObject *py_summary_stats(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
+#ifdef HUGE_BUFFERS
+    {"huge_buffer", py_huge_buffer, METH_O, huge_buffer_doc},
+    {"huge_buffer_pool", py_huge_buffer_pool, METH_O, huge_buffer_pool_doc},
+#endif
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
@@ -3690,6 +3966,7 @@ static PyMethodDef methods[] = {
     {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
+    {"crc32", py_crc32, METH_VARARGS, crc32_doc},
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {"dot", py_dot, METH_VARARGS, dot_doc},
     {"lookup_error", py_lookup_error, METH_VARARGS, lookup_error_doc},
@@ -3717,6 +3994,9 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__kernels(void)
 {
     if (PyType_Ready(&WritableType) < 0) return NULL;
+#ifdef HUGE_BUFFERS
+    if (PyType_Ready(&HugeBufType) < 0) return NULL;
+#endif
 #ifdef LANES_AVX2
     (void)have_avx2();  /* decided once here, under the GIL: the coder's threads only read it */
 #endif
