@@ -164,8 +164,9 @@ def test_huge_outputs_are_aligned_traced_and_reused(monkeypatch):
 
 @needs_c
 def test_large_output_decodes_the_same_fresh_and_reused(monkeypatch):
-    """A lane-coded message whose output takes huge pages decodes to the numpy reference's values, on a
-    new mapping and on a reused one (the pool's), and without the pool."""
+    """A lane-coded message whose output takes huge pages (and the AVX2 decoder's non-temporal stores)
+    decodes to the numpy reference's values, on a new mapping, on a reused one (the pool's), without the
+    pool, and into numpy memory off the stores' alignment (a sorted table: every centroid is used)."""
     n = (kernels.HUGE_OUTPUT >> 2) + 77
     x = np.random.default_rng(5).normal(size=n).astype(np.float32)
     blob = mucsc.encode(x, "mucsc", seed=2)
@@ -186,3 +187,17 @@ def test_large_output_decodes_the_same_fresh_and_reused(monkeypatch):
         np.testing.assert_array_equal(mucsc.decode(blob), ref)
     finally:
         C.huge_buffer_pool(prev)
+    # the kernel into numpy memory 4 bytes off a 32-byte boundary: the stores that need alignment step aside
+    sec = next(s for s in fmt.read_message(blob).sections if s.tag == "IDSL")
+    payload = memoryview(blob)[sec.offset: sec.offset + sec.stored_bytes]
+    table = np.unique(ref)
+    b = np.frombuffer(payload, np.uint8)
+    p = lanes.parse(b, n, table.size)
+    rows = parallel.byte_table(table, p.w)
+    space = np.empty(4 * n + 64, np.uint8)
+    at = (-space.ctypes.data) % 32 + 4
+    out = space[at: at + 4 * n]
+    got = C.lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, p.layout.m, 0, p.layout.blocks,
+                         p.starts, p.lengths, out, rows.bytes)
+    assert got >= 0
+    np.testing.assert_array_equal(out.view(np.float32), ref)

@@ -1998,13 +1998,15 @@ static int lanes_decode_block_values(const uint8_t *buf, const uint16_t *slot_sy
  * both from one gather of sym | (f - 1) << 8 | (slot - cum) << 20 --, DEC_STEP's arithmetic lane for lane
  * (f (x >> S) < 2^31: x < 2^31, f <= 2^S), the renormalisation's 0..3 bytes from a gathered
  * big-endian word per lane.  Output: with V = 4 or 8 (W = 32 only) the symbols' V-byte rows, gathered
- * and stored 8 at a time (the IDs never stored); with V = 0 the symbols as bytes (8 stored at a
+ * and stored 8 at a time (the IDs never stored; with nt, 32-byte aligned rows, by non-temporal stores,
+ * fenced before the careful steps: an output larger than the caches is written without reading each
+ * line first); with V = 0 the symbols as bytes (8 stored at a
  * time: up to 7 bytes past a row's end, rewritten by the next row; out needs 8 bytes of slack).
  * The same symbols and the same rejections as the scalar decoder. */
 __attribute__((target("avx2")))
 static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, const uint32_t *fc, const uint32_t *tab32,
                                    const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum, int S, Py_ssize_t s,
-                                   const int64_t *st, const int64_t *ln, uint8_t *ov, const uint8_t *rows, int V)
+                                   const int64_t *st, const int64_t *ln, uint8_t *ov, const uint8_t *rows, int V, int nt)
 {
     const int W = lanes_of(s), nv = (W + 7) / 8;
     const Py_ssize_t full = s / W;
@@ -2035,6 +2037,7 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     __m256i xv[4], pv[4], ev[4], act[4];
+    nt = nt && (V == 8 || V == 4) && !((uintptr_t)ov & 31);  /* every row's stores then 32-byte aligned */
     for (int v = 0; v < nv; v++) {
         xv[v] = _mm256_load_si256((const __m256i *)(x + 8 * v));
         pv[v] = _mm256_load_si256((const __m256i *)(po + 8 * v));
@@ -2072,16 +2075,24 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
             if (V == 8) {
                 __m256i lo = _mm256_i32gather_epi64((const long long *)rows, _mm256_castsi256_si128(sym), 8);
                 __m256i hi = _mm256_i32gather_epi64((const long long *)rows, _mm256_extracti128_si256(sym, 1), 8);
-                _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
-                _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+                if (nt) {
+                    _mm256_stream_si256((__m256i *)(orow + 64 * v), lo);
+                    _mm256_stream_si256((__m256i *)(orow + 64 * v + 32), hi);
+                } else {
+                    _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
+                    _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+                }
             } else if (V == 4) {
-                _mm256_storeu_si256((__m256i *)(orow + 32 * v), _mm256_i32gather_epi32((const int *)rows, sym, 4));
+                __m256i val = _mm256_i32gather_epi32((const int *)rows, sym, 4);
+                if (nt) _mm256_stream_si256((__m256i *)(orow + 32 * v), val);
+                else _mm256_storeu_si256((__m256i *)(orow + 32 * v), val);
             } else {
                 __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sym, low), join);
                 _mm_storel_epi64((__m128i *)(orow + 8 * v), _mm256_castsi256_si128(b8));
             }
         }
     }
+    if (nt) _mm_sfence();
     const uint8_t *p[LANES_MAX], *end[LANES_MAX];
     for (int v = 0; v < nv; v++) {
         _mm256_store_si256((__m256i *)(x + 8 * v), xv[v]);
@@ -2123,6 +2134,7 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
 #define PAGE_BYTES 4096
 #define HUGE_PAGE (2u << 20)
 #define PREFAULT_MIN (1 << 20)  /* smaller ranges: not worth a system call */
+#define STREAM_MIN (4 << 20)  /* outputs from here up are written by the AVX2 decoder's non-temporal stores */
 #define TRACE_DOMAIN 389047  /* numpy's tracemalloc domain: the decoded arrays count as numpy's do */
 
 static void out_prefault(uint8_t *p, Py_ssize_t n)
@@ -2440,6 +2452,8 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         vec = simd && !wide && S <= 16 && bb.len < ((Py_ssize_t)1 << 31) - 8 && have_avx2();
 #endif
         int vec_rows = vec && (V == 4 || V == 8);
+        /* an output past the caches: its rows written around them (non-temporal stores), no line read first */
+        int stream = vec_rows && ob.len >= STREAM_MIN;
         uint32_t fmax = 0;
         for (Py_ssize_t c = 0; c < k; c++) fmax = f[c] > fmax ? f[c] : fmax;
         if (vec) {
@@ -2476,7 +2490,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
                 if (vec)
                     err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
-                                                  tmp, NULL, 0);
+                                                  tmp, NULL, 0, 0);
                 else
 #endif
                 err = lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, 0, s, st, ln, tmp, 0, NULL, 0);
@@ -2490,7 +2504,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
             else if (vec_rows)
                 err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln, ob8,
-                                              (const uint8_t *)rb.buf, (int)V);
+                                              (const uint8_t *)rb.buf, (int)V, stream);
 #endif
             else
                 err = lanes_decode_block_values((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st,
@@ -2503,7 +2517,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
             if (vec && s == LANES_BLOCK)  /* 32 lanes: no byte stored past the block */
                 err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
-                                              (uint8_t *)ob.buf + b * LANES_BLOCK, NULL, 0);
+                                              (uint8_t *)ob.buf + b * LANES_BLOCK, NULL, 0, 0);
             else
 #endif
             err = wide ? lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
