@@ -1,4 +1,4 @@
-"""mucsc.heap: glibc's malloc thresholds for a process that encodes in a loop; the decoded outputs kept."""
+"""mucsc.heap: glibc's malloc thresholds for a process that encodes in a loop."""
 
 import platform
 import subprocess
@@ -22,22 +22,3 @@ def test_glibc_takes_the_settings_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     glibc = platform.libc_ver()[0] == "glibc"
     assert out == [str(glibc), str(glibc)]
-
-
-def test_decoded_outputs_kept_up_to_the_cap():
-    """keep_decoded_outputs sets the compiled kernels' cap (returning the previous one) and refuses a
-    negative or non-integer cap; without the compiled kernels it reports None."""
-    from mucsc.codec import kernels
-    with pytest.raises(ValueError, match="max_bytes"):
-        heap.keep_decoded_outputs(-1)
-    with pytest.raises(ValueError, match="max_bytes"):
-        heap.keep_decoded_outputs(1.5)
-    prev = heap.keep_decoded_outputs(0)
-    if kernels.compiled("huge_buffer_pool") is None:
-        assert prev is None
-        return
-    try:
-        assert heap.keep_decoded_outputs(1 << 20) == 0
-        assert heap.keep_decoded_outputs(heap.DECODED_OUTPUTS) == 1 << 20
-    finally:
-        heap.keep_decoded_outputs(prev)

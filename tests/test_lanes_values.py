@@ -201,3 +201,23 @@ def test_large_output_decodes_the_same_fresh_and_reused(monkeypatch):
                          p.starts, p.lengths, out, rows.bytes)
     assert got >= 0
     np.testing.assert_array_equal(out.view(np.float32), ref)
+
+
+def test_decoded_outputs_kept_up_to_the_cap():
+    """mucsc.heap.keep_decoded_outputs sets the compiled kernels' cap on the freed outputs kept
+    (returning the previous one) and refuses a negative or non-integer cap; without the compiled
+    kernels it reports None."""
+    from mucsc import heap
+    with pytest.raises(ValueError, match="max_bytes"):
+        heap.keep_decoded_outputs(-1)
+    with pytest.raises(ValueError, match="max_bytes"):
+        heap.keep_decoded_outputs(1.5)
+    prev = heap.keep_decoded_outputs(0)
+    if kernels.compiled("huge_buffer_pool") is None:
+        assert prev is None
+        return
+    try:
+        assert heap.keep_decoded_outputs(1 << 20) == 0
+        assert heap.keep_decoded_outputs(heap.DECODED_OUTPUTS) == 1 << 20
+    finally:
+        heap.keep_decoded_outputs(prev)
