@@ -10,7 +10,8 @@ when smaller) and ``id_coding="packed"`` (the previous default: IDS_ zstd-compre
 the float32 bytes as the lossless reference line.  Columns: message bytes, bits per element, the
 largest zstd section's share of the message, encode and decode MB/s of float32 input with each thread
 count, best of --repeat with the variants interleaved in every repetition (load changes hit them
-alike).  Checks, printed: the bytes are identical for every thread count, the decoded values too, and
+alike), and the default's decode rate as a multiple of the packed path's and of zstd -3's decompress
+(same run).  Checks, printed: the bytes are identical for every thread count, the decoded values too, and
 (with torch installed) a CPU tensor on the torch backend writes the same bytes.  ``--clock cpu``
 times by the process's CPU time instead of the wall clock: on a machine shared with other jobs the
 one-thread figures then count only this process's work (with more threads it sums theirs: a cost,
@@ -109,6 +110,10 @@ def main() -> None:
                   + " | ".join(f"{mb / dec[v, t]:.0f}" for t in threads) + " |")
         print(f"| {d:.0e} | zstd -3 on the floats (reference, 1 thread) | {len(zblob)} | {8 * len(zblob) / d:.2f} | - | "
               f"{mb / zt[0]:.0f} |" + " |" * (len(threads) - 1) + f" {mb / zt[1]:.0f} |" + " |" * (len(threads) - 1))
+        dv, pv = "default (auto: IDSL)", "id_coding=packed (1.0 default)"
+        t1 = 1 if 1 in threads else threads[0]
+        print(f"#   d = {d:.0e}: default decode, T={t1}: {dec[pv, t1] / dec[dv, t1]:.2f}x the packed path's rate, "
+              f"{zt[1] / dec[dv, t1]:.2f}x zstd -3's decompress (one thread)")
         for c in checks:
             print(f"#   d = {d:.0e}: {c}")
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
