@@ -2281,15 +2281,20 @@ static PyObject *py_huge_buffer_pool(PyObject *self, PyObject *arg)
  * polynomials using PCLMULQDQ", Intel 2009; the constants are Linux's crc32-pclmul_asm.S: x^(k) mod P
  * bit-reflected), then fold to 128 bits, reduce to 32 (Barrett), and finish the last < 16 bytes with
  * the byte table.  The same value as zlib.crc32 for every input (tests/test_kernels.py). */
+#ifdef LANES_AVX2  /* x86 (elsewhere zlib's CRC is the faster one) */
+#define CRC_FOLDS 1
 static uint32_t crc_table[256];
+static int crc_pclmul = -1;  /* the CPU folds with PCLMULQDQ; set with the table, under the GIL */
 
-static void crc_table_init(void)
+static void crc_init(void)
 {
     for (uint32_t b = 0; b < 256; b++) {
         uint32_t c = b;
         for (int i = 0; i < 8; i++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
         crc_table[b] = c;
     }
+    __builtin_cpu_init();
+    crc_pclmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 }
 
 /* The register (pre-inverted) advanced over n bytes, one table step a byte. */
@@ -2299,8 +2304,6 @@ static uint32_t crc32_bytes(uint32_t c, const uint8_t *p, size_t n)
     return c;
 }
 
-#ifdef LANES_AVX2
-#define CRC_FOLDS 1
 /* The register c advanced over n >= 64 bytes, 16 at a time; the last n % 16 are left to the caller. */
 __attribute__((target("pclmul,sse4.1")))
 static uint32_t crc32_fold(uint32_t c, const uint8_t *p, size_t n)
@@ -2333,24 +2336,16 @@ static uint32_t crc32_fold(uint32_t c, const uint8_t *p, size_t n)
     x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, pu, 0x00));
     return (uint32_t)_mm_extract_epi32(x1, 1);
 }
-#endif
 
 /* zlib.crc32(p[0:n], crc). */
 static uint32_t crc32_run(uint32_t crc, const uint8_t *p, size_t n)
 {
     uint32_t c = ~crc;
-#ifdef CRC_FOLDS
-    static int pclmul = -1;
-    if (pclmul < 0) {
-        __builtin_cpu_init();
-        pclmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
-    }
-    if (pclmul && n >= 64) {
+    if (crc_pclmul > 0 && n >= 64) {
         c = crc32_fold(c, p, n);
         p += n - n % 16;
         n %= 16;
     }
-#endif
     return ~crc32_bytes(c, p, n);
 }
 
@@ -2370,7 +2365,7 @@ static PyObject *py_crc32(PyObject *self, PyObject *args)
     }
     Py_buffer b;
     if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0) return NULL;
-    if (!crc_table[1]) crc_table_init();  /* under the GIL: every caller sees it whole */
+    if (crc_pclmul < 0) crc_init();  /* under the GIL: every caller sees it whole */
     uint32_t c;
     if (b.len >= (1 << 16)) {
         Py_BEGIN_ALLOW_THREADS
@@ -2382,6 +2377,7 @@ static PyObject *py_crc32(PyObject *self, PyObject *args)
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLong(c);
 }
+#endif
 
 static const char lanes_decode_doc[] =
     "lanes_decode(buf u8, f u32, cum u32, S, m, b0, b1, starts i64, lens i64, out u8|u16[, rows u8[, simd=1]])\n"
@@ -2454,6 +2450,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         int vec_rows = vec && (V == 4 || V == 8);
         /* an output past the caches: its rows written around them (non-temporal stores), no line read first */
         int stream = vec_rows && ob.len >= STREAM_MIN;
+        (void)stream;  /* read by the AVX2 decoder only */
         uint32_t fmax = 0;
         for (Py_ssize_t c = 0; c < k; c++) fmax = f[c] > fmax ? f[c] : fmax;
         if (vec) {
@@ -3980,7 +3977,9 @@ static PyMethodDef methods[] = {
     {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
+#ifdef CRC_FOLDS
     {"crc32", py_crc32, METH_VARARGS, crc32_doc},
+#endif
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {"dot", py_dot, METH_VARARGS, dot_doc},
     {"lookup_error", py_lookup_error, METH_VARARGS, lookup_error_doc},
