@@ -15,7 +15,9 @@ alike), and the default's decode rate as a multiple of the packed path's and of 
 (with torch installed) a CPU tensor on the torch backend writes the same bytes.  ``--clock cpu``
 times by the process's CPU time instead of the wall clock: on a machine shared with other jobs the
 one-thread figures then count only this process's work (with more threads it sums theirs: a cost,
-not a latency).
+not a latency).  A decode writes its output where a freed one was when it can (``mucsc.heap``:
+freed outputs of 4 MiB and more are kept mapped, as glibc keeps smaller blocks); ``--keep-outputs``
+holds every output (zstd's too) until the last repetition, so that each decode writes fresh memory.
 """
 
 from __future__ import annotations
@@ -60,12 +62,16 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--keep-outputs", action="store_true",
+                    help="hold every decoded output (and zstd's) until the last repetition: each decode then "
+                         "writes memory never used before, as a server that keeps a round's updates does")
     args = ap.parse_args()
     now = time.perf_counter if args.clock == "wall" else time.process_time
     threads = [int(t) for t in args.threads.split(",")]
     load0 = os.getloadavg()[0]
     print(f"# {os.cpu_count()} cores, kernels backend {kernels.BACKEND}, numpy {np.__version__}, "
-          f"best of {args.repeat} interleaved, {args.clock} clock; load average {load0:.2f} at the start")
+          f"best of {args.repeat} interleaved, {args.clock} clock"
+          f"{', outputs kept' if args.keep_outputs else ''}; load average {load0:.2f} at the start")
     print("| d | variant | bytes | bits/elem | largest zstd section | "
           + " | ".join(f"encode MB/s T={t}" for t in threads) + " | "
           + " | ".join(f"decode MB/s T={t}" for t in threads) + " |")
@@ -88,6 +94,7 @@ def main() -> None:
         enc = {(v, t): float("inf") for v in variants for t in threads}
         dec = dict(enc)
         zt = [float("inf"), float("inf")]
+        kept = []  # --keep-outputs: every output of this d, alive until its repetitions end
         for _ in range(args.repeat):
             for v, kw in variants.items():
                 for t in threads:
@@ -95,14 +102,19 @@ def main() -> None:
                     mucsc.encode(x, "mucsc", seed=0, threads=t, **kw)
                     enc[v, t] = min(enc[v, t], now() - t0)
                     t0 = now()
-                    mucsc.decode(blobs[v], threads=t)
+                    out = mucsc.decode(blobs[v], threads=t)
                     dec[v, t] = min(dec[v, t], now() - t0)
+                    kept += [out] if args.keep_outputs else []
+                    del out
             t0 = now()
             cctx.compress(x.tobytes())
             zt[0] = min(zt[0], now() - t0)
             t0 = now()
-            dctx.decompress(zblob)
+            out = dctx.decompress(zblob)
             zt[1] = min(zt[1], now() - t0)
+            kept += [out] if args.keep_outputs else []
+            del out
+        del kept
         for v in variants:
             b = blobs[v]
             print(f"| {d:.0e} | {v} | {len(b)} | {8 * len(b) / d:.4f} | {100 * zstd_share(b):.1f}% | "
