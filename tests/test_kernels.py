@@ -685,3 +685,27 @@ def test_summary_stats_kernel_is_numpys(monkeypatch):
         (Ja, na), (Jb, nb) = both(monkeypatch, lambda: S.stats(lv))
         assert np.float64(Ja).view(np.int64) == np.float64(Jb).view(np.int64)
         assert np.array_equal(na, nb)
+
+
+@needs_c
+def test_crc32_kernel_is_zlibs():
+    """The carry-less-multiplication CRC-32 (the message trailer's check) is zlib.crc32 for every
+    length around its 16- and 64-byte steps and the GIL threshold, from any running CRC; a
+    non-contiguous buffer is refused as zlib refuses it."""
+    import zlib
+    c = kernels.c_module()
+    if not hasattr(c, "crc32"):
+        pytest.skip("not an x86 build: parallel.crc32 runs zlib's")
+    data = np.random.default_rng(37).integers(0, 256, (1 << 16) + 300, dtype=np.uint8).tobytes()
+    sizes = [*range(0, 200), 255, 256, 257, 1023, 4096 + 17, (1 << 16) - 1, 1 << 16, (1 << 16) + 300]
+    for n in sizes:
+        for start in (0, 3):
+            for crc in (0, 1, 0xFFFFFFFF, 0x89ABCDEF):
+                piece = data[start: start + n]
+                assert c.crc32(piece, crc) == zlib.crc32(piece, crc), (n, start, crc)
+    assert c.crc32(b"\x00" * 1000) == zlib.crc32(b"\x00" * 1000)
+    assert c.crc32(memoryview(data)[5:5 + 999]) == zlib.crc32(memoryview(data)[5:5 + 999])
+    with pytest.raises(BufferError):
+        c.crc32(memoryview(data)[::2])
+    with pytest.raises(ValueError):
+        c.crc32(data, 1 << 32)

@@ -118,3 +118,106 @@ def test_every_lane_coded_z_decodes_as_the_numpy_reference(z, monkeypatch):
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     assert outs[0].dtype == np.float32 and outs[0].shape == (n,)
+
+
+@needs_c
+def test_huge_outputs_are_aligned_traced_and_reused(monkeypatch):
+    """kernels.output_array's large arrays: writable, on memory from a 2 MiB boundary, counted by
+    tracemalloc like numpy's own while alive; a freed one's mapping serves the next output of its size
+    (no new pages) while the pool keeps it, and huge_buffer_pool(0) gives everything back.  Small
+    arrays and the numpy backend get np.empty."""
+    import tracemalloc
+    monkeypatch.setattr(kernels, "BACKEND", "c")
+    n = (kernels.HUGE_OUTPUT >> 2) + 1001
+    prev, _ = C.huge_buffer_pool(64 << 20)
+    try:
+        C.huge_buffer_pool(0)  # start from an empty pool
+        C.huge_buffer_pool(64 << 20)
+        tracemalloc.start()
+        try:
+            a = kernels.output_array(n, np.float32)
+            traced = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert traced >= 4 * n and a.shape == (n,) and a.dtype == np.float32 and a.flags.writeable
+        assert a.ctypes.data % (2 << 20) == 0
+        a[:] = 7
+        where = a.ctypes.data
+        view = a[10:]
+        del a
+        assert C.huge_buffer_pool(-1)[1] == 0  # a view keeps the memory alive: not pooled yet
+        del view
+        assert C.huge_buffer_pool(-1)[1] >= 4 * n
+        b = kernels.output_array(n - 900, np.float32)  # the kept mapping, its tail given back
+        assert b.ctypes.data == where and C.huge_buffer_pool(-1)[1] == 0
+        del b
+        assert C.huge_buffer_pool(-1)[1] > 0 and C.huge_buffer_pool(0)[1] == 0
+        small = kernels.output_array(1000, np.float32)
+        assert small.base is None and small.shape == (1000,)
+        monkeypatch.setattr(kernels, "BACKEND", "numpy")
+        assert kernels.output_array(n, np.float32).base is None
+    finally:
+        C.huge_buffer_pool(prev)
+    with pytest.raises(ValueError):
+        C.huge_buffer(0)
+
+
+@needs_c
+def test_large_output_decodes_the_same_fresh_and_reused(monkeypatch):
+    """A lane-coded message whose output takes huge pages (and the AVX2 decoder's non-temporal stores)
+    decodes to the numpy reference's values, on a new mapping, on a reused one (the pool's), without the
+    pool, and into numpy memory off the stores' alignment (a sorted table: every centroid is used)."""
+    n = (kernels.HUGE_OUTPUT >> 2) + 77
+    x = np.random.default_rng(5).normal(size=n).astype(np.float32)
+    blob = mucsc.encode(x, "mucsc", seed=2)
+    assert "IDSL" in {s.tag for s in fmt.read_message(blob).sections}
+    with monkeypatch.context() as mp:
+        mp.setattr(kernels, "BACKEND", "numpy")
+        ref = mucsc.decode(blob)
+    monkeypatch.setattr(kernels, "BACKEND", "c")
+    prev, _ = C.huge_buffer_pool(64 << 20)
+    try:
+        first = mucsc.decode(blob)
+        assert first.ctypes.data % (2 << 20) == 0
+        np.testing.assert_array_equal(first, ref)
+        first[:] = np.nan  # whatever the freed memory held, the next decode writes every value
+        del first
+        np.testing.assert_array_equal(mucsc.decode(blob), ref)
+        C.huge_buffer_pool(0)
+        np.testing.assert_array_equal(mucsc.decode(blob), ref)
+    finally:
+        C.huge_buffer_pool(prev)
+    # the kernel into numpy memory 4 bytes off a 32-byte boundary: the stores that need alignment step aside
+    sec = next(s for s in fmt.read_message(blob).sections if s.tag == "IDSL")
+    payload = memoryview(blob)[sec.offset: sec.offset + sec.stored_bytes]
+    table = np.unique(ref)
+    b = np.frombuffer(payload, np.uint8)
+    p = lanes.parse(b, n, table.size)
+    rows = parallel.byte_table(table, p.w)
+    space = np.empty(4 * n + 64, np.uint8)
+    at = (-space.ctypes.data) % 32 + 4
+    out = space[at: at + 4 * n]
+    got = C.lanes_decode(b, p.f.astype(np.uint32), p.cum.astype(np.uint32), p.S, p.layout.m, 0, p.layout.blocks,
+                         p.starts, p.lengths, out, rows.bytes)
+    assert got >= 0
+    np.testing.assert_array_equal(out.view(np.float32), ref)
+
+
+def test_decoded_outputs_kept_up_to_the_cap():
+    """mucsc.heap.keep_decoded_outputs sets the compiled kernels' cap on the freed outputs kept
+    (returning the previous one) and refuses a negative or non-integer cap; without the compiled
+    kernels it reports None."""
+    from mucsc import heap
+    with pytest.raises(ValueError, match="max_bytes"):
+        heap.keep_decoded_outputs(-1)
+    with pytest.raises(ValueError, match="max_bytes"):
+        heap.keep_decoded_outputs(1.5)
+    prev = heap.keep_decoded_outputs(0)
+    if kernels.compiled("huge_buffer_pool") is None:
+        assert prev is None
+        return
+    try:
+        assert heap.keep_decoded_outputs(1 << 20) == 0
+        assert heap.keep_decoded_outputs(heap.DECODED_OUTPUTS) == 1 << 20
+    finally:
+        heap.keep_decoded_outputs(prev)

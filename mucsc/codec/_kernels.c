@@ -2199,13 +2199,15 @@ static int lanes_decode_block_values(const uint8_t *buf, const uint16_t *slot_sy
  * both from one gather of sym | (f - 1) << 8 | (slot - cum) << 20 --, DEC_STEP's arithmetic lane for lane
  * (f (x >> S) < 2^31: x < 2^31, f <= 2^S), the renormalisation's 0..3 bytes from a gathered
  * big-endian word per lane.  Output: with V = 4 or 8 (W = 32 only) the symbols' V-byte rows, gathered
- * and stored 8 at a time (the IDs never stored); with V = 0 the symbols as bytes (8 stored at a
+ * and stored 8 at a time (the IDs never stored; with nt, 32-byte aligned rows, by non-temporal stores,
+ * fenced before the careful steps: an output larger than the caches is written without reading each
+ * line first); with V = 0 the symbols as bytes (8 stored at a
  * time: up to 7 bytes past a row's end, rewritten by the next row; out needs 8 bytes of slack).
  * The same symbols and the same rejections as the scalar decoder. */
 __attribute__((target("avx2")))
 static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, const uint32_t *fc, const uint32_t *tab32,
                                    const uint16_t *slot_sym, const uint32_t *f, const uint32_t *cum, int S, Py_ssize_t s,
-                                   const int64_t *st, const int64_t *ln, uint8_t *ov, const uint8_t *rows, int V)
+                                   const int64_t *st, const int64_t *ln, uint8_t *ov, const uint8_t *rows, int V, int nt)
 {
     const int W = lanes_of(s), nv = (W + 7) / 8;
     const Py_ssize_t full = s / W;
@@ -2236,6 +2238,7 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     __m256i xv[4], pv[4], ev[4], act[4];
+    nt = nt && (V == 8 || V == 4) && !((uintptr_t)ov & 31);  /* every row's stores then 32-byte aligned */
     for (int v = 0; v < nv; v++) {
         xv[v] = _mm256_load_si256((const __m256i *)(x + 8 * v));
         pv[v] = _mm256_load_si256((const __m256i *)(po + 8 * v));
@@ -2273,16 +2276,24 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
             if (V == 8) {
                 __m256i lo = _mm256_i32gather_epi64((const long long *)rows, _mm256_castsi256_si128(sym), 8);
                 __m256i hi = _mm256_i32gather_epi64((const long long *)rows, _mm256_extracti128_si256(sym, 1), 8);
-                _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
-                _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+                if (nt) {
+                    _mm256_stream_si256((__m256i *)(orow + 64 * v), lo);
+                    _mm256_stream_si256((__m256i *)(orow + 64 * v + 32), hi);
+                } else {
+                    _mm256_storeu_si256((__m256i *)(orow + 64 * v), lo);
+                    _mm256_storeu_si256((__m256i *)(orow + 64 * v + 32), hi);
+                }
             } else if (V == 4) {
-                _mm256_storeu_si256((__m256i *)(orow + 32 * v), _mm256_i32gather_epi32((const int *)rows, sym, 4));
+                __m256i val = _mm256_i32gather_epi32((const int *)rows, sym, 4);
+                if (nt) _mm256_stream_si256((__m256i *)(orow + 32 * v), val);
+                else _mm256_storeu_si256((__m256i *)(orow + 32 * v), val);
             } else {
                 __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(sym, low), join);
                 _mm_storel_epi64((__m128i *)(orow + 8 * v), _mm256_castsi256_si128(b8));
             }
         }
     }
+    if (nt) _mm_sfence();
     const uint8_t *p[LANES_MAX], *end[LANES_MAX];
     for (int v = 0; v < nv; v++) {
         _mm256_store_si256((__m256i *)(x + 8 * v), xv[v]);
@@ -2302,6 +2313,273 @@ static int lanes_decode_block_avx2(const uint8_t *buf, const uint8_t *slot8, con
     for (int j = 0; j < W; j++)
         if (x[j] != RANS_L || p[j] != end[j]) return 1;
     return 0;
+}
+#endif
+
+/* ---- decode outputs: huge pages, faulted in before the decoder writes them -----------------------
+ * A decoder's output is fresh memory: every first store to a page traps into the kernel, which
+ * zeroes it.  A numpy array gets transparent huge pages only over its 2 MiB-aligned interior (numpy's
+ * madvise), so up to 2 x 511 edge pages fault 4 KiB at a time, and every fault lands in the middle of
+ * the decode, its zeroing evicting the decoder's streams and tables from the core's cache.
+ * huge_buffer(n) maps n bytes from a 2 MiB boundary with MADV_HUGEPAGE (one fault per 2 MiB where
+ * the kernel allows it), reported to tracemalloc as numpy's buffers are; out_prefault then faults a
+ * range in before the decoder runs over it (MADV_POPULATE_WRITE, Linux 5.14; else one store per
+ * 4 KiB page: the decoder overwrites every byte).  Memory already mapped costs a page-table walk. */
+#if defined(__linux__)
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define HUGE_BUFFERS 1
+#endif
+#define PAGE_BYTES 4096
+#define HUGE_PAGE (2u << 20)
+/* Outputs from here up: faulted in first (below, MADV_POPULATE_WRITE over 4 KiB pages cost more than
+ * the faults it saves: a 4 MB numpy output at d = 1e6 decoded in 1.5-1.7 ms against 1.25-1.4 without)
+ * and written by the AVX2 decoder's non-temporal stores.  kernels.HUGE_OUTPUT maps them on huge pages. */
+#define PREFAULT_MIN (4 << 20)
+#define STREAM_MIN PREFAULT_MIN
+#define TRACE_DOMAIN 389047  /* numpy's tracemalloc domain: the decoded arrays count as numpy's do */
+
+static void out_prefault(uint8_t *p, Py_ssize_t n)
+{
+    if (n < PREFAULT_MIN) return;
+#ifdef HUGE_BUFFERS
+    uintptr_t a = ((uintptr_t)p + PAGE_BYTES - 1) & ~(uintptr_t)(PAGE_BYTES - 1);
+    uintptr_t e = ((uintptr_t)p + (uintptr_t)n) & ~(uintptr_t)(PAGE_BYTES - 1);
+    if (e > a && madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    for (Py_ssize_t i = 0; i < n; i += PAGE_BYTES) ((volatile uint8_t *)p)[i] = 0;
+}
+
+#ifdef HUGE_BUFFERS
+/* Freed mappings kept for the next output (the same trade glibc makes for blocks under its 32 MiB mmap
+ * threshold, which a 1e7-float output exceeds): a process decoding in a loop then writes into memory
+ * it already has, with no page faults and no zeroing.  At most POOL_SLOTS mappings and pool_cap bytes
+ * (huge_buffer_pool sets it; 0 keeps none).  Touched only under the GIL (huge_buffer, the dealloc). */
+#define POOL_SLOTS 4
+static struct { uint8_t *ptr; size_t mapped; } pool[POOL_SLOTS];
+static size_t pool_bytes, pool_cap = (size_t)64 << 20;
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *ptr;
+    Py_ssize_t len;
+    size_t mapped;
+} HugeBufObject;
+
+static int hugebuf_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    HugeBufObject *h = (HugeBufObject *)self;
+    return PyBuffer_FillInfo(view, self, h->ptr, h->len, 0, flags);
+}
+
+static void hugebuf_dealloc(PyObject *self)
+{
+    HugeBufObject *h = (HugeBufObject *)self;
+    if (h->ptr) {
+        PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)h->ptr);
+        int kept = 0;
+        for (int i = 0; i < POOL_SLOTS && !kept && pool_bytes + h->mapped <= pool_cap; i++)
+            if (!pool[i].ptr) {
+                pool[i].ptr = h->ptr;
+                pool[i].mapped = h->mapped;
+                pool_bytes += h->mapped;
+                kept = 1;
+            }
+        if (!kept) munmap(h->ptr, h->mapped);
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs hugebuf_as_buffer = {hugebuf_getbuffer, NULL};
+
+static PyTypeObject HugeBufType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mucsc.codec._kernels.HugeBuffer",
+    .tp_basicsize = sizeof(HugeBufObject),
+    .tp_dealloc = hugebuf_dealloc,
+    .tp_as_buffer = &hugebuf_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "n writable bytes mapped from a 2 MiB boundary, huge pages advised (see huge_buffer).",
+};
+
+/* A kept mapping of at least len bytes (the smallest; its tail past len unmapped), or NULL. */
+static uint8_t *pool_take(size_t len)
+{
+    int best = -1;
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (pool[i].ptr && pool[i].mapped >= len && (best < 0 || pool[i].mapped < pool[best].mapped)) best = i;
+    if (best < 0) return NULL;
+    uint8_t *p = pool[best].ptr;
+    if (pool[best].mapped > len) munmap(p + len, pool[best].mapped - len);
+    pool_bytes -= pool[best].mapped;
+    pool[best].ptr = NULL;
+    pool[best].mapped = 0;
+    return p;
+}
+
+PyDoc_STRVAR(huge_buffer_doc,
+"huge_buffer(n) -> buffer\n\n"
+"n >= 1 writable, uninitialised bytes from a 2 MiB boundary: a freed one's mapping when one is kept\n"
+"(its pages already there), else a new mapping with transparent huge pages advised (the kernel's\n"
+"choice), not faulted in yet.  Traced by tracemalloc (numpy's domain) while alive; when the last view\n"
+"goes, kept for the next (huge_buffer_pool) or unmapped.  MemoryError when the mapping fails.");
+
+static PyObject *py_huge_buffer(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > PY_SSIZE_T_MAX - 2 * (Py_ssize_t)HUGE_PAGE) {
+        PyErr_SetString(PyExc_ValueError, "huge_buffer: need 1 <= n < 2^63 - 4 MiB");
+        return NULL;
+    }
+    size_t len = ((size_t)n + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+    uint8_t *p = pool_take(len);
+    if (!p) {
+        size_t span = len + HUGE_PAGE;
+        uint8_t *raw = (uint8_t *)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == (uint8_t *)MAP_FAILED) return PyErr_NoMemory();
+        p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (p > raw) munmap(raw, (size_t)(p - raw));  /* the unaligned head and the tail past len: unmapped */
+        if (raw + span > p + len) munmap(p + len, (size_t)(raw + span - (p + len)));
+        (void)madvise(p, len, MADV_HUGEPAGE);  /* advice: refused (no THP) is fine */
+    }
+    HugeBufObject *h = PyObject_New(HugeBufObject, &HugeBufType);
+    if (h == NULL) { munmap(p, len); return NULL; }
+    h->ptr = p;
+    h->len = n;
+    h->mapped = len;
+    (void)PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)p, len);
+    return (PyObject *)h;
+}
+
+PyDoc_STRVAR(huge_buffer_pool_doc,
+"huge_buffer_pool(cap) -> (previous cap, bytes kept)\n\n"
+"Keep up to cap bytes (at most 4 mappings) of freed huge_buffer memory for the next ones; cap < 0\n"
+"only reports.  Lowering it unmaps what is kept beyond it (0: everything).");
+
+static PyObject *py_huge_buffer_pool(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t cap = PyLong_AsSsize_t(arg);
+    if (cap == -1 && PyErr_Occurred()) return NULL;
+    size_t prev = pool_cap;
+    if (cap >= 0) {
+        pool_cap = (size_t)cap;
+        for (int i = 0; i < POOL_SLOTS && pool_bytes > pool_cap; i++)
+            if (pool[i].ptr) {
+                munmap(pool[i].ptr, pool[i].mapped);
+                pool_bytes -= pool[i].mapped;
+                pool[i].ptr = NULL;
+                pool[i].mapped = 0;
+            }
+    }
+    return Py_BuildValue("(nn)", (Py_ssize_t)prev, (Py_ssize_t)pool_bytes);
+}
+#endif
+
+/* ---- CRC-32 (zlib's: reflected polynomial 0xEDB88320) by carry-less multiplication --------------
+ * The message trailer's check (FORMAT.md 3.1) reads every byte of a message before it decodes: zlib
+ * 1.2's table CRC runs ~5 GB/s, a tenth of a 40 MB output's decode time at d = 1e7.  Four 128-bit
+ * accumulators fold 64 bytes a step with PCLMULQDQ (Gopal et al., "Fast CRC computation for generic
+ * polynomials using PCLMULQDQ", Intel 2009; the constants are Linux's crc32-pclmul_asm.S: x^(k) mod P
+ * bit-reflected), then fold to 128 bits, reduce to 32 (Barrett), and finish the last < 16 bytes with
+ * the byte table.  The same value as zlib.crc32 for every input (tests/test_kernels.py). */
+#ifdef LANES_AVX2  /* x86 (elsewhere zlib's CRC is the faster one) */
+#define CRC_FOLDS 1
+static uint32_t crc_table[256];
+static int crc_pclmul = -1;  /* the CPU folds with PCLMULQDQ; set with the table, under the GIL */
+
+static void crc_init(void)
+{
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t c = b;
+        for (int i = 0; i < 8; i++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
+        crc_table[b] = c;
+    }
+    __builtin_cpu_init();
+    crc_pclmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+}
+
+/* The register (pre-inverted) advanced over n bytes, one table step a byte. */
+static uint32_t crc32_bytes(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n--) c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+/* The register c advanced over n >= 64 bytes, 16 at a time; the last n % 16 are left to the caller. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc32_fold(uint32_t c, const uint8_t *p, size_t n)
+{
+    const __m128i k12 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL), k34 = _mm_set_epi64x(0xccaa009eLL, 0x1751997d0LL);
+    const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124LL), pu = _mm_set_epi64x(0x1f7011641LL, 0x1db710641LL);
+    const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+    __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 32)), x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)c));
+    p += 64;
+    n -= 64;
+#define CRC_FOLD(X, K, D) (X) = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128((X), (K), 0x00), \
+                                                            _mm_clmulepi64_si128((X), (K), 0x11)), (D))
+    for (; n >= 64; p += 64, n -= 64) {
+        CRC_FOLD(x1, k12, _mm_loadu_si128((const __m128i *)p));
+        CRC_FOLD(x2, k12, _mm_loadu_si128((const __m128i *)(p + 16)));
+        CRC_FOLD(x3, k12, _mm_loadu_si128((const __m128i *)(p + 32)));
+        CRC_FOLD(x4, k12, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    CRC_FOLD(x1, k34, x2);
+    CRC_FOLD(x1, k34, x3);
+    CRC_FOLD(x1, k34, x4);
+    for (; n >= 16; p += 16, n -= 16) CRC_FOLD(x1, k34, _mm_loadu_si128((const __m128i *)p));
+#undef CRC_FOLD
+    /* 128 -> 64 bits (with 32 zero bits appended), 64 -> 32, then Barrett's reduction */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(k34, x1, 0x01));
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 4), _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5, 0x00));
+    __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), pu, 0x10), mask32);
+    x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, pu, 0x00));
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+
+/* zlib.crc32(p[0:n], crc). */
+static uint32_t crc32_run(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint32_t c = ~crc;
+    if (crc_pclmul > 0 && n >= 64) {
+        c = crc32_fold(c, p, n);
+        p += n - n % 16;
+        n %= 16;
+    }
+    return ~crc32_bytes(c, p, n);
+}
+
+PyDoc_STRVAR(crc32_doc,
+"crc32(data[, crc=0]) -> int\n\n"
+"zlib.crc32(data, crc) of a bytes-like object (any layout: its bytes in order), folded 64 bytes a step\n"
+"with PCLMULQDQ where the CPU has it (else zlib's byte table); the GIL released for large data.");
+
+static PyObject *py_crc32(PyObject *self, PyObject *args)
+{
+    PyObject *o;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTuple(args, "O|k", &o, &crc)) return NULL;
+    if (crc > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "crc32: crc is a 32-bit value");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0) return NULL;
+    if (crc_pclmul < 0) crc_init();  /* under the GIL: every caller sees it whole */
+    uint32_t c;
+    if (b.len >= (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        c = crc32_run((uint32_t)crc, (const uint8_t *)b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        c = crc32_run((uint32_t)crc, (const uint8_t *)b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
 }
 #endif
 
@@ -2374,6 +2652,9 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         vec = simd && !wide && S <= 16 && bb.len < ((Py_ssize_t)1 << 31) - 8 && have_avx2();
 #endif
         int vec_rows = vec && (V == 4 || V == 8);
+        /* an output past the caches: its rows written around them (non-temporal stores), no line read first */
+        int stream = vec_rows && ob.len >= STREAM_MIN;
+        (void)stream;  /* read by the AVX2 decoder only */
         uint32_t fmax = 0;
         for (Py_ssize_t c = 0; c < k; c++) fmax = f[c] > fmax ? f[c] : fmax;
         if (vec) {
@@ -2389,6 +2670,11 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
         int err = 0;
         long last = 0;
         Py_BEGIN_ALLOW_THREADS
+        if (V) {  /* this call's rows of the output */
+            Py_ssize_t lo = b0 * LANES_BLOCK * V, hi = b1 * LANES_BLOCK * V;
+            if (hi > ob.len) hi = ob.len;
+            if (hi > lo) out_prefault((uint8_t *)ob.buf + lo, hi - lo);
+        }
         for (Py_ssize_t c = 0; c < k; c++)
             for (uint32_t t = 0; t < f[c]; t++) slot_sym[cum[c] + t] = (uint16_t)c;
         if (vec) {
@@ -2405,7 +2691,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
                 if (vec)
                     err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
-                                                  tmp, NULL, 0);
+                                                  tmp, NULL, 0, 0);
                 else
 #endif
                 err = lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, 0, s, st, ln, tmp, 0, NULL, 0);
@@ -2419,7 +2705,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
             else if (vec_rows)
                 err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln, ob8,
-                                              (const uint8_t *)rb.buf, (int)V);
+                                              (const uint8_t *)rb.buf, (int)V, stream);
 #endif
             else
                 err = lanes_decode_block_values((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st,
@@ -2432,7 +2718,7 @@ static PyObject *py_lanes_decode(PyObject *self, PyObject *args)
 #ifdef LANES_AVX2
             if (vec && s == LANES_BLOCK)  /* 32 lanes: no byte stored past the block */
                 err = lanes_decode_block_avx2((const uint8_t *)bb.buf, slot8, fc, tab32, slot_sym, f, cum, S, s, st, ln,
-                                              (uint8_t *)ob.buf + b * LANES_BLOCK, NULL, 0);
+                                              (uint8_t *)ob.buf + b * LANES_BLOCK, NULL, 0, 0);
             else
 #endif
             err = wide ? lanes_decode_block((const uint8_t *)bb.buf, slot_sym, f, cum, S, b * LANES_BLOCK, s, st, ln,
@@ -3875,6 +4161,10 @@ static PyObject *py_summary_stats(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
+#ifdef HUGE_BUFFERS
+    {"huge_buffer", py_huge_buffer, METH_O, huge_buffer_doc},
+    {"huge_buffer_pool", py_huge_buffer_pool, METH_O, huge_buffer_pool_doc},
+#endif
     {"sround", py_sround, METH_VARARGS, sround_doc},
     {"dp_levels", py_dp_levels, METH_VARARGS, dp_doc},
     {"outside", py_outside, METH_VARARGS, outside_doc},
@@ -3892,6 +4182,9 @@ static PyMethodDef methods[] = {
     {"byte_screen", py_byte_screen, METH_VARARGS, byte_screen_doc},
     {"lanes_encode", py_lanes_encode, METH_VARARGS, lanes_encode_doc},
     {"lanes_decode", py_lanes_decode, METH_VARARGS, lanes_decode_doc},
+#ifdef CRC_FOLDS
+    {"crc32", py_crc32, METH_VARARGS, crc32_doc},
+#endif
     {"lookup_bytes", py_lookup_bytes, METH_VARARGS, lookup_bytes_doc},
     {"dot", py_dot, METH_VARARGS, dot_doc},
     {"lookup_error", py_lookup_error, METH_VARARGS, lookup_error_doc},
@@ -3919,6 +4212,9 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__kernels(void)
 {
     if (PyType_Ready(&WritableType) < 0) return NULL;
+#ifdef HUGE_BUFFERS
+    if (PyType_Ready(&HugeBufType) < 0) return NULL;
+#endif
 #ifdef LANES_AVX2
     (void)have_avx2();  /* decided once here, under the GIL: the coder's threads only read it */
 #endif

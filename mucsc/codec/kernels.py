@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "compiled", "dot", "lookup_error", "nearest"]
+__all__ = ["BACKEND", "TORCH", "splitmix64", "GAMMA", "use_c", "compiled", "dot", "lookup_error", "nearest",
+           "output_array"]
 
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64 state increment (spec/FORMAT.md 4.3)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -172,3 +173,19 @@ def nearest(x: np.ndarray, t: np.ndarray, c: np.ndarray, ids: np.ndarray, chunk:
         d = xc - c[k]
         err += dot(d, d)
     return err
+
+
+HUGE_OUTPUT = 4 << 20  # bytes: a decoder's output from here up is mapped on huge pages (output_array)
+
+
+def output_array(n: int, dtype) -> np.ndarray:
+    """An uninitialised array of n items of ``dtype`` for a decoder to fill.  From HUGE_OUTPUT bytes up,
+    with the compiled kernels, on memory mapped from a 2 MiB boundary with transparent huge pages
+    advised (``_kernels.huge_buffer``): one page fault per 2 MiB instead of numpy's 4 KiB pages at the
+    edges of its own huge-page interior (~1,000 faults for a 40 MB array); counted by tracemalloc as
+    numpy's arrays are, unmapped with its last view.  Else ``np.empty``."""
+    dtype = np.dtype(dtype)
+    alloc = compiled("huge_buffer")
+    if alloc is None or n * dtype.itemsize < HUGE_OUTPUT:
+        return np.empty(n, dtype)
+    return np.frombuffer(alloc(n * dtype.itemsize), dtype, n)

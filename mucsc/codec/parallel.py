@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.errors import ParameterError
 
 __all__ = ["CHUNK", "GROUP_PARALLEL_MAX", "resolve", "using", "current", "spans", "run", "run_spans",
@@ -473,9 +474,11 @@ class _ByteTable:
 
 def crc32(data: memoryview, crc: int = 0) -> int:
     """``zlib.crc32(data, crc)`` (``crc``: the running CRC of what came before), over ``current()``
-    equal parts in parallel for large data (zlib releases the GIL), the parts' CRCs joined with
-    :func:`crc32_combine`."""
-    return _crc_parts(len(data), crc, lambda a, b, c: zlib.crc32(data[a:b], c))
+    equal parts in parallel for large data (both release the GIL), the parts' CRCs joined with
+    :func:`crc32_combine`.  The compiled kernel where built (carry-less multiplication, ~5x zlib 1.2's
+    table CRC), else zlib."""
+    one = kernels.compiled("crc32") or zlib.crc32
+    return _crc_parts(len(data), crc, lambda a, b, c: one(data[a:b], c))
 
 
 def _crc_parts(n: int, crc: int | None, span: Callable[[int, int, int | None], int | None],

@@ -384,7 +384,7 @@ def decode_values(buf, n: int, k: int, table: np.ndarray) -> np.ndarray | None:
     V = rows.bytes.size // 256
     if V > 64 or (rows.bad is not None and bool(np.any(rows.bad & (p.f > 0)))):
         return None
-    out = np.empty(n, table.dtype)
+    out = kernels.output_array(n, table.dtype)  # huge pages, faulted in by the kernel run by run
     lay = p.layout
     f, cum, ob = p.f.astype(np.uint32), p.cum.astype(np.uint32), out.view(np.uint8)
 
