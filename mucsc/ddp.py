@@ -6,9 +6,9 @@
 
 Per bucket, from iteration ``start_iter`` on: every rank encodes its gradient bucket, the ranks
 all-gather one slot each (the message's length and the message, padded to a size all ranks know: the
-longest message of the bucket's previous iteration plus a slack), and every rank decodes all messages
-in rank order and averages them.  All ranks decode the same bytes with the same arithmetic
-in the same order, so the replicas stay bitwise identical.  Before ``start_iter`` the hook is a plain
+longest message of the bucket's previous iteration plus a slack), and every rank averages the decoded
+messages in rank order (its own decode read from its encoder, see below).  All ranks sum the same
+decoded values with the same arithmetic in the same order, so the replicas stay bitwise identical.  Before ``start_iter`` the hook is a plain
 averaging allreduce: DDP rebuilds its buckets after the first iteration, and per-bucket error feedback
 needs stable buckets.  Each bucket has its own :class:`mucsc.Compressor`: biased codecs (top-k,
 signSGD, B-MUCSC, ...) get per-bucket error feedback (what the other ranks did not receive is added
