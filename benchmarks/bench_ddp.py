@@ -1,6 +1,7 @@
 """DDP on CPU: plain allreduce vs the mucsc communication hook, 2 gloo ranks on 127.0.0.1.
 
     python benchmarks/bench_ddp.py [--params 1000000] [--iters 20] [--repeat 3] [--only LABEL ...] [--interleave]
+                                   [--hook-from OLD/mucsc/ddp.py]
 
 Prints, per hook: wall seconds per training iteration (the median of ``--iters`` iterations after 2
 warm-up ones, robust to other jobs' bursts; the best of ``--repeat`` runs, the hooks taking turns so
@@ -13,7 +14,9 @@ compressed matrix plus the tensors it allreduces whole; mucsc: its all-gather sl
 message and slack), and the final loss.  Hooks: allreduce (DDP's default), torch's
 ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 1 and 4, from iteration 2), mucsc z=16 (the
 hook's default settings, the codec's own ``compress="auto", id_coding="auto"``, ``solver="uniform"``,
-``overlap=False``), mucsc z=32 uniform, mucsc z=4, top-k.  Loopback is far
+``overlap=False``), mucsc z=32 uniform, mucsc z=4, top-k; ``--hook-from FILE`` adds a mucsc z=16 row whose
+hook comes from another ddp.py (an earlier version, on today's codec: before and after in one run,
+best with ``--interleave``).  Loopback is far
 faster than any real link, so the times show the codec's cost, and the bytes show what a
 bandwidth-bound link would carry.
 """
@@ -31,7 +34,7 @@ import textwrap
 from pathlib import Path
 
 WORKER = textwrap.dedent("""
-    import json, sys, time
+    import importlib.util, json, sys, time
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from mucsc.ddp import MucscHookState, mucsc_hook
@@ -42,6 +45,12 @@ WORKER = textwrap.dedent("""
     cases = json.loads(sys.argv[6])  # [[hook, params], ...]: each its own model, taking turns per iteration
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+
+    def hook_from(path):  # another version of mucsc/ddp.py, as its own module
+        spec = importlib.util.spec_from_file_location("ddp_from_file", path)
+        mod = sys.modules["ddp_from_file"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.MucscHookState, mod.mucsc_hook
 
     def setup(hook, params):
         torch.manual_seed(0)
@@ -61,8 +70,10 @@ WORKER = textwrap.dedent("""
             wire = sum(4 * r * sum(p.shape) if p.dim() == 2 and r * sum(p.shape) < p.numel() else 4 * p.numel()
                        for p in model.parameters())
         elif hook != "allreduce":
-            state = MucscHookState(None, codec=hook, seed=0, start_iter=2, **params)
-            ddp.register_comm_hook(state, mucsc_hook)
+            params = dict(params)
+            state_type, hook_fn = hook_from(params.pop("from")) if "from" in params else (MucscHookState, mucsc_hook)
+            state = state_type(None, codec=hook, seed=0, start_iter=2, **params)
+            ddp.register_comm_hook(state, hook_fn)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         return {"ddp": ddp, "opt": opt, "state": state, "wire": wire, "d": nbytes // 4, "times": [], "cpu": 0.0}
 
@@ -119,7 +130,8 @@ def run(cases: list, width: int, iters: int, tmp: Path) -> list[dict]:
 
 
 def label(hook: str, params: dict) -> str:
-    return hook + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+    shown = {k: "file" if k == "from" else v for k, v in params.items()}  # no machine path in the table
+    return hook + ("(" + ",".join(f"{k}={v}" for k, v in shown.items()) + ")" if params else "")
 
 
 def main() -> None:
@@ -131,14 +143,18 @@ def main() -> None:
                     "e.g. 'mucsc(z=16)'); allreduce, the baseline, always runs")
     ap.add_argument("--interleave", action="store_true", help="all rows in one pair of ranks, taking turns "
                     "every iteration (a change of load hits every row alike; the rows share the cores' caches)")
+    ap.add_argument("--hook-from", metavar="FILE", help="also a mucsc z=16 row with the hook from this ddp.py "
+                    "(e.g. an earlier version's mucsc/ddp.py)")
     a = ap.parse_args()
     width = max(1, a.params // 129)
     cases = [("allreduce", {}), ("fp16", {}), ("powersgd", {"rank": 1}), ("powersgd", {"rank": 4}),
              ("mucsc", {"z": 16}), ("mucsc", {"z": 16, "compress": "auto", "id_coding": "auto"}),
              ("mucsc", {"z": 16, "solver": "uniform"}), ("mucsc", {"z": 32, "solver": "uniform"}),
              ("mucsc", {"z": 16, "overlap": False}), ("mucsc", {"z": 4}), ("topk", {"keep": 0.01})]
+    if a.hook_from:
+        cases.insert(5, ("mucsc", {"z": 16, "from": str(Path(a.hook_from).resolve())}))
     if a.only:
-        cases = [c for c in cases if c[0] == "allreduce" or label(*c) in a.only]
+        cases = [c for c in cases if c[0] == "allreduce" or label(*c) in a.only or "from" in c[1]]
     best: list[dict | None] = [None] * len(cases)
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(max(1, a.repeat)):

@@ -256,6 +256,24 @@ def test_stateful_compressor_takes_threads(small_chunks):
         Compressor("mucsc", threads=-2)
 
 
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_take_is_fancy_indexing_on_any_threads(small_chunks, monkeypatch, backend):
+    """parallel.take (an encoder's own lookup): table[ids] for 8-bit IDs (the compiled byte gather or
+    np.take) and wider ones, float32 and float64 tables, chunks on 1 or 3 threads, and no IDs."""
+    monkeypatch.setattr(kernels, "BACKEND", backend)
+    rng = np.random.default_rng(4)
+    n = 3 * SMALL_CHUNK + 5
+    for k, id_dtype in ((16, np.uint8), (256, np.uint8), (300, np.uint16)):
+        ids = rng.integers(0, k, n).astype(id_dtype)
+        for dtype in (np.float32, np.float64):
+            table = rng.standard_normal(k).astype(dtype)
+            for t in (1, 3):
+                with parallel.using(t):
+                    got = parallel.take(table, ids)
+                assert got.dtype == dtype and got.tobytes() == table[ids].tobytes()
+    assert parallel.take(np.zeros(0, np.float32), np.zeros(0, np.uint8)).shape == (0,)
+
+
 def test_pools_work_after_fork(small_chunks):
     """A child forked after the pools started gets fresh ones (its copies have no threads)."""
     import multiprocessing

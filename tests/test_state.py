@@ -81,6 +81,42 @@ def test_no_error_feedback_is_plain_encode_and_rounds_are_seeded():
     assert c.residual == {}
 
 
+def test_compress_decoded_is_compress_and_its_decode():
+    """compress_decoded: the same messages and state as compress, and bit for bit what decode gives
+    (one test over the cases: the backend passes run it, and each case is fast)."""
+    cases = [("mucsc", {"z": 16, "id_coding": "packed"}, _g(3000)),      # the encoder's lookup, 8-bit IDs
+             ("mucsc", {"z": 300}, _g(3000, dtype=np.float64)),           # 16-bit IDs, float64
+             ("mucsc", {"z": 4, "centroid_dtype": "float16"}, _g(500).reshape(20, 25)),
+             ("mucsc", {"rounding": "dithered"}, _g(3000)),               # no lookup: decoded
+             ("topk", {"keep": 0.05}, _g(3000)),                          # error feedback
+             ("mucsc", {"z": 8}, {"w": _g(600).reshape(20, 30), "b": _g(30, 1)})]  # two tensors: decoded
+    for codec, params, data in cases:
+        a, b = Compressor(codec, seed=3, **params), Compressor(codec, seed=3, **params)
+        for _ in range(2):
+            blob, decoded = a.compress_decoded(data)
+            assert blob == b.compress(data), (codec, params)
+            want = mucsc.decode(blob)
+            pairs = [(decoded[k], want[k]) for k in want] if isinstance(want, dict) else [(decoded, want)]
+            for got, ref in pairs:
+                assert got.dtype == ref.dtype and got.shape == ref.shape, (codec, params)
+                assert got.tobytes() == ref.tobytes(), (codec, params)
+        for name, r in a.residual.items():
+            assert np.array_equal(r, b.residual[name]), (codec, params)
+
+
+def test_compress_decoded_reads_a_clusterings_lookup(monkeypatch):
+    """A one-array mucsc message's own decode comes from the encoder's levels and IDs, not the bytes."""
+    from mucsc.codec.api import messages
+
+    if mucsc.codec.kernels.TORCH:  # the torch backend keeps its IDs as a tensor: the message is decoded
+        pytest.skip("MUCSC_BACKEND=torch encodes on torch tensors (no host lookup)")
+    g = _g(5000)
+    want = mucsc.decode(mucsc.encode(g, "mucsc", seed=1, z=16))
+    monkeypatch.setattr(messages, "decode", lambda *a, **k: pytest.fail("decoded the message"))
+    blob, got = Compressor("mucsc", z=16).compress_decoded(g, seed=1)
+    assert got.tobytes() == want.tobytes()
+
+
 def _dgc_reference(grads, keep_per_round, momentum, clip_norm):
     """Direct implementation of DGC's algorithm 1 (one tensor, float64)."""
     u = v = None

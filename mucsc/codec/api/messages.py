@@ -179,6 +179,37 @@ def encode_with_stats(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0,
                    threads, want_stats=True, progress=progress)
 
 
+def encode_decoded(data: Any, codec: str | Codec = "mucsc", *, seed: int = 0, shared: bool = True,
+                   compress: str | int = "auto", threads: int = 1, **params: Any) -> tuple[bytes, Any]:
+    """``(message, decode(message))`` for a sender that needs what its receivers reconstruct (error
+    feedback, an all-gather that averages every rank's message with its own): the message is
+    :func:`encode`'s (same arguments, same bytes), and the decoded value is bit for bit what
+    ``decode(message, max_elements=None, max_expansion=None)`` returns.  For a message of one array
+    whose one group's codec kept the lookup its decode is (``EncodedGroup.lookup``: a clustering's
+    wire levels and IDs) it is one gather of those (0.08 ms for 301k float32 values, against 0.5 ms
+    to parse, decompress and unpack the message); otherwise the message is decoded."""
+    own = _OwnDecode()
+    blob = _encode(data, codec, seed, shared, compress, None, params, None, None, threads, want_stats=False,
+                   own=own)[0]
+    header = own.header
+    lookup = own.lookups.get(0)
+    if lookup is None or header is None or header.container != "tensor" or _narrows(header, header.groups[0]):
+        return blob, decode(blob, max_elements=None, max_expansion=None, threads=threads)
+    rec = header.records[0]
+    with parallel.using(threads):
+        flat = parallel.take(*lookup)
+    return blob, from_record(flat, rec.dtype, rec.shape, as_torch=False)
+
+
+@dataclasses.dataclass
+class _OwnDecode:
+    """What :func:`encode_decoded` keeps of one encode: each group's ``EncodedGroup.lookup`` (None
+    where the codec kept none), by group index, and the message's header."""
+
+    lookups: dict[int, tuple[np.ndarray, np.ndarray] | None] = dataclasses.field(default_factory=dict)
+    header: fmt.Header | None = None
+
+
 def _signer(key: Any, key_id: str | None, context: Any) -> auth.Signer | None:
     """The trailer writer for ``key``; checked before any encoding work."""
     if key is None:
@@ -280,10 +311,11 @@ class _Request:
     threads: int
     want_stats: bool
     progress: Progress | None = None
+    own: _OwnDecode | None = None  # encode_decoded's collector of the groups' lookups
 
 
 def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats,
-            progress=None):
+            progress=None, own=None):
     _check_progress(progress)
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
@@ -292,7 +324,7 @@ def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, t
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
         req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats,
-                       progress)
+                       progress, own)
         return _encode_request(data, req)
 
 
@@ -322,6 +354,8 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     del done
     header = fmt.Header(records, tuple(groups), container, req.meta)
     head = _check_header(header)
+    if req.own is not None:
+        req.own.header = header
     minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
@@ -359,6 +393,8 @@ def _encode_group(gi: int, plan: list[tuple[Codec, list[int]]], ready: dict[int,
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
         x = _for_codec(gcodec, x)
         enc = gcodec.encode_array(x, _group_rng(req.seed, gi))
+        if req.own is not None:
+            req.own.lookups[gi] = enc.lookup
     secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
     if not req.want_stats:
         return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, None, {}

@@ -19,7 +19,7 @@ import numpy as np
 
 from mucsc.codec import kernels, parallel
 from mucsc.codec.backends.tensors import is_torch_tensor
-from mucsc.codec.api.messages import decode, encode
+from mucsc.codec.api.messages import decode, encode, encode_decoded
 from mucsc.codec.api.settings import Settings
 from mucsc.codec.codecs.base import Codec
 from mucsc.codec.codecs.memory import Memory
@@ -117,16 +117,33 @@ class Compressor:
 
         ``epoch`` is the step a memory's schedule follows (DGC's warm-up); default: the round count.
         """
+        return self._compress(update, seed, epoch, want_decoded=False)[0]
+
+    def compress_decoded(self, update: Any, seed: int | None = None, *,
+                         epoch: int | None = None) -> tuple[bytes, Any]:
+        """:meth:`compress` (the same message, the same state afterwards) and what every receiver
+        decodes from it, bit for bit ``decode(message)`` without limits: numpy arrays, or torch
+        tensors on the device an error-feedback memory lives on.  Without error feedback it is read
+        from the encoder's lookup where the codec kept one
+        (:func:`~mucsc.codec.api.messages.encode_decoded`), else decoded; with it, it is the decode
+        the memory learns from (no second decode).  For a sender that averages its own message with
+        others' (the DDP hook)."""
+        return self._compress(update, seed, epoch, want_decoded=True)
+
+    def _compress(self, update: Any, seed: int | None, epoch: int | None, want_decoded: bool) -> tuple[bytes, Any]:
         s = _round_seed(self.seed, self.rounds) if seed is None else seed
         codec = self.memory.codec_for(self.codec, self.rounds if epoch is None else int(epoch))
+        how = {"seed": s, "shared": self.shared, "compress": self.compress_mode, "threads": self.threads}
+        out = None
         if not self.memory.stateful:
-            blob = encode(update, codec, seed=s, shared=self.shared, compress=self.compress_mode,
-                          threads=self.threads)
+            if want_decoded:
+                blob, out = encode_decoded(update, codec, **how)
+            else:
+                blob = encode(update, codec, **how)
         else:
             tensors, is_map = _split(update)
             sent = {n: self.memory.compensate(n, a) if _is_float(a) else a for n, a in tensors.items()}
-            blob = encode(sent if is_map else sent[""], codec, seed=s, shared=self.shared,
-                          compress=self.compress_mode, threads=self.threads)
+            blob = encode(sent if is_map else sent[""], codec, **how)
             dev = _device(sent)  # received where the state lives
             # our own message, just encoded: no limits for untrusted input (a frozen model's zero
             # update is a tiny message that decodes to the whole model)
@@ -137,7 +154,7 @@ class Compressor:
                 if _is_float(a):
                     self.memory.update(name, a, received[name])
         self.rounds += 1
-        return blob
+        return blob, out
 
     def reset(self) -> None:
         """Forget the error-feedback state (e.g. when the model is re-initialised)."""
