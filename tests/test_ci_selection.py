@@ -18,6 +18,8 @@ ROOT = TESTS.parent
 
 # Test files that touch the codec layers but do not depend on which backend encodes: they run once.
 RUN_ONCE = {
+    "test_device_ops.py": "selects the torch path itself per test (kernels.TORCH) and counts its aten ops; the "
+                          "host bytes it compares with are the marked test_vectors' in every pass",
     "test_torch_backend.py": "selects the torch backend itself per test and compares it with the host path "
                              "(compiled kernels or numpy, both run by test_kernels/test_vectors per backend)",
     "test_triton_kernel.py": "the Triton kernel in Triton's CPU interpreter against the torch reference; "

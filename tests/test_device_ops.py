@@ -1,7 +1,7 @@
 """Issue 36's CPU targets: what one message costs on the torch backend's device path (aten ops and host
 round-trips, counted by tests/devicetools.py on CPU tensors, the same code a GPU runs), and the same bytes
 as the host path.  The torch path is selected for CPU tensors by ``kernels.TORCH`` (what
-``MUCSC_BACKEND=torch`` sets), so these run in every backend pass."""
+``MUCSC_BACKEND=torch`` sets) in each test, so the file runs once (tests/test_ci_selection.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from mucsc.codec.backends import ordered_sum, torch_summary, torch_transfer, tri
 
 from devicetools import count, state  # noqa: E402
 
-pytestmark = pytest.mark.backends
 
 # (aten ops, host round-trips) per encode, issue 36
 TARGETS = {"mucsc": (60, 4), "bmucsc": (80, 6)}
