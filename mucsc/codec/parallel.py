@@ -18,14 +18,13 @@ running them on slices of one vector use several cores.  Bytes never depend on t
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import itertools
 import os
 import threading
 import weakref
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -74,15 +73,26 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@contextlib.contextmanager
-def using(threads: Any) -> Iterator[int]:
-    """Run the body with ``threads`` threads (see :func:`resolve`); yields the resolved count."""
-    n = resolve(threads)
-    token = _threads.set(n)
-    memo = _bounds_memo.set({})
-    try:
-        yield n
-    finally:
+def using(threads: Any) -> _Using:
+    """Run the body with ``threads`` threads (see :func:`resolve`); ``with`` yields the resolved count."""
+    return _Using(resolve(threads))
+
+
+class _Using:
+    """:func:`using`'s context: a class, not a ``contextlib`` generator (~1 us less per API call,
+    a fixed cost of every small encode and decode)."""
+
+    __slots__ = ("n", "_tokens")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> int:
+        self._tokens = (_threads.set(self.n), _bounds_memo.set({}))
+        return self.n
+
+    def __exit__(self, *exc: Any) -> None:
+        token, memo = self._tokens
         _bounds_memo.reset(memo)
         _threads.reset(token)
 
@@ -160,6 +170,8 @@ def run(fn: Callable[[T], Any], items: Sequence[T], threads: int | None = None) 
 
 def run_spans(fn: Callable[[int, int], Any], n: int, chunk: int | None = None) -> list[Any]:
     """``fn(start, end)`` for every fixed chunk of ``range(n)``, results in chunk order."""
+    if n <= (chunk or CHUNK):  # one chunk (every small message): no spans, no pool machinery
+        return [fn(0, n)]
     return run(lambda se: fn(*se), spans(n, chunk))
 
 

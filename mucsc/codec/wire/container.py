@@ -250,8 +250,11 @@ class GroupSections(Mapping):
 
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no whitespace, UTF-8, no NaN: the same header always gives the same bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return _CANONICAL.encode(obj).encode("utf-8")
+
+
+# json.dumps with these options builds a new encoder per call (~1 us of a small message's HEAD)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def is_critical(tag: str) -> bool:
@@ -325,24 +328,32 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
 
     The message is allocated once at its final size and every part is copied into it once, its
     CRC-32 taken in the same pass (``parallel.copy_crc32``; a :class:`Payload` brings its own CRC).
+    A small unauthenticated message of host bytes is checksummed part by part and joined once
+    (:data:`SMALL_MESSAGE`).
     """
     if flags:
         raise ValueError("flags are set by the writer, not by its caller")
     if not 0 <= minor <= MINOR:
         raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
-    parts: list[bytes | memoryview | Payload] = []
     head = header.to_json() if head is None else head
-    for group, tag, data, compressible in [(MESSAGE_GROUP, "HEAD", head, True), *sections]:
+    raw_len, enc, stored = _stored_head(head, cctx, zstd_level)
+    parts: list[bytes | memoryview | Payload] = [
+        SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, len(stored), raw_len), stored, _ZEROS[padding(len(stored))]]
+    lazy = False  # a Payload among the parts
+    for group, tag, data, compressible in sections:
         _check_tag(tag)
         raw_len, enc, stored = _stored(data, compressible, cctx, zstd_level)
         size = _length(stored)
+        lazy = lazy or hasattr(stored, "write_into")
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
-                  bytes(padding(size))]
+                  _ZEROS[padding(size)]]
     count = len(parts) // 3
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
-    total = PREAMBLE.size + sum(_length(p) for p in parts) + TRAILER.size
+    total = PREAMBLE.size + sum(map(_length, parts)) + TRAILER.size
+    if auth is None and not lazy and total <= SMALL_MESSAGE:
+        return _joined_message([PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total), *parts])
     tail: list[bytes] = []
     if auth is not None:
         flags, minor = flags | FLAG_AUTH, max(minor, 1)
@@ -359,6 +370,21 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
             raise ValueError(f"the signer made a tag of {len(tag)} bytes, not {auth.tag_length}")
         out.put(tag)
     return out.finish()
+
+
+# A message up to this many bytes, all on the host, is written by _joined_message: its parts'
+# CRC-32 taken where they are (in cache: the group was just encoded), then one join (~6 us less than
+# the buffer, the joins of small parts and a put per part, of a ~60 us encode of 1e4 floats)
+SMALL_MESSAGE = 1 << 18
+
+
+def _joined_message(parts: list[Any]) -> bytes:
+    """The message of ``parts`` (host bytes, preamble first), its CRC-32 trailer appended."""
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    parts.append(TRAILER.pack(crc))
+    return b"".join(parts)
 
 
 # Host parts of a message up to this many bytes are joined with their small neighbours before they
@@ -387,12 +413,38 @@ def _joined_small(parts: list[Any]) -> list[Any]:
     return out
 
 
+_ZEROS = tuple(bytes(n) for n in range(ALIGN))  # the padding after a payload
+
+
+def _stored_head(head: bytes, cctx: Any, level: int | None) -> tuple[int, int, bytes]:
+    """:func:`_stored` of a HEAD payload (JSON bytes), memoised for small ones: a zstd frame is a
+    function of the bytes and the level only (``parallel.zstd_compressor``), and a sender's HEAD is
+    the same message after message (~3 us of zstd per small message)."""
+    if cctx is None or len(head) > _HEAD_FRAME_BYTES:
+        return _stored(head, True, cctx, level)
+    key = (level, head)
+    hit = _HEAD_FRAMES.get(key)
+    if hit is None:
+        hit = _stored(head, True, cctx, level)
+        if len(_HEAD_FRAMES) >= _HEAD_FRAME_COUNT:
+            _HEAD_FRAMES.pop(next(iter(_HEAD_FRAMES), None), None)  # the oldest
+        _HEAD_FRAMES[key] = hit
+    return hit
+
+
+# HEAD payloads (as stored) of recent messages: at most 64, of up to 4 KiB of JSON each
+_HEAD_FRAMES: dict[tuple[int | None, bytes], tuple[int, int, bytes]] = {}
+_HEAD_FRAME_COUNT, _HEAD_FRAME_BYTES = 64, 4096
+
+
 def _byte_view(data: Any) -> bytes | memoryview:
     """Host bytes as themselves or a flat unsigned-byte view (no copy)."""
     return data if isinstance(data, bytes) else memoryview(data).cast("B")
 
 
 def _length(part: Any) -> int:
+    if type(part) is bytes:  # most parts (section headers, padding, HEAD, zstd frames)
+        return len(part)
     return part.nbytes if hasattr(part, "write_into") else len(part)
 
 
