@@ -38,7 +38,7 @@ from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
            "encode", "encode_symbols", "payload", "decode_symbols", "decode_values", "table", "header_size",
-           "size_floor"]
+           "size_floor", "entropy_floor"]
 
 BLOCK = 1 << 16  # symbols per block
 LANES = 32  # lanes of a full block (a GPU warp)
@@ -148,6 +148,25 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     lanes = layout(m).total_lanes
     streams = (24.0 * lanes + ce - m * delta) / (8.0 + eps)
     return header_size(0, 0, f, m) + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+
+
+def entropy_floor(counts: np.ndarray, m: int) -> int:
+    """A lower bound on :func:`size_floor` without the table (no normalisation, no varints): each
+    lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
+    never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
+    varint of the header.  A caller that only wants to know whether the payload could be short
+    enough asks this first (~3 us instead of ~20 us for 256 symbols)."""
+    c = counts[counts > 0]
+    if not c.size:
+        return 0
+    n = int(c.sum())
+    S = rans.scale_bits_for(c.size)
+    ce = n * math.log2(n) - math.fsum((c * np.log2(c)).tolist())  # n H in bits, up to rounding
+    delta = -math.log2(1.0 - 2.0 ** (S - 23))
+    eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
+    lanes = lane_total(m)
+    streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
+    return 2 + counts.size + 2 * lanes + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
