@@ -359,7 +359,7 @@ def _encode_group(gi: int, plan: list[tuple[Codec, list[int]]], ready: dict[int,
     else:
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
         x = _for_codec(gcodec, x)
-        enc = gcodec.encode_array(x, _group_rng(req.seed, gi))
+        enc = gcodec.encode_array(x, _group_rng(req.seed, gi) if gcodec.draws else None)
     secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
     if not req.want_stats:
         return fmt.Group(gcodec.name, enc.params, tuple(members), gdtype), secs, None, {}

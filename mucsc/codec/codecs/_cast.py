@@ -20,6 +20,7 @@ class CastCodec(Codec):
     wire: ClassVar[str]
     limit: ClassVar[float | None] = None
     accepts_device = True  # a cast is elementwise: done on the tensor's device, only the wire bytes cross
+    draws = False
 
     @dataclasses.dataclass(frozen=True)
     class Params:
