@@ -19,6 +19,7 @@ running them on slices of one vector use several cores.  Bytes never depend on t
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import os
 import threading
@@ -473,14 +474,27 @@ class _ByteTable:
 
     def __init__(self, table: np.ndarray, width: int):
         self.per = per = 8 // width
-        ids = (np.arange(256)[:, None] >> (np.arange(per) * width)) & ((1 << width) - 1)
-        valid = ids < table.size
-        self.bad = None if valid.all() else ~valid.all(axis=1)
-        rows = np.ascontiguousarray(table[np.minimum(ids, table.size - 1)])
+        index, self.bad = _byte_index(width, table.size)
+        rows = np.ascontiguousarray(table[index])
         size = per * table.itemsize
         kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.dtype((np.void, size)))
         self.rows = rows.view(kind).reshape(256)
         self.bytes = self.rows.view(np.uint8)  # the same table as 256 * size bytes
+
+
+@functools.lru_cache(maxsize=64)
+def _byte_index(width: int, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(index, bad) of :class:`_ByteTable` for a table of k values: row b's IDs, clipped to k - 1,
+    and which bytes hold an ID >= k (None when none can); a function of width and k only (every
+    decode of a small group of packed IDs would build it again: ~5 us)."""
+    ids = (np.arange(256)[:, None] >> (np.arange(8 // width) * width)) & ((1 << width) - 1)
+    valid = ids < k
+    bad = None if valid.all() else ~valid.all(axis=1)
+    index = np.minimum(ids, k - 1)
+    for a in (index, bad):
+        if a is not None:
+            a.setflags(write=False)
+    return index, bad
 
 
 def crc32(data: memoryview, crc: int = 0) -> int:
