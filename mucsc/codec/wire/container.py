@@ -429,15 +429,23 @@ def _stored_head(head: bytes, cctx: Any, level: int | None) -> tuple[int, int, b
     hit = _HEAD_FRAMES.get(key)
     if hit is None:
         hit = _stored(head, True, cctx, level)
-        if len(_HEAD_FRAMES) >= _HEAD_FRAME_COUNT:
-            _HEAD_FRAMES.pop(next(iter(_HEAD_FRAMES), None), None)  # the oldest
-        _HEAD_FRAMES[key] = hit
+        _remember(_HEAD_FRAMES, key, hit)
     return hit
+
+
+def _remember(memo: dict, key: Any, value: Any) -> None:
+    """``memo[key] = value``, the oldest entry dropped beyond _HEAD_MEMO_COUNT (messages may be
+    written and read on several threads)."""
+    with _HEAD_MEMO_LOCK:
+        if len(memo) >= _HEAD_MEMO_COUNT:
+            del memo[next(iter(memo))]  # dicts keep insertion order
+        memo[key] = value
 
 
 # HEAD payloads (as stored) of recent messages: at most 64, of up to 4 KiB of JSON each
 _HEAD_FRAMES: dict[tuple[int | None, bytes], tuple[int, int, bytes]] = {}
-_HEAD_FRAME_COUNT, _HEAD_FRAME_BYTES = 64, 4096
+_HEAD_MEMO_COUNT, _HEAD_FRAME_BYTES = 64, 4096
+_HEAD_MEMO_LOCK = threading.Lock()
 
 
 def _byte_view(data: Any) -> bytes | memoryview:
@@ -671,22 +679,21 @@ def _parsed_head(msg: Message, head: SectionInfo) -> Header:
     a pure function of them, its encoding and declared raw length, and a receiver sees the same
     HEAD message after message (its zstd frame and the parse are ~70% of decoding 1e4 floats).  A
     header comes back with dicts of its own (parameters and meta), so nothing a caller changes
-    reaches the memo; headers whose parameters nest (lists, objects) are not kept."""
-    if head.stored_bytes > _HEAD_FRAME_BYTES:
+    reaches the memo; headers whose parameters nest (lists, objects), and HEADs over 4 KiB of JSON
+    (their parse is large next to one lookup), are not kept."""
+    if head.raw_bytes > _HEAD_FRAME_BYTES:
         return parse_header(bytes(msg.payload(head)))
     key = (head.encoding, head.raw_bytes, bytes(msg._blob[head.offset: head.offset + head.stored_bytes]))
     header = _PARSED_HEADS.get(key)
     if header is None:
         header = parse_header(bytes(msg.payload(head)))
         if all(type(v) in _PLAIN_JSON for g in header.groups for v in g.params.values()):
-            if len(_PARSED_HEADS) >= _HEAD_FRAME_COUNT:
-                _PARSED_HEADS.pop(next(iter(_PARSED_HEADS), None), None)  # the oldest
-            _PARSED_HEADS[key] = header
+            _remember(_PARSED_HEADS, key, header)
     return Header(header.records, tuple(Group(g.codec, dict(g.params), g.records, g.dtype) for g in header.groups),
                   header.container, dict(header.meta))
 
 
-# Headers parsed from recent stored HEAD payloads (at most 64, of up to 4 KiB stored each).
+# Headers parsed from recent stored HEAD payloads (at most 64, of up to 4 KiB of JSON each).
 _PARSED_HEADS: dict[tuple[str, int, bytes], Header] = {}
 _PLAIN_JSON = (str, int, float, bool, type(None))  # values a JSON parse gives that no one can change
 
