@@ -676,8 +676,12 @@ def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
     if len(records) > fmt.MAX_RECORDS:
         raise LimitError(f"{len(records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
     for r in records:
-        _check_text(r.name, "tensor name")
-        if len(r.name.encode("utf-8")) > fmt.MAX_NAME_BYTES:
+        try:
+            name_bytes = len(r.name.encode("utf-8"))
+        except UnicodeEncodeError:
+            _check_text(r.name, "tensor name")  # raises, naming the lone surrogate
+            raise
+        if name_bytes > fmt.MAX_NAME_BYTES:
             raise LimitError(f"tensor name longer than {fmt.MAX_NAME_BYTES} bytes: {r.name[:40]!r}...")
         if len(r.shape) > fmt.MAX_RANK:
             raise LimitError(f"tensor {r.name!r} has rank {len(r.shape)} > {fmt.MAX_RANK}")

@@ -67,7 +67,7 @@ def torch_module():
 
 def to_tensor(name: str, value: Any) -> Tensor:
     """Convert one array-like to a :class:`Tensor`, rejecting dtypes the format cannot carry."""
-    if is_torch_tensor(value):
+    if not isinstance(value, np.ndarray) and is_torch_tensor(value):
         return _from_torch(name, value)
     if not isinstance(value, np.ndarray):
         if isinstance(value, (list, tuple, int, float, np.generic)):
