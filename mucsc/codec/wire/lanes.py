@@ -141,8 +141,10 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     fu = f[used]
     if fu.size and int(fu.min()) < 1:
         return 0  # a used symbol without frequency: the coder refuses it; no bound
-    # the bound only decides whether to code (with its margin, never which bytes): any libm will do
-    ce = math.fsum((counts[used] * (S - np.log2(fu.astype(np.float64)))).tolist())
+    # the bound only decides whether to code (with its margin, never which bytes): any libm will do,
+    # and numpy's pairwise sum (relative error ~1e-16 log2 A, far inside the margin; math.fsum over
+    # a list was ~8 us of 256 symbols)
+    ce = float((counts[used] * (S - np.log2(fu.astype(np.float64)))).sum())
     delta = -math.log2(1.0 - 2.0 ** (S - 23))
     eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
     lanes = layout(m).total_lanes
@@ -155,13 +157,13 @@ def entropy_floor(counts: np.ndarray, m: int) -> int:
     lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
     never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
     varint of the header.  A caller that only wants to know whether the payload could be short
-    enough asks this first (~3 us instead of ~20 us for 256 symbols)."""
-    c = counts[counts > 0]
+    enough asks this first (~3 us instead of ~10 us for 256 symbols)."""
+    c = counts[counts > 0].astype(np.float64)
     if not c.size:
         return 0
-    n = int(c.sum())
+    n = float(c.sum())  # exact: counts are integers below 2^53
     S = rans.scale_bits_for(c.size)
-    ce = n * math.log2(n) - math.fsum((c * np.log2(c)).tolist())  # n H in bits, up to rounding
+    ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
     delta = -math.log2(1.0 - 2.0 ** (S - 23))
     eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
     lanes = lane_total(m)
