@@ -503,6 +503,7 @@ def test_size_floor_never_exceeds_the_payload():
             floor = lanes.size_floor(counts, m)
             assert floor <= real
             assert lanes.entropy_floor(counts, m) <= floor  # the cheaper bound asked first
+            assert lanes.entropy_floor(counts, m, above=0) <= lanes.entropy_floor(counts, m)  # its header
             assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
 
 
@@ -526,7 +527,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
         fast = mucsc.encode(x, "mucsc", z=z)
         monkeypatch.setattr(lanes, "size_floor", lambda counts, m: 0)  # never skip: always code the lanes
-        monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m: 0)
+        monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()
         assert len(fast) == min(len(mucsc.encode(x, "mucsc", z=z, id_coding=c)) for c in ("packed", "lanes"))

@@ -336,7 +336,7 @@ def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
     ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
-    if lanes.entropy_floor(counts, sym.size) > best or lanes.size_floor(counts, sym.size) > best:
+    if lanes.entropy_floor(counts, sym.size, above=best) > best or lanes.size_floor(counts, sym.size) > best:
         return ids_
     data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
     return Section("IDSL", data) if len(data) <= best else ids_

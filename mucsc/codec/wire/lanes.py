@@ -152,12 +152,18 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     return header_size(0, 0, f, m) + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
 
-def entropy_floor(counts: np.ndarray, m: int) -> int:
+def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
     """A lower bound on :func:`size_floor` without the table (no normalisation, no varints): each
     lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
     never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
     varint of the header.  A caller that only wants to know whether the payload could be short
-    enough asks this first (~3 us instead of ~10 us for 256 symbols)."""
+    enough asks this first (~3 us instead of ~10 us for 256 symbols).  ``above``: only whether the
+    bound exceeds it matters; the header's bytes alone are returned when they do (a small group's
+    IDs: no pass over the histogram)."""
+    lanes = lane_total(m)
+    header = 2 + counts.size + 2 * lanes
+    if above is not None and header > above:
+        return header
     c = counts[counts > 0].astype(np.float64)
     if not c.size:
         return 0
@@ -166,9 +172,8 @@ def entropy_floor(counts: np.ndarray, m: int) -> int:
     ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
     delta = -math.log2(1.0 - 2.0 ** (S - 23))
     eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
-    lanes = lane_total(m)
     streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
-    return 2 + counts.size + 2 * lanes + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+    return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
