@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The codec at the shapes people have (issue 21): one table of ratios measured in one run.
 
-    python benchmarks/bench_shapes.py [--repeat 5] [--only fixed,goals,dicts,policy,cli,torch] [--bert-layers 6]
-                                      [--clock wall|cpu]
+    python benchmarks/bench_shapes.py [--repeat 5] [--only fixed,floor,goals,dicts,policy,cli,torch]
+                                      [--bert-layers 6] [--clock wall|cpu]
 
 Rows (Gaussian float32 data, seed 0, one thread; every time is the best of ``--repeat`` runs, each
 run looping a small case until it takes >= ~50 ms):
 - fixed Z = 16 at d = 1e3 .. 1e7: MB/s and the rate as a share of the d = 1e7 rate;
+- floor: the framework's per-call cost, a ``codec="none"`` encode of 1e4 float32 and its decode, in us
+  (container, HEAD, CRC and dispatch around a copy);
 - goals (bits=2, max_error=0.05) at d = 1e5 and 1e6: time / the fixed Z = 16 encode of the same
   vector, with the bits per element and J / |x|^2 they send;
 - state_dicts shaped like LeNet (10 tensors, 61,706 parameters), fedsim's FEMNIST LeNet (8 tensors,
@@ -143,6 +145,16 @@ def fixed_z_rows(make: Callable[[np.ndarray], object], repeat: int, sizes: list[
                  f"**{d / t / ref:.2f}x** the d = {sizes[-1]:.0e} rate"]) for d, t in times.items()]
 
 
+def floor_rows(repeat: int, d: int = 10**4) -> list[str]:
+    """The per-call floor: ``codec="none"`` (a float32 copy) encoded and decoded, in us."""
+    x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    blob = mucsc.encode(x, "none")
+    enc = best_time(lambda: mucsc.encode(x, "none"), repeat)
+    dec = best_time(lambda: mucsc.decode(blob), repeat)
+    return [row([f"floor: `codec=\"none\"` {what}, d = {d:.0e}", f"{t * 1e3:.3f}", f"**{t * 1e6:.0f} us**",
+                 f"{len(blob):,} B"]) for what, t in (("encode", enc), ("decode", dec))]
+
+
 def goal_rows(repeat: int, sizes: list[int]) -> list[str]:
     rng = np.random.default_rng(0)
     out = []
@@ -207,7 +219,7 @@ def main() -> int:
     ap.add_argument("--bert-layers", type=int, default=6)
     ap.add_argument("--clock", choices=tuple(CLOCK), default="wall",
                     help="wall clock, or the process's CPU time (a loaded machine; the cli rows stay wall)")
-    ap.add_argument("--only", default="fixed,goals,dicts,policy,cli,torch",
+    ap.add_argument("--only", default="fixed,floor,goals,dicts,policy,cli,torch",
                     help="sections to run, comma-separated (default: all; policy: the Policy rows of dicts)")
     a = ap.parse_args()
     global clock
@@ -230,6 +242,8 @@ def main() -> int:
 
     if "fixed" in only:
         emit(fixed_z_rows(lambda x: x, a.repeat, sizes))
+    if "floor" in only:
+        emit(floor_rows(a.repeat))
     if "goals" in only:
         emit(goal_rows(a.repeat, [10**5, 10**6]))
     if "dicts" in only or "policy" in only:  # --only policy: the dicts' rows with the Policy's

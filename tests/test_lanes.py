@@ -491,7 +491,8 @@ def test_the_screen_kernel_counts_as_its_numpy_twin(seed, monkeypatch):
 def test_size_floor_never_exceeds_the_payload():
     """lanes.size_floor is a lower bound on the IDSL payload's length (the encoder skips coding on it):
     never above, and within a few percent of it, for flat, skewed, sparse and two-symbol histograms
-    over one and several blocks (its slack was 2 bytes at least in 1,500 random trials)."""
+    over one and several blocks (its slack was 2 bytes at least in 1,500 random trials); and
+    lanes.entropy_floor, asked before it, is a lower bound on it."""
     rng = np.random.default_rng(37)
     for m in (1, 7, 2049, 9000, 70_000):
         for sym in (rng.integers(0, 256, m), np.minimum(rng.geometric(0.3, m), 255),
@@ -501,6 +502,8 @@ def test_size_floor_never_exceeds_the_payload():
             real = len(lanes.payload(sym, 8, 256, counts))
             floor = lanes.size_floor(counts, m)
             assert floor <= real
+            assert lanes.entropy_floor(counts, m) <= floor  # the cheaper bound asked first
+            assert lanes.entropy_floor(counts, m, above=0) <= lanes.entropy_floor(counts, m)  # its header
             assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
 
 
@@ -524,6 +527,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
         fast = mucsc.encode(x, "mucsc", z=z)
         monkeypatch.setattr(lanes, "size_floor", lambda counts, m: 0)  # never skip: always code the lanes
+        monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()
         assert len(fast) == min(len(mucsc.encode(x, "mucsc", z=z, id_coding=c)) for c in ("packed", "lanes"))

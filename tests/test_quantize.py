@@ -107,6 +107,18 @@ def test_determinism_and_chunking():
     assert not np.array_equal(a, stochastic_round(x, c, np.random.default_rng(43)))
 
 
+def test_draw_key_is_the_generators_full_range_draw():
+    """draw_key takes PCG64's raw output for FORMAT.md 4.3's ``rng.integers(0, 2**64, dtype=uint64)``:
+    the same key and the generator left in the same state, for the API's generators and others."""
+    for seed in range(200):
+        for make_bits in (lambda s: np.random.PCG64(np.random.SeedSequence([s, 3])), np.random.MT19937):
+            a, b = np.random.Generator(make_bits(seed)), np.random.Generator(make_bits(seed))
+            b.random()  # a buffered 32-bit half must not matter either
+            a.random()
+            assert quantize.draw_key(a) == int(b.integers(0, 1 << 64, dtype=np.uint64))
+            assert a.integers(0, 1 << 62) == b.integers(0, 1 << 62)
+
+
 def test_id_dtype_and_single_centroid():
     x = np.full(10, 2.0, np.float32)
     ids = stochastic_round(x, np.array([2.0], np.float32), np.random.default_rng(0))

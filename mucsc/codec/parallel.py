@@ -18,14 +18,14 @@ running them on slices of one vector use several cores.  Bytes never depend on t
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
+import functools
 import itertools
 import os
 import threading
 import weakref
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -75,15 +75,26 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@contextlib.contextmanager
-def using(threads: Any) -> Iterator[int]:
-    """Run the body with ``threads`` threads (see :func:`resolve`); yields the resolved count."""
-    n = resolve(threads)
-    token = _threads.set(n)
-    memo = _bounds_memo.set({})
-    try:
-        yield n
-    finally:
+def using(threads: Any) -> _Using:
+    """Run the body with ``threads`` threads (see :func:`resolve`); ``with`` yields the resolved count."""
+    return _Using(resolve(threads))
+
+
+class _Using:
+    """:func:`using`'s context: a class, not a ``contextlib`` generator (~1 us less per API call,
+    a fixed cost of every small encode and decode)."""
+
+    __slots__ = ("n", "_tokens")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> int:
+        self._tokens = (_threads.set(self.n), _bounds_memo.set({}))
+        return self.n
+
+    def __exit__(self, *exc: Any) -> None:
+        token, memo = self._tokens
         _bounds_memo.reset(memo)
         _threads.reset(token)
 
@@ -161,6 +172,8 @@ def run(fn: Callable[[T], Any], items: Sequence[T], threads: int | None = None) 
 
 def run_spans(fn: Callable[[int, int], Any], n: int, chunk: int | None = None) -> list[Any]:
     """``fn(start, end)`` for every fixed chunk of ``range(n)``, results in chunk order."""
+    if n <= (chunk or CHUNK):  # one chunk (every small message): no spans, no pool machinery
+        return [fn(0, n)]
     return run(lambda se: fn(*se), spans(n, chunk))
 
 
@@ -483,14 +496,27 @@ class _ByteTable:
 
     def __init__(self, table: np.ndarray, width: int):
         self.per = per = 8 // width
-        ids = (np.arange(256)[:, None] >> (np.arange(per) * width)) & ((1 << width) - 1)
-        valid = ids < table.size
-        self.bad = None if valid.all() else ~valid.all(axis=1)
-        rows = np.ascontiguousarray(table[np.minimum(ids, table.size - 1)])
+        index, self.bad = _byte_index(width, table.size)
+        rows = np.ascontiguousarray(table[index])
         size = per * table.itemsize
         kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.dtype((np.void, size)))
         self.rows = rows.view(kind).reshape(256)
         self.bytes = self.rows.view(np.uint8)  # the same table as 256 * size bytes
+
+
+@functools.lru_cache(maxsize=64)
+def _byte_index(width: int, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(index, bad) of :class:`_ByteTable` for a table of k values: row b's IDs, clipped to k - 1,
+    and which bytes hold an ID >= k (None when none can); a function of width and k only (every
+    decode of a small group of packed IDs would build it again: ~5 us)."""
+    ids = (np.arange(256)[:, None] >> (np.arange(8 // width) * width)) & ((1 << width) - 1)
+    valid = ids < k
+    bad = None if valid.all() else ~valid.all(axis=1)
+    index = np.minimum(ids, k - 1)
+    for a in (index, bad):
+        if a is not None:
+            a.setflags(write=False)
+    return index, bad
 
 
 def crc32(data: memoryview, crc: int = 0) -> int:

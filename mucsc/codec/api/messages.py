@@ -24,7 +24,7 @@ from mucsc.codec import ratecontrol
 from mucsc.codec.codecs.base import Codec, EncodedGroup, codec_class, get_codec
 from mucsc.codec.backends import torch_transfer
 from mucsc.codec.backends.tensors import saturate_into
-from mucsc.codec.api.policy import Planned, Policy, measure
+from mucsc.codec.api.policy import Policy, measure
 from mucsc.codec.backends.tensors import (AS_TORCH, Tensor, from_record, is_torch_tensor, name_label, on_host,
                                           to_device, to_tensors)
 from mucsc.errors import FormatError, InputError, LimitError, MucscError, ParameterError, UnknownCodecError
@@ -266,7 +266,7 @@ class _Reporter:
 
     def __init__(self, progress: Progress | None, total: int, sizes: Sequence[int] = ()) -> None:
         self.progress, self.total, self.done = _check_progress(progress), int(total), 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if progress is not None else None  # add() returns at once without one
         self.sizes = sizes  # tensor i's share of a policy's planning
         self._credit: dict[int, int] = {}  # what trial() already counted of tensor i's share
 
@@ -333,12 +333,12 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     container, tensors = to_tensors(data)
     if container == "dict" and not tensors:
         raise InputError("nothing to encode: the mapping is empty")
-    records = tuple(fmt.Record(t.name, t.dtype, tuple(int(s) for s in t.array.shape)) for t in tensors)
+    records = tuple(fmt.Record(t.name, t.dtype, tuple(map(int, t.array.shape))) for t in tensors)
     _check_header_limits(records)
-    reporter = _Reporter(req.progress, sum(t.size for t in tensors) * (2 if req.policy is not None else 1),
-                         [t.size for t in tensors])
+    tsizes = [r.size for r in records]
+    reporter = _Reporter(req.progress, sum(tsizes) * (2 if req.policy is not None else 1), tsizes)
     plan, ready = _plan_message(tensors, container, req, reporter)
-    sizes = [sum(tensors[i].size for i in m) for _, m in plan]
+    sizes = [sum(tsizes[i] for i in m) for _, m in plan]
 
     def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
         out = _encode_group(gi, plan, ready, tensors, req)
@@ -356,7 +356,7 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     head = _check_header(header)
     if req.own is not None:
         req.own.header = header
-    minor = max((codec_class(g.codec).format_minor(g.params) for g in groups), default=0)
+    minor = max((c.format_minor(g.params) for (c, _), g in zip(plan, groups)), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
     reporter.finish()
@@ -367,13 +367,14 @@ def _plan_message(tensors: list[Tensor], container: str, req: _Request, reporter
                   ) -> tuple[list[tuple[Codec, list[int]]], dict[int, EncodedGroup]]:
     """(codec, member tensors) per group, and the groups already encoded while planning (the
     policy's trials, the other groups of a budget); a goal is resolved here (rate control)."""
+    ready: dict[int, EncodedGroup] = {}
     if req.policy is not None:
         planned = req.policy.plan(tensors, req.codec, req.seed, on_tensor=reporter.tensor_done,
                                   on_trial=reporter.trial)
+        plan = [(p.codec, list(p.members)) for p in planned]
+        ready = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
     else:
-        planned = [Planned(c, tuple(m)) for c, m in _plan_groups(tensors, req.codec, req.shared)]
-    plan = [(p.codec, list(p.members)) for p in planned]
-    ready: dict[int, EncodedGroup] = {gi: p.encoded for gi, p in enumerate(planned) if p.encoded is not None}
+        plan = _plan_groups(tensors, req.codec, req.shared)
     if ratecontrol.needs_plan(req.codec) and any(c is req.codec for c, _ in plan):
         trailer = req.signer.trailer_bytes if req.signer is not None else 0
         plan, ready = _resolve_plan(plan, tensors, req.codec, container, req.meta, req.seed, req.level, trailer,
@@ -392,7 +393,7 @@ def _encode_group(gi: int, plan: list[tuple[Codec, list[int]]], ready: dict[int,
     else:
         x, gdtype = _group_vector(gcodec, [tensors[i] for i in members])
         x = _for_codec(gcodec, x)
-        enc = gcodec.encode_array(x, _group_rng(req.seed, gi))
+        enc = gcodec.encode_array(x, _group_rng(req.seed, gi) if gcodec.draws else None)
         if req.own is not None:
             req.own.lookups[gi] = enc.lookup
     secs = [(gi, s.tag, s.payload(), s.compressible) for s in enc.sections]
@@ -438,19 +439,46 @@ def _for_codec(codec: Codec, x: Any) -> Any:
 
 def _group_rng(seed: int, gi: int) -> np.random.Generator:
     """Group ``gi``'s generator (FORMAT.md 4.3): default_rng([seed, gi]), i.e.
-    Generator(PCG64(SeedSequence([seed, gi]))), with the SeedSequence memoised (its entropy hashing
-    is half the cost of a generator, paid per group and call; the stream is the same)."""
+    Generator(PCG64(SeedSequence([seed, gi]))), with the SeedSequence and the words PCG64 draws
+    from it memoised (its entropy hashing and generate_state are ~3 us of the ~4 us a generator
+    costs, paid per group and call; the stream is the same)."""
     return np.random.Generator(np.random.PCG64(_seed_sequence(int(seed), int(gi))))
 
 
-def _seed_sequence(seed: int, gi: int) -> np.random.SeedSequence:
+class _MemoSeedSequence(np.random.bit_generator.ISpawnableSeedSequence):
+    """A SeedSequence whose ``generate_state`` results are kept (a pure function of its entropy and
+    the arguments; callers get a fresh copy); spawning goes to the SeedSequence itself."""
+
+    def __init__(self, ss: np.random.SeedSequence) -> None:
+        self.ss = ss
+        self._words: dict[tuple[int, Any], np.ndarray] = {}
+
+    @property
+    def n_children_spawned(self) -> int:
+        return self.ss.n_children_spawned
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        key = (n_words, dtype)
+        words = self._words.get(key)
+        if words is None:
+            words = self.ss.generate_state(n_words, dtype)
+            if len(self._words) < 8:
+                self._words[key] = words.copy()
+            return words
+        return words.copy()
+
+    def spawn(self, n_children: int) -> list[np.random.SeedSequence]:
+        return self.ss.spawn(n_children)
+
+
+def _seed_sequence(seed: int, gi: int) -> _MemoSeedSequence:
     """SeedSequence([seed, gi]), memoised: PCG64 only reads it (generate_state is a pure function).
     A codec that spawns children from its generator changes it (``n_children_spawned``), so a
     sequence that has spawned is replaced, and the next call's children are the same again."""
     key = (seed, gi)
     ss = _SEED_SEQUENCES.get(key)
     if ss is None or ss.n_children_spawned:
-        ss = np.random.SeedSequence([seed, gi])
+        ss = _MemoSeedSequence(np.random.SeedSequence([seed, gi]))
         with _SEED_SEQUENCES_LOCK:  # encodes may run on several threads
             if len(_SEED_SEQUENCES) >= _SEED_SEQUENCE_COUNT:
                 del _SEED_SEQUENCES[next(iter(_SEED_SEQUENCES))]  # the oldest
@@ -458,7 +486,7 @@ def _seed_sequence(seed: int, gi: int) -> np.random.SeedSequence:
     return ss
 
 
-_SEED_SEQUENCES: dict[tuple[int, int], np.random.SeedSequence] = {}
+_SEED_SEQUENCES: dict[tuple[int, int], _MemoSeedSequence] = {}
 _SEED_SEQUENCE_COUNT = 4096
 _SEED_SEQUENCES_LOCK = threading.Lock()
 
@@ -684,8 +712,12 @@ def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
     if len(records) > fmt.MAX_RECORDS:
         raise LimitError(f"{len(records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
     for r in records:
-        _check_text(r.name, "tensor name")
-        if len(r.name.encode("utf-8")) > fmt.MAX_NAME_BYTES:
+        try:
+            name_bytes = len(r.name.encode("utf-8"))
+        except UnicodeEncodeError:
+            _check_text(r.name, "tensor name")  # raises, naming the lone surrogate
+            raise
+        if name_bytes > fmt.MAX_NAME_BYTES:
             raise LimitError(f"tensor name longer than {fmt.MAX_NAME_BYTES} bytes: {r.name[:40]!r}...")
         if len(r.shape) > fmt.MAX_RANK:
             raise LimitError(f"tensor {r.name!r} has rank {len(r.shape)} > {fmt.MAX_RANK}")
@@ -696,27 +728,64 @@ def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
 def _check_header(header: fmt.Header) -> bytes:
     """The finished header passes the reader's own checks: never write a message we cannot read.
     Returns its JSON (HEAD's payload).  ``parse_header`` is a pure function of those bytes, so a
-    header that passed before (the same shapes and codec, round after round) is not parsed again."""
+    header that passed before (the same shapes and codec, round after round) is not parsed again,
+    nor, when its parameters are plain values, serialised again (:func:`_header_key`)."""
+    key = _header_key(header)
+    if key is not None:
+        raw = _HEADER_JSON.get(key)
+        if raw is not None:
+            return raw
     raw = header.to_json()
     if len(raw) > fmt.MAX_HEADER_BYTES:
         raise LimitError(f"the header (record table and meta) would take {len(raw)} bytes, more than the "
                          f"limit of {fmt.MAX_HEADER_BYTES}")
     if raw in _VALID_HEADERS:
+        _remember(_HEADER_JSON, key, raw)
         return raw
     try:
         fmt.parse_header(raw)
     except FormatError as exc:
         raise InputError(f"cannot encode this input: its header would be invalid ({exc})") from None
     if len(raw) <= _VALID_HEADER_BYTES:
-        with _VALID_HEADERS_LOCK:  # encodes may run on several threads
-            if len(_VALID_HEADERS) >= _VALID_HEADER_COUNT:
-                del _VALID_HEADERS[next(iter(_VALID_HEADERS))]  # the oldest (dicts keep insertion order)
-            _VALID_HEADERS[raw] = None
+        _remember(_VALID_HEADERS, raw, None)
+        _remember(_HEADER_JSON, key, raw)
     return raw
 
 
-# Headers that passed parse_header (bounded: at most 64 of up to 64 KiB each).
+def _remember(memo: dict, key: Any, value: Any) -> None:
+    """``memo[key] = value`` (not for key None), the oldest entry dropped beyond _VALID_HEADER_COUNT."""
+    if key is None:
+        return
+    with _VALID_HEADERS_LOCK:  # encodes may run on several threads
+        if len(memo) >= _VALID_HEADER_COUNT:
+            del memo[next(iter(memo))]  # the oldest (dicts keep insertion order)
+        memo[key] = value
+
+
+def _header_key(header: fmt.Header) -> tuple | None:
+    """A key that equals another header's only when both serialise to the same JSON: the records
+    (names, dtypes, int shapes), container, meta, and each group's codec, dtype, members and
+    parameters as (name, type, value); None unless every parameter is a plain str, int, bool, None
+    or float (a float by its repr: -0.0 == 0.0, but their JSON differs)."""
+    groups = []
+    for g in header.groups:
+        params = []
+        for k, v in g.params.items():
+            t = type(v)
+            if t is float:
+                v = repr(v)
+            elif t not in _PLAIN_TYPES:
+                return None
+            params.append((k, t, v))
+        groups.append((g.codec, g.dtype, g.records, tuple(params)))
+    return header.records, header.container, tuple(header.meta.items()), tuple(groups)
+
+
+_PLAIN_TYPES = (str, int, bool, type(None))
+# Headers that passed parse_header (bounded: at most 64 of up to 64 KiB each), and the JSON of
+# recent headers by _header_key (the same bound).
 _VALID_HEADERS: dict[bytes, None] = {}
+_HEADER_JSON: dict[tuple, bytes] = {}
 _VALID_HEADER_COUNT, _VALID_HEADER_BYTES = 64, 1 << 16
 _VALID_HEADERS_LOCK = threading.Lock()
 

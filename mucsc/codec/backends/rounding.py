@@ -43,9 +43,9 @@ class Host:
         # The C kernel accumulates J (float64) in the rounding pass for ~5 ms per 1e7 elements; in
         # the numpy fallback that costs ~40% of the rounding, so there J is computed only on demand.
         if kernels.compiled("sround") is not None:
-            ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True)
+            ids, J = quantize.stochastic_round(x, wire, rng, bounds=bounds, return_J=True, checked=True)
         else:
-            ids = quantize.stochastic_round(x, wire, rng, bounds=bounds)
+            ids = quantize.stochastic_round(x, wire, rng, bounds=bounds, checked=True)
             J = None
         return wire, ids, J
 

@@ -67,7 +67,7 @@ def torch_module():
 
 def to_tensor(name: str, value: Any) -> Tensor:
     """Convert one array-like to a :class:`Tensor`, rejecting dtypes the format cannot carry."""
-    if is_torch_tensor(value):
+    if not isinstance(value, np.ndarray) and is_torch_tensor(value):
         return _from_torch(name, value)
     if not isinstance(value, np.ndarray):
         if isinstance(value, (list, tuple, int, float, np.generic)):
@@ -78,6 +78,9 @@ def to_tensor(name: str, value: Any) -> Tensor:
         else:
             raise InputError(f"{name_label(name)}: expected a numpy array or torch tensor, got {type(value).__name__}")
     dt = np.dtype(value.dtype)
+    name_of = _NUMPY_TO_NAME.get(dt) if dt.byteorder != ">" else None  # native (the usual case)
+    if name_of is not None:
+        return Tensor(name, name_of, value)
     if dt.newbyteorder("=") in _NUMPY_TO_NAME and dt.byteorder != ">":
         return Tensor(name, _NUMPY_TO_NAME[dt.newbyteorder("=")], value)
     if dt.byteorder == ">" and dt.newbyteorder("<") in _NUMPY_TO_NAME:

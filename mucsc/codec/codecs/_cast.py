@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mucsc.codec.backends.dispatch import backend_for, backend_on
-from mucsc.codec.codecs.base import PART, Codec, EncodedGroup, Section, array_from, section
+from mucsc.codec.codecs.base import F32_MAX, PART, Codec, EncodedGroup, Section, array_from, section
 from mucsc.errors import FormatError
 
 
@@ -20,10 +20,21 @@ class CastCodec(Codec):
     wire: ClassVar[str]
     limit: ClassVar[float | None] = None
     accepts_device = True  # a cast is elementwise: done on the tensor's device, only the wire bytes cross
+    draws = False
 
     @dataclasses.dataclass(frozen=True)
     class Params:
         pass
+
+    def check_input(self, x: np.ndarray, label: str) -> None:
+        """:meth:`Codec.check_input` by finiteness alone where that is all it takes (no limit, or a
+        float32 vector, within any limit of at least FLT_MAX once finite): one pass instead of min
+        and max, which a cast needs for nothing else (~6 us of a ``none`` encode of 1e4 floats).
+        Input that fails it is checked again by the exact rule, for its error message."""
+        limit = self.input_limit
+        if (limit is None or (x.dtype == np.float32 and limit >= F32_MAX)) and bool(np.isfinite(x).all()):
+            return
+        super().check_input(x, label)
 
     def section_sizes(self, n: int, *, positions_bytes: int | None = None, centroids: int | None = None,
                       estimate: bool = False) -> dict[str, int]:

@@ -108,6 +108,9 @@ class Codec(ABC):
     # through its backend's steps (backends.dispatch.backend_for); such a codec may define
     # ``decode_on_device(n, params, sections, dtype, device)`` too
     accepts_device: ClassVar[bool] = False
+    # encode_array draws from its ``rng``; False: it never does, and the API passes None instead of
+    # a generator (making one costs ~1-4 us per group of every message)
+    draws: ClassVar[bool] = True
     # Ranges of the numeric parameters, {field: (lo, hi)} inclusive (Params' validation uses them).
     limits: ClassVar[Mapping[str, tuple[float, float]]] = {}
     # Options of :meth:`memory` (error-feedback state), accepted next to the codec's parameters by
@@ -131,7 +134,7 @@ class Codec(ABC):
         overflowing cast runs first."""
         if not x.size:
             return
-        lo, hi = (float(v) for v in parallel.bounds(x))
+        lo, hi = parallel.bounds(x)  # Python floats
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise InputError(f"{label} contains NaN or Inf")
         limit = self.input_limit

@@ -332,11 +332,11 @@ def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed
     the IDSL section when its bytes are no more than the packed bytes and their zstd frame, else the
     IDS_ section, carrying that frame for the writer.  The frame is taken first: when the lanes'
     size floor is already above it, the lanes are never coded (Gaussian IDs at Z = 16 and d = 1e4:
-    ~70 us of a ~0.5 ms encode)."""
+    ~70 us of a ~0.5 ms encode), nor their table made when the entropy floor is (~20 us)."""
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
     ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
-    if lanes.size_floor(counts, sym.size) > best:
+    if lanes.entropy_floor(counts, sym.size, above=best) > best or lanes.size_floor(counts, sym.size) > best:
         return ids_
     data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
     return Section("IDSL", data) if len(data) <= best else ids_

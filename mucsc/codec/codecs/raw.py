@@ -17,6 +17,7 @@ class Raw(Codec):
     name = "raw"
     lossless = True
     unbiased = True
+    draws = False
     summary = "lossless: the tensor's bytes, zstd-compressed when smaller"
 
     @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ from mucsc.errors import FormatError
 
 __all__ = ["BLOCK", "LANES", "LANE_SYMBOLS", "Layout", "layout", "symbol_bits", "symbol_count", "symbols",
            "encode", "encode_symbols", "payload", "decode_symbols", "decode_values", "table", "header_size",
-           "size_floor"]
+           "size_floor", "entropy_floor"]
 
 BLOCK = 1 << 16  # symbols per block
 LANES = 32  # lanes of a full block (a GPU warp)
@@ -141,13 +141,39 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     fu = f[used]
     if fu.size and int(fu.min()) < 1:
         return 0  # a used symbol without frequency: the coder refuses it; no bound
-    # the bound only decides whether to code (with its margin, never which bytes): any libm will do
-    ce = math.fsum((counts[used] * (S - np.log2(fu.astype(np.float64)))).tolist())
+    # the bound only decides whether to code (with its margin, never which bytes): any libm will do,
+    # and numpy's pairwise sum (relative error ~1e-16 log2 A, far inside the margin; math.fsum over
+    # a list was ~8 us of 256 symbols)
+    ce = float((counts[used] * (S - np.log2(fu.astype(np.float64)))).sum())
     delta = -math.log2(1.0 - 2.0 ** (S - 23))
     eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
     lanes = layout(m).total_lanes
     streams = (24.0 * lanes + ce - m * delta) / (8.0 + eps)
     return header_size(0, 0, f, m) + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+
+
+def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
+    """A lower bound on :func:`size_floor` without the table (no normalisation, no varints): each
+    lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
+    never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
+    varint of the header.  A caller that only wants to know whether the payload could be short
+    enough asks this first (~3 us instead of ~10 us for 256 symbols).  ``above``: only whether the
+    bound exceeds it matters; the header's bytes alone are returned when they do (a small group's
+    IDs: no pass over the histogram)."""
+    lanes = lane_total(m)
+    header = 2 + counts.size + 2 * lanes
+    if above is not None and header > above:
+        return header
+    c = counts[counts > 0].astype(np.float64)
+    if not c.size:
+        return 0
+    n = float(c.sum())  # exact: counts are integers below 2^53
+    S = rans.scale_bits_for(c.size)
+    ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
+    delta = -math.log2(1.0 - 2.0 ** (S - 23))
+    eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
+    streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
+    return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
