@@ -16,7 +16,6 @@ import os
 import re
 import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -385,7 +384,7 @@ def _joined_message(parts: list[Any]) -> bytes:
     """The message of ``parts`` (host bytes, preamble first), its CRC-32 trailer appended."""
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = parallel.crc32_update(p, crc)
     parts.append(TRAILER.pack(crc))
     return b"".join(parts)
 
@@ -734,7 +733,7 @@ class FileBytes:
         """CRC-32 of bytes [start, end), read CRC_CHUNK at a time."""
         crc = 0
         for a in range(start, end, CRC_CHUNK):
-            crc = zlib.crc32(self.read(a, min(CRC_CHUNK, end - a)), crc)
+            crc = parallel.crc32_update(self.read(a, min(CRC_CHUNK, end - a)), crc)
         return crc
 
 
@@ -769,7 +768,7 @@ class MessageSpool:
         for part in (SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
                      bytes(padding(size))):
             self._spool.write(part)
-            self.crc = zlib.crc32(part, self.crc)
+            self.crc = parallel.crc32_update(part, self.crc)
             n += len(part)
         self.count += 1
         self.nbytes += n
@@ -797,7 +796,7 @@ class MessageSpool:
             flags, minor = FLAG_AUTH, max(minor, 1)
             tail = auth_trailer_head(auth.algorithm, auth.key_id, auth.tag_length)
         pre = PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total)
-        crc = zlib.crc32(b"".join(bytes(p) for p in head_parts), zlib.crc32(pre))
+        crc = parallel.crc32_update(b"".join(bytes(p) for p in head_parts), parallel.crc32_update(pre))
         crc = parallel.crc32_combine(crc, self.crc, self.nbytes)
 
         def parts() -> Iterator[bytes | memoryview]:  # every byte before the tag, written as it goes
