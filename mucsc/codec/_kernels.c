@@ -351,7 +351,11 @@ typedef struct {
 
 /* The DP's inner step: min_{olo <= i <= top} prev[i] + C(i, j) and its leftmost argmin *bi: the
  * first i's cost, replaced by each later one that is smaller (so NaN never wins, ties keep the first). */
-#define DP_COST(i) (q->prev[i] + ((q->v[i] + vj) * (s1j - q->s1[i]) - q->v[i] * vj * (nj - q->n[i]) - (s2j - q->s2[i])))
+static inline double dp_cost(const dp_ctx *q, Py_ssize_t i, double vj, double nj, double s1j, double s2j)
+{
+    return q->prev[i] + ((q->v[i] + vj) * (s1j - q->s1[i]) - q->v[i] * vj * (nj - q->n[i]) - (s2j - q->s2[i]));
+}
+#define DP_COST(i) dp_cost(q, (i), vj, nj, s1j, s2j)
 
 static inline double dp_scan(const dp_ctx *q, Py_ssize_t j, Py_ssize_t olo, Py_ssize_t top, Py_ssize_t *bi)
 {
@@ -410,9 +414,7 @@ static void dp_run(const double *v, const double *n, const double *s1, const dou
         q.arg = argm + (size_t)k * (size_t)m;
         q.lower = k > 1 ? argm + (size_t)(k - 1) * (size_t)m : NULL;
         if (k == 1) {  /* only prev[0] is finite: every j's best is C(0, j), what the recursion finds */
-            const double vj0 = v[0], n0 = n[0], a0 = s1[0], b0 = s2[0];
-            for (Py_ssize_t j = jlo; j <= jhi; j++)
-                cur[j] = prev[0] + ((vj0 + v[j]) * (s1[j] - a0) - vj0 * v[j] * (n[j] - n0) - (s2[j] - b0));
+            for (Py_ssize_t j = jlo; j <= jhi; j++) cur[j] = dp_cost(&q, 0, v[j], n[j], s1[j], s2[j]);
             /* q.arg stays 0 (zeroed) */
         } else {
             dc(&q, jlo, jhi, k - 1, jhi - 1);

@@ -532,8 +532,7 @@ def crc32(data: memoryview, crc: int = 0) -> int:
     equal parts in parallel for large data (both release the GIL), the parts' CRCs joined with
     :func:`crc32_combine`.  The compiled kernel where built (carry-less multiplication, ~5x zlib 1.2's
     table CRC), else zlib."""
-    one = kernels.compiled("crc32") or zlib.crc32
-    return _crc_parts(len(data), crc, lambda a, b, c: one(data[a:b], c))
+    return _crc_parts(len(data), crc, lambda a, b, c: crc32_update(data[a:b], c))
 
 
 def _crc_parts(n: int, crc: int | None, span: Callable[[int, int, int | None], int | None],
