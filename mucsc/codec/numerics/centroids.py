@@ -508,12 +508,16 @@ class _Sorted:
         n = xc.size
         buf = np.empty((2 if w is None else 3, n + 1))  # one allocation (3x faster than concatenations)
         buf[:, 0] = 0.0
-        if w is None:
-            self.W = _unit_weights(n)
+        self._rows(buf)
+        self._sums(w)
+
+    def _rows(self, buf: np.ndarray) -> None:
+        """W, P1, P2 as the rows of ``buf`` (2 x (n + 1) without weights: W is then shared, read-only)."""
+        if self.unit:
+            self.W = _unit_weights(buf.shape[1] - 1)
             self.P1, self.P2 = buf
         else:
             self.W, self.P1, self.P2 = buf
-        self._sums(w)
 
     @classmethod
     def centred(cls, xs: np.ndarray, shift: float, w: np.ndarray | None) -> "_Sorted":
@@ -535,11 +539,7 @@ class _Sorted:
         kernel(np.ascontiguousarray(xs), float(shift), S.xc, buf,
                None if w is None else (w.a, w.b, float(w.wb)) if isinstance(w, _Steps)
                else np.ascontiguousarray(w, np.float64))
-        if w is None:
-            S.W = _unit_weights(xs.size)
-            S.P1, S.P2 = buf
-        else:
-            S.W, S.P1, S.P2 = buf
+        S._rows(buf)
         return S
 
     def _sums(self, w: np.ndarray | None) -> None:
