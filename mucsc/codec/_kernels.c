@@ -3842,6 +3842,57 @@ DITHER_CELLS_TERMS(dither_cells_terms)
 __attribute__((target("avx2"))) DITHER_CELLS_TERMS(dither_cells_terms_avx2)
 #endif
 
+typedef struct {
+    const double *xs, *w;
+    double scale;
+    int avx2;
+} cells_job;
+
+/* The end of the cell starting at s (z = floor(xs[s] scale)): the first e > s whose z is larger,
+ * or n; galloping then bisecting, since the z never decrease. */
+static Py_ssize_t cells_end(const double *xs, Py_ssize_t n, Py_ssize_t s, double z, double scale)
+{
+    Py_ssize_t lo = s, step = 1, hi;  /* floor(xs[lo] scale) == z; hi: beyond the cell or n */
+    for (;;) {
+        hi = lo + step;
+        if (hi >= n) { hi = n; break; }
+        if (floor(xs[hi] * scale) != z) break;
+        lo = hi;
+        step *= 2;
+    }
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (floor(xs[mid] * scale) != z) hi = mid; else lo = mid;
+    }
+    return hi;
+}
+
+/* numpy's pairwise sums (np_pairwise_sum's order) of w, b (w) and the square term over
+ * xs[lo .. lo + n): the terms made a leaf (<= 128 elements) at a time on the stack, so nothing
+ * but the sums is stored. */
+static void cells_terms_sums(const cells_job *jb, Py_ssize_t lo, Py_ssize_t n, double out[3])
+{
+    if (n > 128) {
+        Py_ssize_t n2 = n / 2;
+        n2 -= n2 % 8;
+        double l[3], r[3];
+        cells_terms_sums(jb, lo, n2, l);
+        cells_terms_sums(jb, lo + n2, n - n2, r);
+        for (int k = 0; k < 3; k++) out[k] = l[k] + r[k];
+        return;
+    }
+    double zs[128], bw[128], g2[128];
+    const double *w = jb->w ? jb->w + lo : NULL;
+#ifdef LANES_AVX2
+    if (jb->avx2) dither_cells_terms_avx2(jb->xs + lo, w, n, jb->scale, zs, bw, g2);
+    else
+#endif
+    dither_cells_terms(jb->xs + lo, w, n, jb->scale, zs, bw, g2);
+    out[0] = w ? np_pairwise_sum(w, n) : 0.0;
+    out[1] = np_pairwise_sum(bw, n);
+    out[2] = np_pairwise_sum(g2, n);
+}
+
 PyDoc_STRVAR(dither_cells_doc,
 "dither_cells(xs, w, scale, cell, W, B, G) -> m or -1\n\n"
 "dither.expected_choice's pass over its sorted sample xs (float64; weights w, float64, or None for\n"
@@ -3881,41 +3932,31 @@ static PyObject *py_dither_cells(PyObject *self, PyObject *args)
         const double *xs = (const double *)b[0].buf, *w = have_w ? (const double *)b[5].buf : NULL;
         double *W = (double *)b[1].buf, *B = (double *)b[2].buf, *G = (double *)b[3].buf;
         int64_t *cell = (int64_t *)b[4].buf;
-        double *bw = (double *)malloc((size_t)n * 3 * sizeof(double));
-        if (!bw) { PyErr_NoMemory(); goto fail; }
-        double *g2 = bw + n, *zs = bw + 2 * n;
-        Py_ssize_t m = 0, s = 0;
+        Py_ssize_t m = 0;
         int bad = 0;
         Py_BEGIN_ALLOW_THREADS
+        cells_job jb = {xs, w, scale, 0};
 #ifdef LANES_AVX2
-        if (have_avx2()) dither_cells_terms_avx2(xs, w, n, scale, zs, bw, g2);
-        else
+        jb.avx2 = have_avx2();
 #endif
-        dither_cells_terms(xs, w, n, scale, zs, bw, g2);
-        double prev = 0.0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double z = zs[i];
-            if (!(fabs(z) < DITHER_BOUND)) { bad = 1; break; }
-            if (i == 0 || z != prev) {
-                if (i > 0) {  /* close the cell s .. i */
-                    W[m] = w ? np_segment_sum(w, s, i) : (double)(i - s);
-                    B[m] = np_segment_sum(bw, s, i);
-                    G[m] = np_segment_sum(g2, s, i);
-                    m++;
-                }
-                cell[m] = (int64_t)z;
-                s = i;
-                prev = z;
-            }
-        }
-        if (!bad) {
-            W[m] = w ? np_segment_sum(w, s, n) : (double)(n - s);
-            B[m] = np_segment_sum(bw, s, n);
-            G[m] = np_segment_sum(g2, s, n);
-            m++;
+        /* xs ascending and scale > 0: z = floor(xs scale) never decreases (IEEE multiplication and
+         * floor are monotone), so the z of the first and last elements bound every z and each cell's
+         * end is found by a search; NaN sorts last and fails the bound */
+        double z0 = floor(xs[0] * scale), z1 = floor(xs[n - 1] * scale);
+        bad = !(scale > 0) || !(fabs(z0) < DITHER_BOUND) || !(fabs(z1) < DITHER_BOUND);
+        for (Py_ssize_t s = 0; !bad && s < n; m++) {
+            double z = floor(xs[s] * scale);
+            Py_ssize_t e = cells_end(xs, n, s, z, scale);
+            double first[3], rest[3];
+            cells_terms_sums(&jb, s, 1, first);
+            cells_terms_sums(&jb, s + 1, e - s - 1, rest);
+            cell[m] = (int64_t)z;
+            W[m] = w ? w[s] + rest[0] : (double)(e - s);
+            B[m] = first[1] + rest[1];
+            G[m] = first[2] + rest[2];
+            s = e;
         }
         Py_END_ALLOW_THREADS
-        free(bw);
         release_bufs(b, got);
         return PyLong_FromSsize_t(bad ? -1 : m);
     }

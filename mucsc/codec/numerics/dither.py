@@ -348,7 +348,7 @@ def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None)
         keep = counts > 0
         values, counts, joint = np.arange(qmin, qmax + 1)[keep], counts[keep], joint[:, keep]
         return _choose(values, counts, lambda c, col, cols: _columns(joint.reshape(c, FINE // c, -1).sum(1), col, cols),
-                       _coded_bytes)
+                       _coded_sizes)[:3]
     qmin, qmax = int(q.min()), int(q.max())
     span = qmax - qmin + 1
     if span <= max(4 * n, 1 << 16) and span <= 1 << 24:
@@ -370,37 +370,46 @@ def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None)
                                minlength=c * cols).reshape(c, cols)
         return _columns(joint.reshape(c, FINE // c, m).sum(1), col, cols)
 
-    return _choose(values, counts, by_context, _coded_bytes)
+    return _choose(values, counts, by_context, _coded_sizes)[:3]
 
 
 def _columns(h: np.ndarray, col: np.ndarray, cols: int) -> np.ndarray:
-    """Rows of ``h`` (per distinct value) summed into ``cols`` columns: value i into column col[i]."""
-    out = np.zeros((h.shape[0], cols), h.dtype)
-    for r in range(h.shape[0]):
-        out[r] = np.bincount(col, weights=h[r], minlength=cols)
-    return out
+    """Rows of ``h`` (per distinct value) summed into ``cols`` columns: value i into column col[i]
+    (one bincount over every row: each cell summed in value order, as a bincount per row sums it)."""
+    rows = h.shape[0]
+    at = (np.arange(rows)[:, None] * cols + col).ravel()
+    return np.bincount(at, weights=h.ravel(), minlength=rows * cols).reshape(rows, cols).astype(h.dtype, copy=False)
 
 
-def _choose(values: np.ndarray, counts: np.ndarray, by_context, coded) -> tuple[Alphabet, int, float]:
+def _choose(values: np.ndarray, counts: np.ndarray, by_context, coded
+            ) -> tuple[Alphabet, int, float, np.ndarray]:
     """The alphabet and contexts minimising ``coded`` bytes (+ QESC's) of the distinct indices
-    ``values`` (sorted) occurring ``counts`` times; ``by_context(c, col, cols)`` gives their
-    histogram per context and symbol (realised or expected: :func:`expected_choice`)."""
-    best = None
+    ``values`` (sorted) occurring ``counts`` times, and their histogram (contexts x symbols);
+    ``by_context(c, col, cols)`` gives their histogram per context and symbol (realised or expected:
+    :func:`expected_choice`); ``coded`` sizes a list of histograms at once.  Ties go to the
+    earlier candidate (the ranges in :func:`_candidate_ranges`' order, then fewer contexts)."""
+    cands = []
     for alpha in _candidate_ranges(values, counts):
         s = values - alpha.q_lo
         out = (s < 0) | (s >= alpha.inner)
         col = np.where(out, alpha.inner, s)
         esc = (32 + kernels.dot(counts[out], _varint_len(zigzag(values[out] - alpha.q_lo).astype(np.int64)))
                if alpha.escape else 0.0)
-        size = coded(np.bincount(col, weights=counts, minlength=alpha.symbols).astype(counts.dtype)[None]) + esc
-        if best is None or size < best[2]:
-            best = (alpha, 1, size, col, esc)
-    alpha, _, _, col, esc = best
-    for c in CONTEXT_CHOICES[1:]:
-        size = coded(by_context(c, col, alpha.symbols)) + esc
-        if size < best[2]:
-            best = (alpha, c, size, col, esc)
-    return best[:3]
+        cands.append((alpha, col, esc, np.bincount(col, weights=counts, minlength=alpha.symbols).astype(counts.dtype)[None]))
+    sizes = coded([h for *_, h in cands])
+    i = min(range(len(cands)), key=lambda i: (sizes[i] + cands[i][2], i))
+    alpha, col, esc, hist = cands[i]
+    best = (alpha, 1, sizes[i] + esc, hist)
+    hists = [by_context(c, col, alpha.symbols) for c in CONTEXT_CHOICES[1:]]
+    for c, size, h in zip(CONTEXT_CHOICES[1:], coded(hists), hists):
+        if size + esc < best[2]:
+            best = (alpha, c, size + esc, h)
+    return best
+
+
+def _coded_sizes(hists: list[np.ndarray]) -> list[float]:
+    """:func:`_coded_bytes` of each of ``hists``."""
+    return [_coded_bytes(h) for h in hists]
 
 
 def expected_choice(xs: np.ndarray, w: np.ndarray | None, step: float
@@ -439,7 +448,7 @@ def expected_choice(xs: np.ndarray, w: np.ndarray | None, step: float
     def by_context(c: int, col: np.ndarray, cols: int) -> np.ndarray:
         return _columns(H.reshape(c, FINE // c, -1).sum(1), col, cols)
 
-    return (*_choose(values, counts, by_context, _expected_coded_bytes), straddled)
+    return (*_choose(values, counts, by_context, _expected_coded_sizes)[:3], straddled)
 
 
 def _cells(xs: np.ndarray, w: np.ndarray | None, scale: float
@@ -469,20 +478,31 @@ def _cells(xs: np.ndarray, w: np.ndarray | None, scale: float
     return cell[first], W, B, np.add.reduceat(g, first)
 
 
-def _expected_coded_bytes(hist: np.ndarray) -> float:
-    """:func:`_coded_bytes` of expected (float) per-context histograms: rans.expected_size's model
-    of each context's IDSA payload (its table from the proportional frequencies), all at once."""
-    h = np.asarray(hist, np.float64)
+def _expected_coded_sizes(hists: list[np.ndarray]) -> list[float]:
+    """:func:`_coded_bytes` of each of the expected (float) per-context histograms ``hists``:
+    rans.expected_size's model of each context's IDSA payload (its table from the proportional
+    frequencies), every context of every histogram in one set of array operations (the rows padded
+    with empty symbols to the widest, which the table bytes do not count)."""
+    width = max(h.shape[1] for h in hists)
+    rows = np.array([h.shape[0] for h in hists])
+    h = np.zeros((int(rows.sum()), width))
+    pad = np.empty(h.shape[0])
+    at = 0
+    for g in hists:
+        h[at: at + g.shape[0], : g.shape[1]] = g
+        pad[at: at + g.shape[0]] = width - g.shape[1]
+        at += g.shape[0]
     used = h > 0
     total = h.sum(1)
-    S = np.array([rans.scale_bits_for(int(u)) for u in used.sum(1)], np.float64)
-    W = np.array([rans.lanes_for(int(round(t))) for t in total], np.float64)
+    S = np.where(used.sum(1) <= 1 << 12, 16.0, float(rans.MAX_SCALE_BITS))
+    W = np.clip(np.floor_divide(np.rint(total), rans.LANE_ELEMENTS), 1, rans.MAX_LANES)  # rans.lanes_for
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.maximum(1.0, np.rint(h * (np.exp2(S) / total)[:, None]))
         bits = np.where(used, h * (S[:, None] - np.log2(f)), 0.0).sum(1)
-    table = np.where(used, 1 + (f >= 1 << 7) + (f >= 1 << 14) + (f >= 1 << 21), 1).sum(1)
-    per = np.where(total > 0, 2 + table + 9 * W + np.ceil(bits / 8), 3 + 9 * W)
-    return 1.0 + float(np.sum(4 + per))
+    table = np.where(used, 1 + (f >= 1 << 7) + (f >= 1 << 14) + (f >= 1 << 21), 1).sum(1) - pad
+    per = 4 + np.where(total > 0, 2 + table + 9 * W + np.ceil(bits / 8), 3 + 9 * W)
+    ends = np.cumsum(rows)
+    return [1.0 + float(per[e - r: e].sum()) for r, e in zip(rows.tolist(), ends.tolist())]
 
 
 def _candidate_ranges(values: np.ndarray, counts: np.ndarray) -> list[Alphabet]:
