@@ -602,12 +602,33 @@ def test_dither_kernels_are_numpys(monkeypatch):
                 (pc, ec), (pn, en) = both(monkeypatch, lambda: dither.symbols_by_context(a[0], qc, t, a[1]))
                 assert len(pc) == len(pn) and all(np.array_equal(u, v) for u, v in zip(pc, pn))
                 np.testing.assert_array_equal(ec, en)
+                counts = dither.chosen_alphabet(qc, t, hc)[3]  # the counts save the kernel its counting pass
+                assert [np.bincount(u, minlength=a[0].symbols).tolist() for u in pc] == counts.tolist()
+                pk, ek = dither.symbols_by_context(a[0], qc, t, a[1], counts)
+                assert all(np.array_equal(u, v) for u, v in zip(pk, pn)) and np.array_equal(ek, en)
     x = rng.standard_t(3, 300_000).astype(np.float32)
     for xs, w in (_sample_sorted(x, float(x.min()), float(x.max())), (np.sort(x[:5000]).astype(np.float64), None)):
         for step in (1e-3, 0.2, 5.0):
             c, nump = both(monkeypatch, lambda: dither._cells(xs, w, dither.FINE / step))
             for u, v in zip(c, nump):
                 np.testing.assert_array_equal(u, v)
+
+
+@needs_c
+def test_dither_split_checks_the_counts_it_is_given():
+    """dither_split's counts from the caller (per context, then the escaped) are checked as it
+    routes: counts that are not q's are a ValueError, never a write outside a context's part."""
+    c = kernels.c_module()
+    q = np.array([0, 1, 5, 1, 0, 9], np.int64)
+    t = np.arange(6, dtype=np.uint64) << np.uint64(50)  # contexts 0 0 0 0 1 1 of 2
+    out = np.empty(6, np.uint32)
+    per, esc = c.dither_split(q, t, 2, 0, 2, True, out, np.array([4, 2, 2], np.int64))
+    assert per == [4, 2] and out.tolist() == [0, 1, 2, 1, 0, 2] and np.frombuffer(esc, np.int64).tolist() == [5, 9]
+    for wrong in ([5, 1, 2], [4, 2, 1], [4, 2, 3], [3, 2, 2], [-1, 7, 2]):
+        with pytest.raises(ValueError, match="per"):
+            c.dither_split(q, t, 2, 0, 2, True, out, np.array(wrong, np.int64))
+    with pytest.raises(ValueError, match="count \\+ 1"):
+        c.dither_split(q, t, 2, 0, 2, True, out, np.array([4, 2], np.int64))
 
 
 @needs_c

@@ -30,6 +30,11 @@ def test_round_trip_and_backends_agree(n, k, monkeypatch):
         monkeypatch.setattr(kernels, "BACKEND", backend)
         blobs[backend] = rans.encode(ids, k)
         assert np.array_equal(rans.decode(blobs[backend], n, k), ids)
+        counts = np.bincount(ids, minlength=k)  # counted by the caller: the same payload
+        assert rans.encode(ids, k, counts=counts) == blobs[backend]
+        if n:
+            with pytest.raises(ValueError, match="counts"):
+                rans.encode(ids, k, counts=counts + np.eye(k, dtype=np.int64)[0])
     assert len(set(blobs.values())) == 1  # bit-identical twins
 
 

@@ -3480,21 +3480,23 @@ fail:
 }
 
 PyDoc_STRVAR(dither_split_doc,
-"dither_split(q, t, count, q_lo, inner, escape, ordered) -> (list of count ints, bytes)\n\n"
+"dither_split(q, t, count, q_lo, inner, escape, ordered[, per]) -> (list of count ints, bytes)\n\n"
 "The symbols of the indices q (int64) in context order (dither.Alphabet.split then\n"
 "dither.by_context): s = q - q_lo for 0 <= s < inner, else the escape symbol inner (escape true),\n"
 "whose q go, in index order, to the int64 array returned as bytes.  ordered: uint32 of len(q).\n"
+"per (int64, count + 1): the elements of each context and the escaped ones, where the caller has\n"
+"counted them (one pass instead of two; checked: ValueError where they are not q's).\n"
 "Returns the elements in each context and the escaped q; ValueError for an index outside an\n"
 "alphabet without escape.");
 
 static PyObject *py_dither_split(PyObject *self, PyObject *args)
 {
-    PyObject *qo, *to, *oo;
+    PyObject *qo, *to, *oo, *po = Py_None;
     Py_ssize_t count;
     long long q_lo, inner;
     int escape;
-    if (!PyArg_ParseTuple(args, "OOnLLpO", &qo, &to, &count, &q_lo, &inner, &escape, &oo)) return NULL;
-    Py_buffer b[3];
+    if (!PyArg_ParseTuple(args, "OOnLLpO|O", &qo, &to, &count, &q_lo, &inner, &escape, &oo, &po)) return NULL;
+    Py_buffer b[4];
     int got = 0;
     PyObject *escs = NULL;
     if (i64_buf(qo, &b[0], 0, "dither_split q") < 0) return NULL;
@@ -3503,27 +3505,41 @@ static PyObject *py_dither_split(PyObject *self, PyObject *args)
     got = 2;
     if (u32_buf(oo, &b[2], 1, "dither_split ordered") < 0) goto fail;
     got = 3;
+    if (po != Py_None) {
+        if (i64_buf(po, &b[3], 0, "dither_split per") < 0) goto fail;
+        got = 4;
+    }
     Py_ssize_t n = b[0].len / 8;
-    if (b[1].len / 8 != n || b[2].len / 4 != n || inner < 1 || inner > 65536) {
-        PyErr_SetString(PyExc_ValueError, "dither_split: t and ordered as long as q, inner in 1..65536");
+    if (b[1].len / 8 != n || b[2].len / 4 != n || inner < 1 || inner > 65536 || (got == 4 && b[3].len / 8 != count + 1)) {
+        PyErr_SetString(PyExc_ValueError, "dither_split: t and ordered as long as q, inner in 1..65536, per of count + 1");
         goto fail;
     }
     {
         const int64_t *q = (const int64_t *)b[0].buf;
         const uint64_t *t = (const uint64_t *)b[1].buf;
         uint32_t *dst = (uint32_t *)b[2].buf;
-        Py_ssize_t cnt[64] = {0}, cur[64], ne = 0, e = 0;
+        Py_ssize_t cnt[64] = {0}, cur[64], end[64], ne = 0, e = 0, total = 0;
         uint64_t big = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            big |= t[i];
-            cnt[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)count)]++;
-            ne += (uint64_t)q[i] - (uint64_t)q_lo >= (uint64_t)inner;
+        int given = got == 4, wrong = 0;
+        if (given) {
+            const int64_t *per = (const int64_t *)b[3].buf;
+            for (Py_ssize_t j = 0; j <= count; j++) wrong |= per[j] < 0 || per[j] > n;
+            for (Py_ssize_t j = 0; j < count && !wrong; j++) { cnt[j] = (Py_ssize_t)per[j]; total += cnt[j]; }
+            ne = wrong ? 0 : (Py_ssize_t)per[count];
+            wrong |= total != n;
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; i++) {
+                big |= t[i];
+                cnt[dither_context(t[i] & ((1ULL << 53) - 1), (uint64_t)count)]++;
+                ne += (uint64_t)q[i] - (uint64_t)q_lo >= (uint64_t)inner;
+            }
+            Py_END_ALLOW_THREADS
         }
-        Py_END_ALLOW_THREADS
-        if (big >> 53 || (ne && !escape)) {
-            PyErr_SetString(PyExc_ValueError, big >> 53 ? "dither_split: t must be below 2^53"
-                                                        : "dither_split: an index outside an alphabet without escape");
+        if (wrong || big >> 53 || (ne && !escape)) {
+            PyErr_SetString(PyExc_ValueError, wrong ? "dither_split: per is not the counts of q"
+                                              : big >> 53 ? "dither_split: t must be below 2^53"
+                                                          : "dither_split: an index outside an alphabet without escape");
             goto fail;
         }
         escs = PyBytes_FromStringAndSize(NULL, ne * 8);
@@ -3531,17 +3547,40 @@ static PyObject *py_dither_split(PyObject *self, PyObject *args)
         int64_t *esc = (int64_t *)PyBytes_AS_STRING(escs);
         Py_BEGIN_ALLOW_THREADS
         Py_ssize_t at = 0;
-        for (Py_ssize_t j = 0; j < count; j++) { cur[j] = at; at += cnt[j]; }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t s = (uint64_t)q[i] - (uint64_t)q_lo;
-            if (s >= (uint64_t)inner) {
-                esc[e++] = q[i];
-                s = (uint64_t)inner;
+        for (Py_ssize_t j = 0; j < count; j++) { cur[j] = at; at += cnt[j]; end[j] = at; }
+        if (given) {  /* one pass: the counts checked as it goes (each write within its context) */
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint64_t ti = t[i];
+                big |= ti;
+                uint64_t s = (uint64_t)q[i] - (uint64_t)q_lo;
+                Py_ssize_t c = dither_context(ti & ((1ULL << 53) - 1), (uint64_t)count);
+                if (s >= (uint64_t)inner) {
+                    if (e == ne || !escape) { wrong = 1; break; }
+                    esc[e++] = q[i];
+                    s = (uint64_t)inner;
+                }
+                if (cur[c] == end[c]) { wrong = 1; break; }
+                dst[cur[c]++] = (uint32_t)s;
             }
-            dst[cur[dither_context(t[i], (uint64_t)count)]++] = (uint32_t)s;
+            wrong |= e != ne || big >> 53;
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint64_t s = (uint64_t)q[i] - (uint64_t)q_lo;
+                if (s >= (uint64_t)inner) {
+                    esc[e++] = q[i];
+                    s = (uint64_t)inner;
+                }
+                dst[cur[dither_context(t[i], (uint64_t)count)]++] = (uint32_t)s;
+            }
         }
         Py_END_ALLOW_THREADS
         release_bufs(b, got);
+        if (wrong) {
+            Py_DECREF(escs);
+            PyErr_SetString(PyExc_ValueError, big >> 53 ? "dither_split: t must be below 2^53"
+                                                        : "dither_split: per is not the counts of q");
+            return NULL;
+        }
         PyObject *res = PyList_New(count);
         for (Py_ssize_t j = 0; res && j < count; j++) {
             PyObject *v = PyLong_FromSsize_t(cnt[j]);

@@ -101,17 +101,17 @@ def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool =
         if cache is not None:
             cache.update(key=key, t=t, bounds=bounds)
     q, straddled, hist = dither.rounded(x, grid.step, grid.offset, t, grid.share != 1.0, bounds)
-    alpha, c, est = dither.choose_alphabet(q, t, hist)
+    alpha, c, est, counts = dither.chosen_alphabet(q, t, hist)
     params = _params(alpha)
     share = dither.best_share(n, straddled) if grid.share is None else grid.share
     head = Section("GRID", GRID.pack(grid.step, grid.offset, share, alpha.q_lo, key))
     if estimate:
         sections = (head, Section("QIDX", bytes(int(est))))
     else:
-        by_context, esc = dither.symbols_by_context(alpha, q, t, c)
+        by_context, esc = dither.symbols_by_context(alpha, q, t, c, counts)
         parts = [CONTEXTS.pack(c)]
-        for part in by_context:
-            coded = rans.encode(part, alpha.symbols)
+        for part, part_counts in zip(by_context, counts):
+            coded = rans.encode(part, alpha.symbols, counts=part_counts)
             parts += [LENGTH.pack(len(coded)), coded]
         sections = (head, Section("QIDX", b"".join(parts)))
         if alpha.escape:

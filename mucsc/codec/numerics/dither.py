@@ -33,7 +33,7 @@ from mucsc.codec import kernels
 from mucsc.codec.wire import rans
 
 __all__ = ["stream", "contexts", "context_counts", "by_context", "from_contexts", "quantize", "rounded", "Histogram", "symbols_by_context", "dequantize", "straddle", "best_share", "variance", "Alphabet", "choose_alphabet",
-           "zigzag_varints", "read_zigzag_varints", "ZigzagReader", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
+           "chosen_alphabet", "zigzag_varints", "read_zigzag_varints", "ZigzagReader", "estimated_bytes", "expected_choice", "MAX_INDEX", "MAX_SYMBOLS",
            "MAX_CONTEXTS"]
 
 MAX_INDEX = 1 << 52  # |q| at most this: q + 1/2 is exact in float64
@@ -160,15 +160,20 @@ class Histogram(NamedTuple):
     joint: np.ndarray
 
 
-def symbols_by_context(alpha: "Alphabet", q: np.ndarray, t: np.ndarray, count: int
-                       ) -> tuple[list[np.ndarray], np.ndarray]:
+def symbols_by_context(alpha: "Alphabet", q: np.ndarray, t: np.ndarray, count: int,
+                       counts: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """(the symbols of each context 0 .. count - 1 in index order, the escaped q in index order):
-    :meth:`Alphabet.split` then :func:`by_context`, in one compiled pass where the kernels are built."""
+    :meth:`Alphabet.split` then :func:`by_context`, in one compiled pass where the kernels are built.
+    ``counts``: the symbols' counts per context (:func:`chosen_alphabet`'s), which save the kernel
+    its counting pass (it checks them)."""
     kernel = kernels.compiled("dither_split")
     if kernel is not None and 1 <= count <= MAX_CONTEXTS and q.size:
         ordered = np.empty(q.size, np.uint32)
+        per = None
+        if counts is not None:
+            per = np.append(counts.sum(1), counts[:, alpha.inner].sum() if alpha.escape else 0).astype(np.int64)
         per, esc = kernel(np.ascontiguousarray(q, np.int64), np.ascontiguousarray(t, np.uint64),
-                          count, alpha.q_lo, alpha.inner, alpha.escape, ordered)
+                          count, alpha.q_lo, alpha.inner, alpha.escape, ordered, per)
         return np.split(ordered, np.cumsum(per)[:-1]), np.frombuffer(esc, np.int64)
     sym, esc = alpha.split(q)
     return by_context(sym, t, count), esc
@@ -334,13 +339,20 @@ def _coded_bytes(hist: np.ndarray) -> float:
 
 
 def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None) -> tuple[Alphabet, int, float]:
-    """(alphabet, contexts, estimated bytes of QIDX + QESC) minimising the estimate: a contiguous
+    """(alphabet, contexts, estimated bytes of QIDX + QESC): :func:`chosen_alphabet` without its counts."""
+    return chosen_alphabet(q, t, hist)[:3]
+
+
+def chosen_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None
+                    ) -> tuple[Alphabet, int, float, np.ndarray]:
+    """(alphabet, contexts, estimated bytes of QIDX + QESC, the symbols' counts per context: int64,
+    contexts x symbols, what each context's IDSA table is made from) minimising the estimate: a contiguous
     range around the bulk of the indices (the tails beyond it escaped when that is cheaper than
     table entries for them), chosen with one context, then 1..16 contexts for it (more contexts:
     sharper tables, more tables to send).  ``hist``: the histogram :func:`rounded` counted."""
     n = q.size
     if n == 0:
-        return Alphabet(0, 1, False), 1, _coded_bytes(np.zeros((1, 1), np.int64))
+        return Alphabet(0, 1, False), 1, _coded_bytes(np.zeros((1, 1), np.int64)), np.zeros((1, 1), np.int64)
     if hist is not None:  # the same histograms as below (the range is within 4 n and FINE m <= JOINT_MAX)
         qmin, qmax = hist.q_min, hist.q_max
         joint = hist.joint[:, qmin - hist.base: qmax - hist.base + 1]
@@ -348,7 +360,7 @@ def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None)
         keep = counts > 0
         values, counts, joint = np.arange(qmin, qmax + 1)[keep], counts[keep], joint[:, keep]
         return _choose(values, counts, lambda c, col, cols: _columns(joint.reshape(c, FINE // c, -1).sum(1), col, cols),
-                       _coded_sizes)[:3]
+                       _coded_sizes)
     qmin, qmax = int(q.min()), int(q.max())
     span = qmax - qmin + 1
     if span <= max(4 * n, 1 << 16) and span <= 1 << 24:
@@ -370,7 +382,7 @@ def choose_alphabet(q: np.ndarray, t: np.ndarray, hist: Histogram | None = None)
                                minlength=c * cols).reshape(c, cols)
         return _columns(joint.reshape(c, FINE // c, m).sum(1), col, cols)
 
-    return _choose(values, counts, by_context, _coded_sizes)[:3]
+    return _choose(values, counts, by_context, _coded_sizes)
 
 
 def _columns(h: np.ndarray, col: np.ndarray, cols: int) -> np.ndarray:

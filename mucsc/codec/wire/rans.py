@@ -181,11 +181,17 @@ def _read_varints(buf: np.ndarray, pos: int, k: int, limit: int, tag: str = "IDS
 
 VALUES_CHUNK = 1 << 18  # IDs decoded per pass when take_values gathers them in numpy
 
-def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | None = None) -> bytes:
-    """The IDSA payload for ``ids`` (values < k)."""
+def encode(ids: np.ndarray, k: int, lanes: int | None = None, scale_bits: int | None = None,
+           counts: np.ndarray | None = None) -> bytes:
+    """The IDSA payload for ``ids`` (values < k).  ``counts``: the occurrences of each id 0 .. k - 1
+    where the caller has counted them already (trusted: they fix the table)."""
     ids = np.ascontiguousarray(ids).reshape(-1)
     n = ids.size
-    counts = _counts(ids, k)
+    if counts is None:
+        counts = _counts(ids, k)
+    elif len(counts) != k or int(np.sum(counts)) != n:
+        raise ValueError(f"{len(counts)} counts adding up to {int(np.sum(counts))}, for {k} ids and {n} symbols")
+    counts = np.asarray(counts, np.int64)
     if counts.size > k:
         raise ValueError("an id is out of range")
     S = scale_bits_for(int((counts > 0).sum())) if scale_bits is None else scale_bits
