@@ -3610,7 +3610,7 @@ typedef struct {
 } dither_dec;
 
 #define DITHER_DEC_BUFS 6
-#define DITHER_BLOCK 256  /* elements a step of dither_decode: uniforms and contexts, symbols, values */
+#define DITHER_BLOCK 1024  /* elements a step of dither_decode: uniforms and contexts, symbols, values */
 #define DITHER_COARSE_BITS 10  /* 2^10 eight-byte entries a context: 16 contexts' tables stay in L2 */
 
 /* Take one context's decoder from its tuple (buf, f, cum, S, W, x, p, ends); 0 or -1 (error set).
@@ -3673,6 +3673,141 @@ static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize
     return 0;
 }
 
+/* A block of the dither stream from state z (element i: mix(z + i GAMMA) >> 11): v_i = t_i 2^-53
+ * into vb and the context (t_i count) >> 53 into cb.  Compiled for any x86-64 and, picked at run
+ * time, for AVX-512DQ (64-bit multiplies and int64 -> double eight at a time; the same integers
+ * and the same exact conversions). */
+#define DITHER_UNIFORMS(NAME)                                                                            \
+    static void NAME(uint64_t z, int m, uint64_t count, double *vb, uint8_t *cb)                        \
+    {                                                                                                    \
+        for (int i = 0; i < m; i++) {                                                                    \
+            uint64_t t = splitmix_mix(z + (uint64_t)i * GAMMA) >> 11;                                    \
+            cb[i] = (uint8_t)((t * count) >> 53);                                                        \
+            vb[i] = (double)(int64_t)t * DITHER_SCALE;                                                   \
+        }                                                                                                \
+    }
+DITHER_UNIFORMS(dither_uniforms_any)
+#ifdef LANES_AVX2
+__attribute__((target("avx512f,avx512dq"))) DITHER_UNIFORMS(dither_uniforms_avx512)
+
+static int have_avx512dq(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    }
+    return known;
+}
+#endif
+
+static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double *vb, uint8_t *cb)
+{
+#ifdef LANES_AVX2
+    if (wide) { dither_uniforms_avx512(z, m, count, vb, cb); return; }
+#endif
+    (void)wide;
+    dither_uniforms_any(z, m, count, vb, cb);
+}
+
+/* The next nc symbols of one context (its lanes' states in locals, one chain per lane), symbol u
+ * written to sb[pc[u]]; *code = 1 where a lane's stream ends early.  Returns non-zero when one of
+ * them is esym.  A function of its own: its few variables stay in registers. */
+static uint32_t dither_dec_run(dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, uint32_t esym, int *code)
+{
+    const int W = d->W, S = d->S, shift = d->shift;
+    const uint32_t mask = d->mask, *cumt = d->cum, *ft = d->f;
+    const uint64_t *coarse = d->coarse;
+    const uint8_t *buf = d->buf;
+    const int64_t *ends = d->ends;
+    uint32_t xl[64], seen = 0;
+    int64_t pl[64];
+    int j = d->j;
+    for (int l = 0; l < W; l++) { xl[l] = d->x[l]; pl[l] = d->p[l]; }
+    for (int u = 0; u < nc; u++) {
+        uint32_t xv = xl[j], slot = xv & mask;
+        uint64_t ent = coarse[slot >> shift];
+        uint32_t sy = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
+        if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */
+            do sy++; while (slot - cumt[sy] >= ft[sy]);
+            c0 = cumt[sy];
+            f0 = ft[sy];
+        }
+        xv = f0 * (xv >> S) + slot - c0;
+        int64_t pj = pl[j];
+        if (pj + 2 <= ends[j]) {  /* up to two renormalisation bytes without a branch */
+            uint32_t b0 = buf[pj], b1 = buf[pj + 1], r0 = xv < RANS_L, m0 = 0u - r0;
+            xv = (xv & ~m0) | (((xv << 8) | b0) & m0);
+            uint32_t r1 = xv < RANS_L, m1 = 0u - r1;
+            xv = (xv & ~m1) | (((xv << 8) | b1) & m1);
+            pj += r0 + r1;
+        }
+        if (xv < RANS_L) {  /* a third byte (S > 16), or near the end of the lane */
+            do {
+                if (pj >= ends[j]) { *code = 1; goto out; }
+                xv = (xv << 8) | buf[pj++];
+            } while (xv < RANS_L);
+        }
+        pl[j] = pj;
+        xl[j] = xv;
+        j = j + 1 == W ? 0 : j + 1;
+        sb[pc[u]] = sy;
+        seen |= sy == esym;
+    }
+out:
+    for (int l = 0; l < W; l++) { d->x[l] = xl[l]; d->p[l] = pl[l]; }
+    d->j = j;
+    return seen;
+}
+
+/* dither_decode's values of a block without escapes: out[i] = (q + (0.5 - v) share) step + offset,
+ * q = q_lo + s[i] (exact in float64), the operations in dither.dequantize's order; compiled for
+ * any x86-64 and for AVX2 (the same IEEE operations, four at a time).  Returns 1 where a value is
+ * not finite in out's type. */
+#define DITHER_VALUES(NAME, OT, BIG, ABS)                                                                \
+    static int NAME(const double *vb, const uint32_t *sb, int m, double qlo, double share, double step, \
+                    double offset, OT *o)                                                                \
+    {                                                                                                    \
+        int inf = 0;                                                                                     \
+        for (int i = 0; i < m; i++) {                                                                    \
+            double y = 0.5 - vb[i];                                                                      \
+            y = y * share;                                                                               \
+            y = y + (qlo + (double)(int32_t)sb[i]);                                                      \
+            y = y * step;                                                                                \
+            y = y + offset;                                                                              \
+            OT fy = (OT)y;                                                                               \
+            inf |= !(ABS(fy) <= BIG);                                                                    \
+            o[i] = fy;                                                                                   \
+        }                                                                                                \
+        return inf;                                                                                      \
+    }
+DITHER_VALUES(dither_values_f32_any, float, FLT_MAX, fabsf)
+DITHER_VALUES(dither_values_f64_any, double, DBL_MAX, fabs)
+#ifdef LANES_AVX2
+__attribute__((target("avx2"))) DITHER_VALUES(dither_values_f32_avx2, float, FLT_MAX, fabsf)
+__attribute__((target("avx2"))) DITHER_VALUES(dither_values_f64_avx2, double, DBL_MAX, fabs)
+#endif
+
+static int dither_values_f32(int avx2, const double *vb, const uint32_t *sb, int m, double qlo, double share,
+                             double step, double offset, float *o)
+{
+#ifdef LANES_AVX2
+    if (avx2) return dither_values_f32_avx2(vb, sb, m, qlo, share, step, offset, o);
+#endif
+    (void)avx2;
+    return dither_values_f32_any(vb, sb, m, qlo, share, step, offset, o);
+}
+
+static int dither_values_f64(int avx2, const double *vb, const uint32_t *sb, int m, double qlo, double share,
+                             double step, double offset, double *o)
+{
+#ifdef LANES_AVX2
+    if (avx2) return dither_values_f64_avx2(vb, sb, m, qlo, share, step, offset, o);
+#endif
+    (void)avx2;
+    return dither_values_f64_any(vb, sb, m, qlo, share, step, offset, o);
+}
+
 PyDoc_STRVAR(dither_decode_doc,
 "dither_decode(key, count, lanes, q_lo, k, escape, esc, step, offset, share, out) -> (code, esc_read, counts)\n\n"
 "The whole dithered group in one pass (codecs/_dithered.decode's chunks fused): for each element i\n"
@@ -3726,55 +3861,56 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
         const uint32_t esym = escape ? (uint32_t)(k - 1) : 0xFFFFFFFFu;
         int code = 0, inf = 0;
         Py_ssize_t cnt[64] = {0};
+        /* each context's element positions in the block (the symbols decoded a context at a time) */
+        uint16_t *pos = (uint16_t *)malloc((size_t)count * DITHER_BLOCK * sizeof(uint16_t));
+        double *vb = (double *)malloc(DITHER_BLOCK * 2 * sizeof(double));
+        uint32_t *sb = (uint32_t *)malloc(DITHER_BLOCK * sizeof(uint32_t));
+        if (!pos || !vb || !sb) {
+            free(pos); free(vb); free(sb);
+            PyErr_NoMemory();
+            goto done;
+        }
+        double *qb = vb + DITHER_BLOCK;
+        uint8_t cb[DITHER_BLOCK];
+        const double qlo_d = (double)q_lo;  /* |q_lo| <= 2^52: exact, and so is q_lo + s */
+#ifdef LANES_AVX2
+        const int avx2 = have_avx2(), wide = have_avx512dq();
+#else
+        const int avx2 = 0, wide = 0;
+#endif
         Py_BEGIN_ALLOW_THREADS
         uint64_t z = (uint64_t)key + GAMMA;
-        double vb[DITHER_BLOCK], qb[DITHER_BLOCK];
-        uint8_t cb[DITHER_BLOCK];
         for (Py_ssize_t i0 = 0; i0 < n && !code; i0 += DITHER_BLOCK) {
             int m = n - i0 < DITHER_BLOCK ? (int)(n - i0) : DITHER_BLOCK;
-            /* the block's uniforms and contexts (independent: pipelined) */
-            for (int i = 0; i < m; i++, z += GAMMA) {
-                uint64_t t = splitmix_mix(z) >> 11;
-                cb[i] = (uint8_t)(count == 1 ? 0 : dither_context(t, (uint64_t)count));
-                vb[i] = (double)t * DITHER_SCALE;
-            }
-            /* the symbols, a context at a time (its lanes' states in registers, one chain per lane),
-             * each put at its element's place in the block */
-            int bcnt[64] = {0}, at[64];
-            uint16_t order[DITHER_BLOCK];
-            uint32_t sb[DITHER_BLOCK];
-            for (int i = 0; i < m; i++) bcnt[cb[i]]++;
-            for (int c = 0, o = 0; c < count; c++) { at[c] = o; o += bcnt[c]; cnt[c] += bcnt[c]; }
-            for (int i = 0; i < m; i++) order[at[cb[i]]++] = (uint16_t)i;
-            for (int c = 0, o = 0; c < count; o += bcnt[c], c++) {
-                if (!bcnt[c]) continue;
-                dither_dec *d = &dec[c];
-                int j = d->j, W = d->W, S = d->S, shift = d->shift;
-                uint32_t mask = d->mask;
-                const uint64_t *coarse = d->coarse;
-                for (int u = o; u < o + bcnt[c]; u++) {
-                    uint32_t xv = d->x[j], slot = xv & mask;
-                    uint64_t ent = coarse[slot >> shift];
-                    uint32_t s = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
-                    if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */
-                        do s++; while (slot - d->cum[s] >= d->f[s]);
-                        c0 = d->cum[s];
-                        f0 = d->f[s];
-                    }
-                    xv = f0 * (xv >> S) + slot - c0;
-                    while (xv < RANS_L) {
-                        if (d->p[j] >= d->ends[j]) { code = 1; break; }
-                        xv = (xv << 8) | d->buf[d->p[j]++];
-                    }
-                    if (code) break;
-                    d->x[j] = xv;
-                    j = j + 1 == W ? 0 : j + 1;
-                    sb[order[u]] = s;
+            /* the block's uniforms, each element's position listed under its context */
+            int bcnt[64];
+            for (int c = 0; c < count; c++) bcnt[c] = 0;
+            dither_uniforms(wide, z, m, (uint64_t)count, vb, cb);
+            z += (uint64_t)m * GAMMA;
+            if (count == 1) {
+                for (int i = 0; i < m; i++) pos[i] = (uint16_t)i;
+                bcnt[0] = m;
+            } else {
+                for (int i = 0; i < m; i++) {
+                    int c = cb[i];
+                    pos[c * DITHER_BLOCK + bcnt[c]++] = (uint16_t)i;
                 }
-                d->j = j;
-                if (code) break;
+            }
+            /* the symbols, a context at a time (its lanes' states in locals, one chain per lane),
+             * each put at its element's place in the block */
+            uint32_t esc_seen = 0;
+            for (int c = 0; c < count && !code; c++) {
+                int nc = bcnt[c];
+                cnt[c] += nc;
+                if (!nc) continue;
+                esc_seen |= dither_dec_run(&dec[c], pos + (Py_ssize_t)c * DITHER_BLOCK, nc, sb, esym, &code);
             }
             if (code) break;
+            if (!esc_seen) {  /* the values straight from the symbols (vectorisable) */
+                if (ok_ == 4) inf |= dither_values_f32(avx2, vb, sb, m, qlo_d, share, step, offset, o32 + i0);
+                else inf |= dither_values_f64(avx2, vb, sb, m, qlo_d, share, step, offset, o64 + i0);
+                continue;
+            }
             /* the indices, in element order (the escapes are read in that order) */
             for (int i = 0; i < m; i++) {
                 uint32_t s = sb[i];
@@ -3830,6 +3966,7 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
         }
         if (!code && inf) code = 4;
         Py_END_ALLOW_THREADS
+        free(pos); free(vb); free(sb);
         for (Py_ssize_t c = 0; c < count; c++)
             for (int j = 0; j < dec[c].W; j++) { dec[c].xs[j] = dec[c].x[j]; dec[c].ps[j] = dec[c].p[j]; }
         PyObject *counts = PyList_New(count);

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from mucsc.codec import kernels
 from mucsc.codec.codecs.base import Section, param_int, section
 from mucsc.codec.numerics import dither, quantize
 from mucsc.codec.numerics.centroids import _sample_sorted
@@ -134,7 +135,7 @@ def decode(n: int, params: Mapping[str, Any], sections: Mapping[str, memoryview]
     compiled kernels the group is decoded in one fused pass (:func:`_fused`, no scratch), else the
     passes of :func:`decode_parts` are written into the output."""
     head = _open(n, params, sections)
-    y = np.empty(n, dtype)  # reserved (not written) before the counting pass
+    y = kernels.output_array(n, dtype)  # reserved (not written) before the counting pass; huge pages
     if _fused(head.indices, head.q_lo, head.k, head.escape, sections, head.step, head.offset, head.share, y):
         return y
     at = 0
