@@ -3688,7 +3688,26 @@ static int dither_dec_init(PyObject *item, dither_dec *d, Py_buffer *b, Py_ssize
     }
 DITHER_UNIFORMS(dither_uniforms_any)
 #ifdef LANES_AVX2
-__attribute__((target("avx512f,avx512dq"))) DITHER_UNIFORMS(dither_uniforms_avx512)
+__attribute__((target("avx512f,avx512dq"))) static void dither_uniforms_avx512(uint64_t z, int m, uint64_t count,
+                                                                               double *vb, uint8_t *cb)
+{
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i g8 = _mm512_set1_epi64((long long)(8 * GAMMA)), cnt = _mm512_set1_epi64((long long)count);
+    const __m512d scale = _mm512_set1_pd(DITHER_SCALE);
+    __m512i zz = _mm512_add_epi64(_mm512_set1_epi64((long long)z),
+                                  _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+                                                     _mm512_set1_epi64((long long)GAMMA)));
+    int i = 0;
+    for (; i + 8 <= m; i += 8, zz = _mm512_add_epi64(zz, g8)) {
+        __m512i x = _mm512_mullo_epi64(_mm512_xor_si512(zz, _mm512_srli_epi64(zz, 30)), m1);
+        x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
+        __m512i t = _mm512_srli_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 31)), 11);
+        _mm512_storeu_pd(vb + i, _mm512_mul_pd(_mm512_cvtepi64_pd(t), scale));
+        _mm_storel_epi64((__m128i *)(cb + i), _mm512_cvtepi64_epi8(_mm512_srli_epi64(_mm512_mullo_epi64(t, cnt), 53)));
+    }
+    dither_uniforms_any(z + (uint64_t)i * GAMMA, m - i, count, vb + i, cb + i);
+}
 
 static int have_avx512dq(void)
 {
