@@ -280,7 +280,7 @@ def test_dithered_fused_pass_is_the_chunked_path(monkeypatch, dithered_messages)
         cases += [(n, params, sections, np.dtype(np.float32)), (n, params, sections, np.dtype(np.float64)),
                   (n + 1, params, sections, np.dtype(np.float32)), (n - 7, params, sections, np.dtype(np.float32))]
         qidx = bytearray(sections["QIDX"])
-        for at in (len(qidx) - 1, len(qidx) // 2, 40):
+        for at in (len(qidx) - 1, len(qidx) // 2, 40, 60, 75, 90, len(qidx) // 3):  # tables, lane heads, streams
             bad = bytearray(qidx)
             bad[at] ^= 0x5A
             cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))

@@ -3729,21 +3729,66 @@ static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double 
     dither_uniforms_any(z, m, count, vb, cb);
 }
 
+/* One symbol of lane L of a run without bounds checks (dither_dec_run's fast path: S <= 16 and
+ * every state at least RANS_L, so a step needs at most two renormalisation bytes, taken without a
+ * branch, and the lane has them): its bucket and a step up the cumulative frequencies, the state
+ * update, the bytes (as many as the state is below RANS_L and below RANS_L / 256: the checked
+ * loop's count), the symbol to sb[at]. */
+#define DITHER_FAST_STEP(L, at)                                                                          \
+    do {                                                                                                 \
+        uint32_t xv = xl[L], slot = xv & mask;                                                           \
+        uint64_t ent = coarse[slot >> shift];                                                            \
+        uint32_t sy = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF;                  \
+        uint32_t f0 = (uint32_t)(ent >> 40);                                                             \
+        if (slot - c0 >= f0) { /* past the bucket's first symbol (the last one ends at 2^S) */          \
+            do sy++; while (slot - cumt[sy] >= ft[sy]);                                                  \
+            c0 = cumt[sy];                                                                               \
+            f0 = ft[sy];                                                                                 \
+        }                                                                                                \
+        xv = f0 * (xv >> S) + slot - c0;                                                                 \
+        int64_t pj = pl[L];                                                                              \
+        uint32_t two = (uint32_t)buf[pj] << 8 | buf[pj + 1];                                             \
+        uint32_t nb = (uint32_t)(xv < RANS_L) + (uint32_t)(xv < (RANS_L >> 8)); /* xv >= 2^7: <= 2 */   \
+        xv = (xv << (8 * nb)) | (two >> (16 - 8 * nb));                                                  \
+        pl[L] = pj + nb;                                                                                 \
+        xl[L] = xv;                                                                                      \
+        sb[at] = sy;                                                                                     \
+    } while (0)
+
 /* The next nc symbols of one context (its lanes' states in locals, one chain per lane), symbol u
- * written to sb[pc[u]]; *code = 1 where a lane's stream ends early.  Returns non-zero when one of
- * them is esym.  A function of its own: its few variables stay in registers. */
-static uint32_t dither_dec_run(dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, uint32_t esym, int *code)
+ * written to sb[pc[u]]; *code = 1 where a lane's stream ends early.  A function of its own: its
+ * few variables stay in registers.  Where S <= 16, every state is at least RANS_L (an invariant of
+ * the decode from there on: a state update leaves at least 2^(23 - S) >= 2^7) and every lane has
+ * two bytes left for each of its symbols in the run, the run takes DITHER_FAST_STEP a round of W
+ * lanes at a time (the same arithmetic and bytes as the checked loop, which reads bytes while the
+ * state is below RANS_L); else the checked loop. */
+__attribute__((noinline)) static void dither_dec_run(dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, int *code)
 {
     const int W = d->W, S = d->S, shift = d->shift;
     const uint32_t mask = d->mask, *cumt = d->cum, *ft = d->f;
     const uint64_t *coarse = d->coarse;
     const uint8_t *buf = d->buf;
     const int64_t *ends = d->ends;
-    uint32_t xl[64], seen = 0;
+    uint32_t xl[64];
     int64_t pl[64];
-    int j = d->j;
-    for (int l = 0; l < W; l++) { xl[l] = d->x[l]; pl[l] = d->p[l]; }
-    for (int u = 0; u < nc; u++) {
+    int j = d->j, fast = S <= 16, u = 0;
+    const int64_t most = 2 * (int64_t)((nc + W - 1) / W);
+    for (int l = 0; l < W; l++) {
+        xl[l] = d->x[l];
+        pl[l] = d->p[l];
+        fast &= xl[l] >= RANS_L && pl[l] + most <= ends[l];
+    }
+    if (fast) {
+        for (; u < nc && j; u++) {  /* to the end of the round under way */
+            DITHER_FAST_STEP(j, pc[u]);
+            j = j + 1 == W ? 0 : j + 1;
+        }
+        for (; u + W <= nc; u += W)
+            for (int l = 0; l < W; l++) DITHER_FAST_STEP(l, pc[u + l]);
+        for (; u < nc; u++, j++) DITHER_FAST_STEP(j, pc[u]);  /* j < W: fewer than W left */
+        goto out;
+    }
+    for (; u < nc; u++) {
         uint32_t xv = xl[j], slot = xv & mask;
         uint64_t ent = coarse[slot >> shift];
         uint32_t sy = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
@@ -3754,29 +3799,18 @@ static uint32_t dither_dec_run(dither_dec *d, const uint16_t *pc, int nc, uint32
         }
         xv = f0 * (xv >> S) + slot - c0;
         int64_t pj = pl[j];
-        if (pj + 2 <= ends[j]) {  /* up to two renormalisation bytes without a branch */
-            uint32_t b0 = buf[pj], b1 = buf[pj + 1], r0 = xv < RANS_L, m0 = 0u - r0;
-            xv = (xv & ~m0) | (((xv << 8) | b0) & m0);
-            uint32_t r1 = xv < RANS_L, m1 = 0u - r1;
-            xv = (xv & ~m1) | (((xv << 8) | b1) & m1);
-            pj += r0 + r1;
-        }
-        if (xv < RANS_L) {  /* a third byte (S > 16), or near the end of the lane */
-            do {
-                if (pj >= ends[j]) { *code = 1; goto out; }
-                xv = (xv << 8) | buf[pj++];
-            } while (xv < RANS_L);
+        while (xv < RANS_L) {
+            if (pj >= ends[j]) { *code = 1; goto out; }
+            xv = (xv << 8) | buf[pj++];
         }
         pl[j] = pj;
         xl[j] = xv;
         j = j + 1 == W ? 0 : j + 1;
         sb[pc[u]] = sy;
-        seen |= sy == esym;
     }
 out:
     for (int l = 0; l < W; l++) { d->x[l] = xl[l]; d->p[l] = pl[l]; }
     d->j = j;
-    return seen;
 }
 
 /* dither_decode's values of a block without escapes: out[i] = (q + (0.5 - v) share) step + offset,
@@ -3917,14 +3951,15 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
             }
             /* the symbols, a context at a time (its lanes' states in locals, one chain per lane),
              * each put at its element's place in the block */
-            uint32_t esc_seen = 0;
             for (int c = 0; c < count && !code; c++) {
                 int nc = bcnt[c];
                 cnt[c] += nc;
-                if (!nc) continue;
-                esc_seen |= dither_dec_run(&dec[c], pos + (Py_ssize_t)c * DITHER_BLOCK, nc, sb, esym, &code);
+                if (nc) dither_dec_run(&dec[c], pos + (Py_ssize_t)c * DITHER_BLOCK, nc, sb, &code);
             }
             if (code) break;
+            uint32_t esc_seen = 0;
+            if (escape)
+                for (int i = 0; i < m; i++) esc_seen |= sb[i] == esym;
             if (!esc_seen) {  /* the values straight from the symbols (vectorisable) */
                 if (ok_ == 4) inf |= dither_values_f32(avx2, vb, sb, m, qlo_d, share, step, offset, o32 + i0);
                 else inf |= dither_values_f64(avx2, vb, sb, m, qlo_d, share, step, offset, o64 + i0);
