@@ -3762,55 +3762,81 @@ static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double 
  * two bytes left for each of its symbols in the run, the run takes DITHER_FAST_STEP a round of W
  * lanes at a time (the same arithmetic and bytes as the checked loop, which reads bytes while the
  * state is below RANS_L); else the checked loop. */
-__attribute__((noinline)) static void dither_dec_run(dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, int *code)
+#define DITHER_DEC_RUN(NAME)                                                                        \
+    static void NAME(dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, int *code)            \
+{                                                                                                   \
+    const int W = d->W, S = d->S, shift = d->shift;                                                 \
+    const uint32_t mask = d->mask, *cumt = d->cum, *ft = d->f;                                      \
+    const uint64_t *coarse = d->coarse;                                                             \
+    const uint8_t *buf = d->buf;                                                                    \
+    const int64_t *ends = d->ends;                                                                  \
+    uint32_t xl[64];                                                                                \
+    int64_t pl[64];                                                                                 \
+    int j = d->j, fast = S <= 16, u = 0;                                                            \
+    const int64_t most = 2 * (int64_t)((nc + W - 1) / W);                                           \
+    for (int l = 0; l < W; l++) {                                                                   \
+        xl[l] = d->x[l];                                                                            \
+        pl[l] = d->p[l];                                                                            \
+        fast &= xl[l] >= RANS_L && pl[l] + most <= ends[l];                                         \
+    }                                                                                               \
+    if (fast) {                                                                                     \
+        for (; u < nc && j; u++) {  /* to the end of the round under way */                         \
+            DITHER_FAST_STEP(j, pc[u]);                                                             \
+            j = j + 1 == W ? 0 : j + 1;                                                             \
+        }                                                                                           \
+        for (; u + W <= nc; u += W)                                                                 \
+            for (int l = 0; l < W; l++) DITHER_FAST_STEP(l, pc[u + l]);                             \
+        for (; u < nc; u++, j++) DITHER_FAST_STEP(j, pc[u]);  /* j < W: fewer than W left */        \
+        goto out;                                                                                   \
+    }                                                                                               \
+    for (; u < nc; u++) {                                                                           \
+        uint32_t xv = xl[j], slot = xv & mask;                                                      \
+        uint64_t ent = coarse[slot >> shift];                                                       \
+        uint32_t sy = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);\
+        if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */\
+            do sy++; while (slot - cumt[sy] >= ft[sy]);                                             \
+            c0 = cumt[sy];                                                                          \
+            f0 = ft[sy];                                                                            \
+        }                                                                                           \
+        xv = f0 * (xv >> S) + slot - c0;                                                            \
+        int64_t pj = pl[j];                                                                         \
+        while (xv < RANS_L) {                                                                       \
+            if (pj >= ends[j]) { *code = 1; goto out; }                                             \
+            xv = (xv << 8) | buf[pj++];                                                             \
+        }                                                                                           \
+        pl[j] = pj;                                                                                 \
+        xl[j] = xv;                                                                                 \
+        j = j + 1 == W ? 0 : j + 1;                                                                 \
+        sb[pc[u]] = sy;                                                                             \
+    }                                                                                               \
+out:                                                                                                \
+    for (int l = 0; l < W; l++) { d->x[l] = xl[l]; d->p[l] = pl[l]; }                               \
+    d->j = j;                                                                                       \
+}
+__attribute__((noinline)) DITHER_DEC_RUN(dither_dec_run_any)
+#ifdef LANES_AVX2
+__attribute__((noinline, target("bmi,bmi2"))) DITHER_DEC_RUN(dither_dec_run_bmi2)
+
+static int have_bmi2(void)
 {
-    const int W = d->W, S = d->S, shift = d->shift;
-    const uint32_t mask = d->mask, *cumt = d->cum, *ft = d->f;
-    const uint64_t *coarse = d->coarse;
-    const uint8_t *buf = d->buf;
-    const int64_t *ends = d->ends;
-    uint32_t xl[64];
-    int64_t pl[64];
-    int j = d->j, fast = S <= 16, u = 0;
-    const int64_t most = 2 * (int64_t)((nc + W - 1) / W);
-    for (int l = 0; l < W; l++) {
-        xl[l] = d->x[l];
-        pl[l] = d->p[l];
-        fast &= xl[l] >= RANS_L && pl[l] + most <= ends[l];
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("bmi2") ? 1 : 0;
     }
-    if (fast) {
-        for (; u < nc && j; u++) {  /* to the end of the round under way */
-            DITHER_FAST_STEP(j, pc[u]);
-            j = j + 1 == W ? 0 : j + 1;
-        }
-        for (; u + W <= nc; u += W)
-            for (int l = 0; l < W; l++) DITHER_FAST_STEP(l, pc[u + l]);
-        for (; u < nc; u++, j++) DITHER_FAST_STEP(j, pc[u]);  /* j < W: fewer than W left */
-        goto out;
-    }
-    for (; u < nc; u++) {
-        uint32_t xv = xl[j], slot = xv & mask;
-        uint64_t ent = coarse[slot >> shift];
-        uint32_t sy = (uint32_t)(ent & 0xFFFF), c0 = (uint32_t)(ent >> 16) & 0xFFFFFF, f0 = (uint32_t)(ent >> 40);
-        if (slot - c0 >= f0) {  /* past the bucket's first symbol: step up (the last one ends at 2^S) */
-            do sy++; while (slot - cumt[sy] >= ft[sy]);
-            c0 = cumt[sy];
-            f0 = ft[sy];
-        }
-        xv = f0 * (xv >> S) + slot - c0;
-        int64_t pj = pl[j];
-        while (xv < RANS_L) {
-            if (pj >= ends[j]) { *code = 1; goto out; }
-            xv = (xv << 8) | buf[pj++];
-        }
-        pl[j] = pj;
-        xl[j] = xv;
-        j = j + 1 == W ? 0 : j + 1;
-        sb[pc[u]] = sy;
-    }
-out:
-    for (int l = 0; l < W; l++) { d->x[l] = xl[l]; d->p[l] = pl[l]; }
-    d->j = j;
+    return known;
+}
+#endif
+
+/* dither_dec_run compiled for any x86-64 or, picked at run time, with BMI2's shifts by a register
+ * other than cl (the same operations). */
+static void dither_dec_run(int bmi2, dither_dec *d, const uint16_t *pc, int nc, uint32_t *sb, int *code)
+{
+#ifdef LANES_AVX2
+    if (bmi2) { dither_dec_run_bmi2(d, pc, nc, sb, code); return; }
+#endif
+    (void)bmi2;
+    dither_dec_run_any(d, pc, nc, sb, code);
 }
 
 /* dither_decode's values of a block without escapes: out[i] = (q + (0.5 - v) share) step + offset,
@@ -3927,9 +3953,9 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
         uint8_t cb[DITHER_BLOCK];
         const double qlo_d = (double)q_lo;  /* |q_lo| <= 2^52: exact, and so is q_lo + s */
 #ifdef LANES_AVX2
-        const int avx2 = have_avx2(), wide = have_avx512dq();
+        const int avx2 = have_avx2(), wide = have_avx512dq(), bmi2 = have_bmi2();
 #else
-        const int avx2 = 0, wide = 0;
+        const int avx2 = 0, wide = 0, bmi2 = 0;
 #endif
         Py_BEGIN_ALLOW_THREADS
         uint64_t z = (uint64_t)key + GAMMA;
@@ -3954,7 +3980,7 @@ static PyObject *py_dither_decode(PyObject *self, PyObject *args)
             for (int c = 0; c < count && !code; c++) {
                 int nc = bcnt[c];
                 cnt[c] += nc;
-                if (nc) dither_dec_run(&dec[c], pos + (Py_ssize_t)c * DITHER_BLOCK, nc, sb, &code);
+                if (nc) dither_dec_run(bmi2, &dec[c], pos + (Py_ssize_t)c * DITHER_BLOCK, nc, sb, &code);
             }
             if (code) break;
             uint32_t esc_seen = 0;
