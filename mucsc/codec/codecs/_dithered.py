@@ -81,26 +81,31 @@ def fixed_grid(x: np.ndarray, z: int) -> Grid:
     return Grid(max((hi - lo) / (z - 1), min_step(x, 0.0)), 0.0)
 
 
-def min_step(x: np.ndarray, offset: float) -> float:
+def min_step(x: np.ndarray, offset: float, bounds: tuple[float, float] | None = None) -> float:
     """The smallest step keeping every |q| below dither.MAX_INDEX / 4.  The largest |x - offset| (in
-    float64) is at x's minimum or maximum: float64 subtraction rounds monotonically."""
-    big = max(abs(float(x.min()) - offset), abs(float(x.max()) - offset)) if x.size else 0.0
+    float64) is at x's minimum or maximum (``bounds`` where the caller has them): float64
+    subtraction rounds monotonically."""
+    lo, hi = bounds or ((float(x.min()), float(x.max())) if x.size else (0.0, 0.0))
+    big = max(abs(lo - offset), abs(hi - offset)) if x.size else 0.0
     return big * 4.0 / dither.MAX_INDEX if big else 0.0
 
 
-def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool = False, cache: dict | None = None
-           ) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
+def encode(x: np.ndarray, rng: np.random.Generator, grid: Grid, estimate: bool = False, cache: dict | None = None,
+           bounds: tuple[float, float] | None = None) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
     """(header params, sections, J) of x on ``grid``: one draw from ``rng`` (the dither key).
     ``estimate``: QIDX and QESC as zeros of their estimated sizes (rate control; never sent).
-    ``cache``: kept by a caller that encodes x again with the same key (a goal's search)."""
+    ``cache``: kept by a caller that encodes x again with the same key (a goal's search).
+    ``bounds``: (min x, max x) where the caller has them."""
     n = x.size
     key = quantize.draw_key(rng)
     if cache is not None and cache.get("key") == key:
-        t, bounds = cache["t"], cache["bounds"]
+        t = cache["t"]
     else:
-        t, bounds = dither.stream(key, n), ((float(x.min()), float(x.max())) if n else None)
+        t = dither.stream(key, n)
         if cache is not None:
-            cache.update(key=key, t=t, bounds=bounds)
+            cache.update(key=key, t=t)
+    if n and bounds is None:
+        bounds = (float(x.min()), float(x.max()))
     q, straddled, hist = dither.rounded(x, grid.step, grid.offset, t, grid.share != 1.0, bounds)
     alpha, c, est, counts = dither.chosen_alphabet(q, t, hist)
     params = _params(alpha)
@@ -333,11 +338,18 @@ class DitherTrials:
         self.x = x
         self._stream: dict = {}
         self._sample: tuple[np.ndarray, np.ndarray | None] | None = None  # the summary (:meth:`expected`)
+        self._bounds: tuple[float, float] | None = None
+
+    def bounds(self) -> tuple[float, float] | None:
+        """(min x, max x), found once (None for an empty x)."""
+        if self._bounds is None and self.x.size:
+            self._bounds = (float(self.x.min()), float(self.x.max()))
+        return self._bounds
 
     def encode(self, grid: Grid, rng: np.random.Generator, estimate: bool = True
                ) -> tuple[dict, tuple[Section, ...], Callable[[], float]]:
         """(header params, sections, J) of x on ``grid`` (``estimate``: index bytes estimated)."""
-        return encode(self.x, rng, grid, estimate, self._stream)
+        return encode(self.x, rng, grid, estimate, self._stream, self.bounds())
 
     def expected(self, grid: Grid) -> tuple[dict, tuple[Section, ...], float] | None:
         """(header params, sections, J) x is expected to get on ``grid`` (offset 0, the J-minimising
@@ -345,8 +357,7 @@ class DitherTrials:
         bytes (:func:`dither.expected_choice`), J estimated (exact when the summary is all of x).
         None where the model does not apply (a grid too fine for it): encode instead."""
         if self._sample is None:
-            lo, hi = float(self.x.min()), float(self.x.max())
-            self._sample = _sample_sorted(self.x, lo, hi)
+            self._sample = _sample_sorted(self.x, *self.bounds())
         xs, w = self._sample
         got = dither.expected_choice(xs, w, grid.step)
         if got is None:

@@ -45,11 +45,11 @@ class DitherSearch:
         self.x = x = trials.x
         self.n = x.size
         self.norm2 = squared_norm(x)
-        lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+        lo, hi = trials.bounds() or (0.0, 0.0)
         self.constant = lo == hi
         mean = float(np.mean(x, dtype=np.float64)) if x.size else 0.0
         self.spread = math.sqrt(max(self.norm2 / max(self.n, 1) - mean * mean, 0.0)) or (hi - lo) or 1.0
-        self.floor = min_step(x, 0.0)
+        self.floor = min_step(x, 0.0, (lo, hi))
         self.options: list[allocate.Option] = []
 
     def measure(self, step: float, estimate: bool = True) -> allocate.Option:
