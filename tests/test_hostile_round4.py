@@ -284,6 +284,12 @@ def test_dithered_fused_pass_is_the_chunked_path(monkeypatch, dithered_messages)
             bad = bytearray(qidx)
             bad[at] ^= 0x5A
             cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))
+        # the first context's first lane starting from a state of 2^31 or more, or below 2^23
+        head = 1 + 4 + int(_dithered._Indices(n, params["symbols"], 0, sections["QIDX"]).lanes[0].p[0]) - 4
+        for byte, value in ((3, 0xFF), (3, 0x00), (2, 0x00)):
+            bad = bytearray(qidx)
+            bad[head + byte] = value
+            cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))
         grid = bytearray(sections["GRID"])
         grid[:8] = np.float64(1e300).tobytes()  # the step: every value beyond float32
         cases.append((n, params, {**sections, "GRID": memoryview(bytes(grid))}, np.dtype(np.float32)))

@@ -3757,8 +3757,9 @@ static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double 
 
 /* The next nc symbols of one context (its lanes' states in locals, one chain per lane), symbol u
  * written to sb[pc[u]]; *code = 1 where a lane's stream ends early.  A function of its own: its
- * few variables stay in registers.  Where S <= 16, every state is at least RANS_L (an invariant of
- * the decode from there on: a state update leaves at least 2^(23 - S) >= 2^7) and every lane has
+ * few variables stay in registers.  Where S <= 16, every state is in [RANS_L, 2^31) (an invariant
+ * of the decode from there on: a state update neither wraps nor leaves less than 2^(23 - S) >= 2^7;
+ * a state from the stream's head outside it takes the checked loop) and every lane has
  * two bytes left for each of its symbols in the run, the run takes DITHER_FAST_STEP a round of W
  * lanes at a time (the same arithmetic and bytes as the checked loop, which reads bytes while the
  * state is below RANS_L); else the checked loop. */
@@ -3777,7 +3778,7 @@ static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double 
     for (int l = 0; l < W; l++) {                                                                   \
         xl[l] = d->x[l];                                                                            \
         pl[l] = d->p[l];                                                                            \
-        fast &= xl[l] >= RANS_L && pl[l] + most <= ends[l];                                         \
+        fast &= xl[l] >= RANS_L && xl[l] < RANS_L << 8 && pl[l] + most <= ends[l];                  \
     }                                                                                               \
     if (fast) {                                                                                     \
         for (; u < nc && j; u++) {  /* to the end of the round under way */                         \
