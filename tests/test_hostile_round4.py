@@ -269,6 +269,8 @@ def test_dithered_fused_pass_is_the_chunked_path(monkeypatch, dithered_messages)
     float64, and on damaged sections the chunked path's error, word for word: a stream that ends
     early or does not end in its state, escapes too few, too many, inside the alphabet or out of
     range, a grid decoding beyond float32, element counts that do not fit the lanes."""
+    if kernels.compiled("dither_decode") is None:  # both sides would be the chunked path (~17 s of numpy)
+        pytest.skip("the compiled kernels are not in use: no one-pass decoder to compare")
     from mucsc.codec.api.messages import codec_class
     from mucsc.codec.wire import container as fmt
     cls = codec_class("mucsc")
@@ -280,13 +282,13 @@ def test_dithered_fused_pass_is_the_chunked_path(monkeypatch, dithered_messages)
         cases += [(n, params, sections, np.dtype(np.float32)), (n, params, sections, np.dtype(np.float64)),
                   (n + 1, params, sections, np.dtype(np.float32)), (n - 7, params, sections, np.dtype(np.float32))]
         qidx = bytearray(sections["QIDX"])
-        for at in (len(qidx) - 1, len(qidx) // 2, 40, 60, 75, 90, len(qidx) // 3):  # tables, lane heads, streams
+        for at in (len(qidx) - 1, len(qidx) // 2, 40, 75):  # tables, lane heads, streams
             bad = bytearray(qidx)
             bad[at] ^= 0x5A
             cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))
         # the first context's first lane starting from a state of 2^31 or more, or below 2^23
         head = 1 + 4 + int(_dithered._Indices(n, params["symbols"], 0, sections["QIDX"]).lanes[0].p[0]) - 4
-        for byte, value in ((3, 0xFF), (3, 0x00), (2, 0x00)):
+        for byte, value in ((3, 0xFF), (3, 0x00)):
             bad = bytearray(qidx)
             bad[head + byte] = value
             cases.append((n, params, {**sections, "QIDX": memoryview(bytes(bad))}, np.dtype(np.float32)))
