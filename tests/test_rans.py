@@ -135,7 +135,7 @@ def test_table_reader_fast_path_reads_what_the_loop_reads(monkeypatch):
 
     rng = np.random.default_rng(4)
     for t in range(1500):
-        k = int(rng.integers(0, 40))
+        k = int(rng.integers(0, 80))  # both sides of SHORT_TABLE
         vals = rng.integers(0, 1 << int(rng.integers(1, 24)), k, dtype=np.uint64)
         pre = rng.integers(0, 256, int(rng.integers(0, 4)), dtype=np.uint8)
         buf = np.concatenate((pre, np.frombuffer(r._varints(vals), np.uint8),
@@ -146,3 +146,52 @@ def test_table_reader_fast_path_reads_what_the_loop_reads(monkeypatch):
             buf = buf[: rng.integers(0, buf.size + 1)]
         limit = int(rng.choice([1 << 10, 1 << 16, 1 << 20]))
         assert read(buf, pre.size, k, limit, True) == read(buf, pre.size, k, limit, False)
+
+
+def _reference_varints(data: bytes, pos: int, k: int, limit: int):
+    """FORMAT.md 4.4's table read byte by byte over the whole buffer (what the readers must match)."""
+    vals = []
+    for _ in range(k):
+        v, shift = 0, 0
+        while True:
+            if pos >= len(data):
+                return "runs past the end"
+            b = data[pos]
+            pos += 1
+            v |= (b & 0x7F) << shift
+            if v > limit:
+                return "exceeds"
+            if not b & 0x80:
+                break
+            shift += 7
+        vals.append(v)
+    return vals, pos
+
+
+def test_table_reader_window_reads_padded_entries():
+    """A short table is read from a window of 5 bytes per entry; entries padded with continuation
+    bytes past that window (valid LEB128 of small values) are read from the whole section, as before,
+    and a table truncated by the section's end is still refused."""
+    rng = np.random.default_rng(11)
+    for t in range(600):
+        k = int(rng.integers(1, 20))
+        parts = []
+        for _ in range(k):
+            v = int(rng.integers(0, 1 << 12))
+            pad = int(rng.integers(0, 12)) if rng.random() < 0.4 else 0
+            enc = bytearray(rans._varints(np.array([v], np.uint64)))
+            if pad:  # the same value with zero groups after it: continuation bit on the last byte
+                enc[-1] |= 0x80
+                enc += b"\x80" * (pad - 1) + b"\x00"
+            parts.append(bytes(enc))
+        tail = bytes(rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8))
+        data = b"\x07\x02" + b"".join(parts) + tail
+        if t % 5 == 0:
+            data = data[: int(rng.integers(2, len(data) + 1))]
+        want = _reference_varints(data, 2, k, 1 << 22)
+        try:
+            v, p = rans._read_varints(np.frombuffer(data, np.uint8), 2, k, 1 << 22)
+            got = (v.tolist(), p)
+        except FormatError as e:
+            got = "runs past the end" if "past the end" in str(e) else "exceeds"
+        assert got == want
