@@ -354,34 +354,3 @@ def test_levels_on_sorted_are_about_the_solvers():
         assert np.array_equal(c - s.shift, centroids.levels_on_sorted(s.S, z))  # the cache changes nothing
     with pytest.raises(ParameterError):
         centroids.levels_on_sorted(s.S, 1)
-
-
-def _dp_cost(args, idx):
-    """The DP's objective (the sum of its segment costs) of candidate indices idx."""
-    v, n, s1, s2 = args
-    a, b = idx[:-1], idx[1:]
-    return float(np.sum((v[a] + v[b]) * (s1[b] - s1[a]) - v[a] * v[b] * (n[b] - n[a]) - (s2[b] - s2[a])))
-
-
-@pytest.mark.parametrize("name", ["gauss", "t3", "zero80"])
-def test_coarse_fine_dp(name):
-    """The coarse-to-fine DP: its levels cost no more than the coarse DP's (each banded round holds
-    the last solution), no less than the full DP's optimum, and are the full DP's on a Gaussian; it is
-    the full DP itself above CF_MAX_Z levels and where the coarse DP would be too small."""
-    x = make(name, 20_000, seed=3)
-    xs = np.sort(x) - 0.5 * (x.min() + x.max())
-    S = centroids._Sorted(xs, None)
-    cand = centroids._candidates(xs, S.W, 192)
-    pos = np.searchsorted(xs, cand, side="left")
-    args = (cand, S.W[pos], S.P1[pos], S.P2[pos])
-    z = centroids.CF_MAX_Z
-    full, cf = centroids.dp_levels(*args, z), centroids._dp_coarse_fine(*args, z)
-    assert cf[0] == 0 and cf[-1] == cand.size - 1 and np.all(np.diff(cf) > 0)
-    ci = np.append(np.arange((cand.size - 2) // centroids.CF_STEP + 1) * centroids.CF_STEP, cand.size - 1)
-    coarse = ci[centroids.dp_levels(*(a[ci] for a in args), z)]
-    assert _dp_cost(args, full) * (1 - 1e-12) <= _dp_cost(args, cf) <= _dp_cost(args, coarse) * (1 + 1e-12)
-    if name == "gauss":
-        np.testing.assert_array_equal(cf, full)
-    np.testing.assert_array_equal(centroids._dp_coarse_fine(*args, z + 1), centroids.dp_levels(*args, z + 1))
-    few = tuple(a[: centroids.CF_STEP * centroids.CF_MIN_COARSE * z // 2] for a in args)  # coarse DP < 4 z
-    np.testing.assert_array_equal(centroids._dp_coarse_fine(*few, z), centroids.dp_levels(*few, z))

@@ -429,102 +429,6 @@ static void dp_run(const double *v, const double *n, const double *s1, const dou
     idx[0] = 0;
 }
 
-/* Coarse-to-fine DP (centroids._dp_coarse_fine): the DP over every CF_STEP-th candidate (and the
- * last), then DPs over all candidates with level k confined to +-CF_BAND candidates around the last
- * solution's level k, repeated (at most CF_ROUNDS times) until the solution stops moving.  The last
- * solution is feasible in its band, so no round ends worse; a round costs ~z (2 CF_BAND + 1)^2
- * evaluations instead of the full DP's ~z m log m.  Used for z <= CF_MAX_Z where the coarse DP has at
- * least CF_MIN_COARSE z candidates. */
-#define CF_STEP 4
-#define CF_BAND 4
-#define CF_ROUNDS 8
-#define CF_MIN_COARSE 4
-#define CF_MAX_Z 16
-#define CF_WIDTH (2 * CF_BAND + 1)
-
-/* One banded round: the best levels with level k in [blo[k], blo[k] + CF_WIDTH) (clipped as the full
- * DP's layer ranges) given the last solution idx, into out; every cost the full DP's expression
- * (dp_cost), each j's leftmost argmin among i < j of the previous band (the band's first i when none
- * is finite).  Work: prev, cur (m doubles each), arg (z * CF_WIDTH int32), blo (z). */
-static void cf_round(const double *v, const double *n, const double *s1, const double *s2, Py_ssize_t m,
-                     Py_ssize_t z, const int64_t *idx, int64_t *out, double *prev, double *cur, int32_t *arg,
-                     Py_ssize_t *blo)
-{
-    dp_ctx q = {v, n, s1, s2, NULL, NULL, NULL, NULL};
-    Py_ssize_t plo = 0, phi = 0;  /* the previous band [plo, phi]: its costs in prev[plo .. phi] */
-    prev[0] = 0.0;
-    blo[0] = 0;
-    for (Py_ssize_t k = 1; k < z; k++) {
-        Py_ssize_t lo, hi;
-        if (k == z - 1) {
-            lo = hi = m - 1;
-        } else {
-            Py_ssize_t top = m - 1 - (z - 1 - k);
-            lo = idx[k] - CF_BAND < k ? k : idx[k] - CF_BAND;
-            hi = idx[k] + CF_BAND > top ? top : idx[k] + CF_BAND;
-        }
-        q.prev = prev;
-        for (Py_ssize_t j = lo; j <= hi; j++) {
-            const double vj = v[j], nj = n[j], s1j = s1[j], s2j = s2[j];
-            Py_ssize_t top = phi < j - 1 ? phi : j - 1, b = plo;
-            double best = INFINITY;
-            for (Py_ssize_t i = plo; i <= top; i++) {
-                double cost = dp_cost(&q, i, vj, nj, s1j, s2j);
-                if (cost < best) { best = cost; b = i; }
-            }
-            cur[j] = best;
-            arg[k * CF_WIDTH + (j - lo)] = (int32_t)b;
-        }
-        blo[k] = lo;
-        double *t = prev; prev = cur; cur = t;
-        plo = lo;
-        phi = hi;
-    }
-    Py_ssize_t j = m - 1;
-    for (Py_ssize_t k = z - 1; k > 0; k--) {
-        out[k] = j;
-        j = arg[k * CF_WIDTH + (j - blo[k])];
-    }
-    out[0] = 0;
-}
-
-/* centroids._dp_coarse_fine for 2 <= z < m: the levels' indices among the m candidates into idx (z)
- * and 1, or 0 (idx untouched) where it does not apply (the caller runs the full DP), -1 when out of
- * memory.  Work: prev, cur (m doubles each), argm (z * m
- * int32, zeroed). */
-static int cf_run(const double *v, const double *n, const double *s1, const double *s2, Py_ssize_t m,
-                  Py_ssize_t z, int64_t *idx, double *prev, double *cur, int32_t *argm)
-{
-    if (m < 3 || z > CF_MAX_Z) return 0;
-    Py_ssize_t mc = (m - 2) / CF_STEP + 2;  /* 0, CF_STEP, ... below m - 1, then m - 1 */
-    if (mc < CF_MIN_COARSE * z) return 0;
-    int done = -1;
-    double *cw = (double *)PyMem_RawMalloc(4 * (size_t)mc * sizeof(double));
-    int64_t *ib = (int64_t *)PyMem_RawMalloc((size_t)z * sizeof(int64_t));
-    Py_ssize_t *bl = (Py_ssize_t *)PyMem_RawMalloc((size_t)z * sizeof(Py_ssize_t));
-    if (!cw || !ib || !bl) goto out;
-    double *cv = cw, *cn = cv + mc, *c1 = cn + mc, *c2 = c1 + mc;
-    for (Py_ssize_t i = 0; i < mc; i++) {
-        Py_ssize_t f = i < mc - 1 ? i * CF_STEP : m - 1;
-        cv[i] = v[f]; cn[i] = n[f]; c1[i] = s1[f]; c2[i] = s2[f];
-    }
-    dp_run(cv, cn, c1, c2, mc, z, idx, prev, cur, argm);
-    for (Py_ssize_t k = 0; k < z; k++) idx[k] = idx[k] < mc - 1 ? idx[k] * CF_STEP : m - 1;
-    int32_t *arg = argm;  /* the coarse DP is done with it: z * CF_WIDTH <= z * m */
-    for (int r = 0; r < CF_ROUNDS; r++) {
-        cf_round(v, n, s1, s2, m, z, idx, ib, prev, cur, arg, bl);
-        int same = 1;
-        for (Py_ssize_t k = 0; k < z; k++) if (ib[k] != idx[k]) { same = 0; idx[k] = ib[k]; }
-        if (same) break;
-    }
-    done = 1;
-out:
-    PyMem_RawFree(cw);
-    PyMem_RawFree(ib);
-    PyMem_RawFree(bl);
-    return done;
-}
-
 PyDoc_STRVAR(dp_doc,
 "dp_levels(v, n, s1, s2, z, idx)\n\n"
 "Indices of the best z of the m candidates v (float64, m > z >= 2) into idx (int64, length z):\n"
@@ -801,15 +705,10 @@ static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W,
             Py_ssize_t p = gallop_search(&g, cand[i], 0);
             vn[i] = WAT(W, p); v1[i] = P1[p]; v2[i] = P2[p];
         }
-        int cf = z < m ? cf_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm) : 0;
-        if (z >= m) for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
-        else if (cf == 0) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
-        if (cf < 0) {
-            count = -1;
-        } else {
-            for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
-            polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
-        }
+        if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
+        else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
+        for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
+        polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
     }
     PyMem_RawFree(work);
     PyMem_RawFree(idx);

@@ -330,68 +330,6 @@ def dp_levels(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: i
     return _backtrack(args, m, z)
 
 
-# Coarse-to-fine DP (``_dp_coarse_fine``, the default solver's DP; the kernels' CF_* are the same):
-# the DP over every CF_STEP-th candidate (and the last), then rounds of a DP with each level confined
-# to +-CF_BAND candidates around the last round's, until nothing moves (at most CF_ROUNDS); for
-# z <= CF_MAX_Z where the coarse DP has at least CF_MIN_COARSE z candidates.  Measured (J after the
-# polish): the full DP's J on standard Gaussian d = 1e4-1e6 at Z = 16 and on every vector's input
-# (one 0.0003% lower); but a different local optimum, +0.43% / +1.19%, on an 80%-near-zero input of
-# 2e4 / 3e3 elements at Z = 16, and up to +2.7% on such inputs above Z = 16 (hence CF_MAX_Z).
-CF_STEP, CF_BAND, CF_ROUNDS, CF_MIN_COARSE, CF_MAX_Z = 4, 4, 8, 4, 16
-
-
-def _dp_coarse_fine(v: np.ndarray, n: np.ndarray, s1: np.ndarray, s2: np.ndarray, z: int) -> np.ndarray:
-    """Indices of ``z`` good levels among the candidates ``v`` (both ends included; arguments as
-    ``dp_levels``) at a fraction of the full DP's cost (~z m log m evaluations -> ~z m / 4 log m plus
-    ~z (2 CF_BAND + 1)^2 a round): each banded round holds the last solution, so rounds never raise the
-    DP's cost; its exact optimum is not guaranteed (the polish follows).  ``dp_levels`` itself where it
-    does not apply."""
-    m = v.size
-    mc = (m - 2) // CF_STEP + 2 if m >= 3 else 0  # 0, CF_STEP, ... below m - 1, then m - 1
-    if z >= m or z > CF_MAX_Z or mc < CF_MIN_COARSE * z:
-        return dp_levels(v, n, s1, s2, z)
-    ci = np.append(np.arange(mc - 1) * CF_STEP, m - 1)
-    idx = ci[dp_levels(v[ci], n[ci], s1[ci], s2[ci], z)]
-    for _ in range(CF_ROUNDS):
-        new = _band_round(v, n, s1, s2, idx)
-        if np.array_equal(new, idx):
-            break
-        idx = new
-    return idx
-
-
-def _band_round(v, n, s1, s2, idx: np.ndarray) -> np.ndarray:
-    """One round of ``_dp_coarse_fine``: the best levels with level k within +-CF_BAND candidates of
-    ``idx[k]`` (within the full DP's ranges; the ends fixed), each j's leftmost argmin among i < j of
-    the previous band (the band's first i where none is finite), the full DP's cost expression."""
-    m, z = v.size, idx.size
-    k = np.arange(1, z - 1)
-    lo = np.maximum(idx[1:-1] - CF_BAND, k)
-    hi = np.minimum(idx[1:-1] + CF_BAND, m - 1 - (z - 1 - k))
-    band = np.full((z, 2 * CF_BAND + 1), -1, dtype=np.int64)  # -1: outside the band
-    band[0, 0], band[-1, 0] = 0, m - 1
-    inner = lo[:, None] + np.arange(2 * CF_BAND + 1)
-    band[1:-1] = np.where(inner <= hi[:, None], inner, -1)
-    prev = np.where(band[0] >= 0, 0.0, np.inf)
-    args = np.zeros(band.shape, dtype=np.int64)
-    for kk in range(1, z):
-        i, j = band[kk - 1], band[kk]
-        ic, jc = np.maximum(i, 0)[None, :], np.maximum(j, 0)[:, None]
-        vi, vj = v[ic], v[jc]
-        cost = prev[None, :] + ((vi + vj) * (s1[jc] - s1[ic]) - vi * vj * (n[jc] - n[ic]) - (s2[jc] - s2[ic]))
-        cost = np.where((i[None, :] >= 0) & (i[None, :] < jc), cost, np.inf)
-        a = np.argmin(cost, axis=1)
-        args[kk] = i[a]
-        prev = np.where(j >= 0, cost[np.arange(j.size), a], np.inf)
-    out = np.empty(z, dtype=np.int64)
-    jj = m - 1
-    for kk in range(z - 1, 0, -1):
-        out[kk] = jj
-        jj = int(args[kk, jj - band[kk, 0]])
-    out[0] = 0
-    return out
-
-
 def _backtrack(args: np.ndarray, m: int, z: int) -> np.ndarray:
     idx = np.empty(z, dtype=np.int64)
     j = m - 1
@@ -796,7 +734,7 @@ def _dp_polish(S: _Sorted, cand: np.ndarray, z: int) -> np.ndarray:
         kernel(S.xc, S.W, S.P1, S.P2, np.ascontiguousarray(cand, np.float64), z, S.unit, POLISH_SWEEPS, out)
         return out
     pos = np.searchsorted(S.xc, cand, side="left")
-    idx = _dp_coarse_fine(cand, S.W[pos], S.P1[pos], S.P2[pos], z)
+    idx = dp_levels(cand, S.W[pos], S.P1[pos], S.P2[pos], z)
     return _polish(S, np.unique(cand[idx]))
 
 
