@@ -577,6 +577,7 @@ static inline Py_ssize_t gallop_search(gallop *g, double key, int right)
  * 1e5-element solve's prefix pass (it is bound by its stores); the solver reads a few hundred entries. */
 #define PB_SHIFT 4
 #define PB (1 << PB_SHIFT)
+#define PB_MIN_N 4096  /* below, the whole arrays: they stay in cache, and reading them is cheaper */
 typedef struct { const double *P1, *P2, *xc, *B1, *B2; } prefix_src;
 
 static inline double p1_at(const prefix_src *p, Py_ssize_t r)
@@ -1131,9 +1132,11 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         goto done;
     }
     {
-        /* xc (n), the prefix sums' blocks B1, B2 (n / PB + 1 each), counts / dens (nb), candidates
-         * (5 k), candidates' work; W is the unit weights 0..n, read as the index (WAT) */
-        size_t blocks = ((size_t)n >> PB_SHIFT) + 1;
+        /* xc (n), the prefix sums P1, P2 (n + 1 each) or from PB_MIN_N elements on their blocks B1, B2
+         * (n / PB + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is the unit
+         * weights 0..n, read as the index (WAT) */
+        int whole = n < PB_MIN_N;
+        size_t blocks = whole ? (size_t)n + 1 : ((size_t)n >> PB_SHIFT) + 1;
         size_t words = (size_t)n + 2 * blocks + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
         work = (double *)PyMem_RawMalloc(words * sizeof(double));
         if (!work) { PyErr_NoMemory(); goto done; }
@@ -1146,9 +1149,12 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         double lo = kind == 4 ? (double)((const float *)sb.buf)[0] : ((const double *)sb.buf)[0];
         double hi = kind == 4 ? (double)((const float *)sb.buf)[n - 1] : ((const double *)sb.buf)[n - 1];
         double shift = 0.5 * (lo + hi);
-        if (kind == 4) prefix_blocks_f32((const float *)sb.buf, n, shift, xc, B1, B2);
+        prefix_weights none = {NULL, 0, 0, 1.0};
+        if (whole && kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, B1, B2);
+        else if (whole) prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, B1, B2);
+        else if (kind == 4) prefix_blocks_f32((const float *)sb.buf, n, shift, xc, B1, B2);
         else prefix_blocks_f64((const double *)sb.buf, n, shift, xc, B1, B2);
-        prefix_src ps = {NULL, NULL, xc, B1, B2};
+        prefix_src ps = {whole ? B1 : NULL, whole ? B2 : NULL, xc, B1, B2};
         cand_counts_run(xc, W, n, dens, nb);
         int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
         for (Py_ssize_t i = 0; i < nb && table; i++) {
