@@ -296,6 +296,22 @@ def test_solve_sorted_kernel_is_the_python_path(monkeypatch):
 
 
 @needs_c
+def test_solve_sorted_block_prefix_edges():
+    """solve_sorted keeps the prefix sums at every 16th rank only and rebuilds the others by adding
+    from their block's start: the same levels as the full prefix arrays (the step-by-step path) at
+    sizes around block boundaries, both float dtypes."""
+    rng = np.random.default_rng(8)
+    for d in (20, 31, 32, 33, 47, 48, 49, 4096, 4097, 4111):
+        for dtype in (np.float32, np.float64):
+            x = rng.standard_t(3, d).astype(dtype)
+            for z in (3, 16):
+                fused_path = centroids._solve_sorted(x, z, {}) is not None  # the compiled one-call path
+                assert fused_path == (kernels.compiled("solve_sorted") is not None)  # not with MUCSC_PURE_NUMPY
+                fused, steps = centroids.solve(x, z), centroids.solve(x, z, cache={})
+                np.testing.assert_array_equal(fused.view(np.int64), steps.view(np.int64))
+
+
+@needs_c
 def test_solve_sorted_validates_buffers():
     m = kernels.c_module()
     s = np.sort(np.random.default_rng(0).standard_normal(100))

@@ -539,11 +539,13 @@ static inline Py_ssize_t search_from(const double *a, Py_ssize_t n, double key, 
  * answers are search_right's / search_left's: the first index past the key is unique in a sorted array. */
 typedef struct { const double *a; Py_ssize_t n, at; double key; int started, on; } gallop;
 
-/* A run of about `keys` searches in a[0 .. n): galloping pays when the answers are dense (a gap of a
- * few dozen elements); sparser ones search afresh each time. */
+/* A run of about `keys` searches in a[0 .. n): galloping pays up to gaps of ~1000 elements between
+ * answers (its probes stay near the last answer, where a fresh binary search misses the cache: the
+ * 769 bin edges of a 1e5-element solve took 38 us searched afresh, 7 us galloping); sparser ones
+ * search afresh each time. */
 static inline gallop gallop_init(const double *a, Py_ssize_t n, Py_ssize_t keys)
 {
-    gallop g = {a, n, 0, 0.0, 0, keys >= n / 32};
+    gallop g = {a, n, 0, 0.0, 0, keys >= n / 1024};
     return g;
 }
 
@@ -568,23 +570,53 @@ static inline Py_ssize_t gallop_search(gallop *g, double key, int right)
     return g->at;
 }
 
+/* The prefix sums P1 = cumsum(xc), P2 = cumsum(xc xc) (leading 0) as the solver reads them: whole
+ * arrays (P1 non-NULL), or only every PB-th entry, B1[b] = P1[b PB] and B2[b] = P2[b PB], and the
+ * entries between rebuilt from xc by adding from their block's start in sequence: the additions of the
+ * sequential cumsum itself, so the same values.  Writing two float64 arrays of n + 1 is most of a
+ * 1e5-element solve's prefix pass (it is bound by its stores); the solver reads a few hundred entries. */
+#define PB_SHIFT 4
+#define PB (1 << PB_SHIFT)
+#define PB_MIN_N 4096  /* below, the whole arrays: they stay in cache, and reading them is cheaper */
+typedef struct { const double *P1, *P2, *xc, *B1, *B2; } prefix_src;
+
+static inline double p1_at(const prefix_src *p, Py_ssize_t r)
+{
+    if (p->P1) return p->P1[r];
+    double s = p->B1[r >> PB_SHIFT];
+    for (Py_ssize_t i = (r >> PB_SHIFT) << PB_SHIFT; i < r; i++) s += p->xc[i];
+    return s;
+}
+
+static inline double p2_at(const prefix_src *p, Py_ssize_t r)
+{
+    if (p->P2) return p->P2[r];
+    double s = p->B2[r >> PB_SHIFT];
+    for (Py_ssize_t i = (r >> PB_SHIFT) << PB_SHIFT; i < r; i++) s += p->xc[i] * p->xc[i];
+    return s;
+}
+
 /* W[i] of prefix weights, or i itself where W is NULL (unit weights: the same values). */
 #define WAT(W, i) ((W) ? (W)[i] : (double)(i))
 
-/* centroids._polish on c (z levels) in place; work: pos (2 z Py_ssize_t) and fresh (z / 2 + 1
+/* centroids._polish on c (z levels) in place; work: pos (2 z Py_ssize_t) and fresh (POLISH_FRESH(z)
  * doubles).  Returns the sweeps run.  Each level's searchsorted positions (right in pos[0 .. z),
- * left in pos[z .. 2 z)) are kept and, when the level moves, searched for again from where they were
- * (levels move by little from sweep to sweep): the same answers as a binary search over all of xs
- * every sweep, in a fraction of the steps.  As numpy's vector step, a parity's new values are all
+ * left in pos[z .. 2 z)) and P1 there are kept and, when the level moves, searched for again from
+ * where they were (levels move by little from sweep to sweep): the same answers as a binary search
+ * over all of xs every sweep, in a fraction of the steps.  As numpy's vector step, a parity's new values are all
  * written when any differs (a 0.0 may become -0.0 then: equal values keep their positions). */
-static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const double *p1, double *c,
+#define POLISH_FRESH(z) (3 * (size_t)(z) + 1)
+static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, const prefix_src *ps, double *c,
                              Py_ssize_t z, int unit, Py_ssize_t sweeps, Py_ssize_t *pos, double *fresh)
 {
     Py_ssize_t done_sweeps = 0, *right = pos, *left = pos + z;
+    double *p1r = fresh + z / 2 + 1, *p1l = p1r + z;  /* P1[right[j]], P1[left[j]] */
     if (z <= 2) return 0;
     for (Py_ssize_t j = 0; j < z; j++) {
         right[j] = search_right(xs, n, c[j]);
         left[j] = search_left(xs, n, c[j]);
+        p1r[j] = p1_at(ps, right[j]);
+        p1l[j] = p1_at(ps, left[j]);
     }
     for (Py_ssize_t s = 0; s < sweeps; s++) {
         int changed = 0;
@@ -596,7 +628,7 @@ static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, co
             for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
                 double a = c[j - 1], b = c[j + 1];
                 Py_ssize_t lo = right[j - 1], hi = left[j + 1];
-                double T = b * (WAT(W, hi) - WAT(W, lo)) - (p1[hi] - p1[lo]);
+                double T = b * (WAT(W, hi) - WAT(W, lo)) - (p1l[j + 1] - p1r[j - 1]);
                 double t = T / (b - a);
                 double v = c[j];
                 if (hi > lo && t > 0) {
@@ -619,8 +651,12 @@ static Py_ssize_t polish_run(const double *xs, Py_ssize_t n, const double *W, co
                 k = 0;
                 for (Py_ssize_t j = parity; j < z - 1; j += 2, k++) {
                     if (!(fresh[k] == c[j])) {  /* moved: its positions from the old ones */
-                        right[j] = search_from(xs, n, fresh[k], right[j], 1);
-                        left[j] = search_from(xs, n, fresh[k], left[j], 0);
+                        Py_ssize_t r = search_from(xs, n, fresh[k], right[j], 1);
+                        Py_ssize_t l = search_from(xs, n, fresh[k], left[j], 0);
+                        if (r != right[j]) p1r[j] = p1_at(ps, r);
+                        if (l != left[j]) p1l[j] = p1_at(ps, l);
+                        right[j] = r;
+                        left[j] = l;
                     }
                     c[j] = fresh[k];
                 }
@@ -658,12 +694,13 @@ static PyObject *py_polish(PyObject *self, PyObject *args)
         goto done;
     }
     pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)z + 1) * sizeof(Py_ssize_t));
-    fresh = (double *)PyMem_RawMalloc(((size_t)z / 2 + 1) * sizeof(double));
+    fresh = (double *)PyMem_RawMalloc(POLISH_FRESH(z) * sizeof(double));
     if (!pos || !fresh) { PyErr_NoMemory(); goto done; }
     {
         const double *xs = (const double *)xb.buf, *W = (const double *)wb.buf, *p1 = (const double *)pb.buf;
         Py_BEGIN_ALLOW_THREADS
-        done_sweeps = polish_run(xs, n, W, p1, (double *)cb.buf, z, unit, sweeps, pos, fresh);
+        prefix_src ps = {p1, NULL, NULL, NULL, NULL};
+        done_sweeps = polish_run(xs, n, W, &ps, (double *)cb.buf, z, unit, sweeps, pos, fresh);
         Py_END_ALLOW_THREADS
     }
     res = PyLong_FromSsize_t(done_sweeps);
@@ -686,13 +723,13 @@ PyDoc_STRVAR(dp_polish_doc,
 "xc; its prefix sums W, P1, P2 read at searchsorted(xc, cand, 'left')), polished as by polish(), into\n"
 "out (float64, >= min(z, m)).  The operations of dp_levels and polish in one call.");
 
-/* The body of dp_polish on raw arrays: the DP's best min(z, m) of the m candidates, polished, into
- * out; returns that count, or -1 when out of memory. */
-static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W, const double *P1, const double *P2,
+/* The body of dp_polish on raw arrays (prefix sums from ps): the DP's best min(z, m) of the m
+ * candidates, polished, into out; returns that count, or -1 when out of memory. */
+static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W, const prefix_src *ps,
                                 const double *cand, Py_ssize_t m, Py_ssize_t z, int unit, Py_ssize_t sweeps, double *out)
 {
     Py_ssize_t count = z < m ? z : m;
-    double *work = (double *)PyMem_RawMalloc((5 * (size_t)m + (size_t)count / 2 + 1) * sizeof(double));
+    double *work = (double *)PyMem_RawMalloc((5 * (size_t)m + POLISH_FRESH(count)) * sizeof(double));
     int64_t *idx = (int64_t *)PyMem_RawMalloc((size_t)count * sizeof(int64_t));
     Py_ssize_t *pos = (Py_ssize_t *)PyMem_RawMalloc((2 * (size_t)count + 1) * sizeof(Py_ssize_t));
     int32_t *argm = (int32_t *)PyMem_RawCalloc((size_t)count * (size_t)m, sizeof(int32_t));
@@ -703,12 +740,12 @@ static Py_ssize_t dp_polish_run(const double *xc, Py_ssize_t n, const double *W,
         gallop g = gallop_init(xc, n, m);
         for (Py_ssize_t i = 0; i < m; i++) {
             Py_ssize_t p = gallop_search(&g, cand[i], 0);
-            vn[i] = WAT(W, p); v1[i] = P1[p]; v2[i] = P2[p];
+            vn[i] = WAT(W, p); v1[i] = p1_at(ps, p); v2[i] = p2_at(ps, p);
         }
         if (z < m) dp_run(cand, vn, v1, v2, m, z, idx, prev, cur, argm);
         else for (Py_ssize_t k = 0; k < m; k++) idx[k] = k;  /* dp_levels' arange(m) */
         for (Py_ssize_t k = 0; k < count; k++) out[k] = cand[idx[k]];  /* increasing: np.unique's order */
-        polish_run(xc, n, W, P1, out, count, unit, sweeps, pos, fresh);
+        polish_run(xc, n, W, ps, out, count, unit, sweeps, pos, fresh);
     }
     PyMem_RawFree(work);
     PyMem_RawFree(idx);
@@ -743,7 +780,8 @@ static PyObject *py_dp_polish(PyObject *self, PyObject *args)
         const double *cand = (const double *)b[4].buf;
         double *out = (double *)b[5].buf;
         Py_BEGIN_ALLOW_THREADS
-        count = dp_polish_run(xc, n, W, P1, P2, cand, m, z, unit, sweeps, out);
+        prefix_src ps = {P1, P2, NULL, NULL, NULL};
+        count = dp_polish_run(xc, n, W, &ps, cand, m, z, unit, sweeps, out);
         Py_END_ALLOW_THREADS
     }
     if (count < 0) PyErr_NoMemory();
@@ -798,6 +836,32 @@ static void prefix_run_f32(const float *x, prefix_weights pw, Py_ssize_t n, doub
                            double *P1, double *P2)
 {
     if (pw.w) PREFIX_BODY(X32, WARRAY); else PREFIX_BODY(X32, WSTEPS);
+}
+/* xc = x - shift and the unweighted prefix sums' every PB-th entries (prefix_src: B1[b] = P1[b PB],
+ * B2[b] = P2[b PB], b = 0 .. n / PB): the adds and products of PREFIX_BODY without weights, in the
+ * same order, so the same values; xc and n / PB + 1 entries each stored instead of xc, P1 and P2. */
+#define PREFIX_BLOCKS_BODY(X)                                                                       \
+    do {                                                                                            \
+        double s1 = 0.0, s2 = 0.0;                                                                  \
+        for (Py_ssize_t b = 0; b <= (n >> PB_SHIFT); b++) {                                         \
+            Py_ssize_t e = (b + 1) << PB_SHIFT;                                                     \
+            B1[b] = s1; B2[b] = s2;                                                                 \
+            for (Py_ssize_t i = b << PB_SHIFT; i < (e < n ? e : n); i++) {                          \
+                double v = X(i) - shift;                                                            \
+                xc[i] = v;                                                                          \
+                s1 += v; s2 += v * v;                                                               \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
+static void prefix_blocks_f64(const double *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+{
+    PREFIX_BLOCKS_BODY(X64);
+}
+
+static void prefix_blocks_f32(const float *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+{
+    PREFIX_BLOCKS_BODY(X32);
 }
 #undef X64
 #undef X32
@@ -1068,13 +1132,16 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         goto done;
     }
     {
-        /* xc (n), P1, P2 (n + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is
-         * the unit weights 0..n, read as the index (WAT) */
-        size_t words = (size_t)n + 2 * ((size_t)n + 1) + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
+        /* xc (n), the prefix sums P1, P2 (n + 1 each) or from PB_MIN_N elements on their blocks B1, B2
+         * (n / PB + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is the unit
+         * weights 0..n, read as the index (WAT) */
+        int whole = n < PB_MIN_N;
+        size_t blocks = whole ? (size_t)n + 1 : ((size_t)n >> PB_SHIFT) + 1;
+        size_t words = (size_t)n + 2 * blocks + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
         work = (double *)PyMem_RawMalloc(words * sizeof(double));
         if (!work) { PyErr_NoMemory(); goto done; }
         const double *W = NULL;
-        double *xc = work, *P1 = xc + n, *P2 = P1 + n + 1, *dens = P2 + n + 1;
+        double *xc = work, *B1 = xc + n, *B2 = B1 + blocks, *dens = B2 + blocks;
         double *cand = dens + nb, *cwork = cand + 5 * k, *out = (double *)ob.buf;
         const double *cbrt = (const double *)cb.buf;
         int oom = 0;
@@ -1083,8 +1150,11 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         double hi = kind == 4 ? (double)((const float *)sb.buf)[n - 1] : ((const double *)sb.buf)[n - 1];
         double shift = 0.5 * (lo + hi);
         prefix_weights none = {NULL, 0, 0, 1.0};
-        if (kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, P1, P2);
-        else prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, P1, P2);
+        if (whole && kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, B1, B2);
+        else if (whole) prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, B1, B2);
+        else if (kind == 4) prefix_blocks_f32((const float *)sb.buf, n, shift, xc, B1, B2);
+        else prefix_blocks_f64((const double *)sb.buf, n, shift, xc, B1, B2);
+        prefix_src ps = {whole ? B1 : NULL, whole ? B2 : NULL, xc, B1, B2};
         cand_counts_run(xc, W, n, dens, nb);
         int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
         for (Py_ssize_t i = 0; i < nb && table; i++) {
@@ -1094,7 +1164,7 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         }
         Py_ssize_t mc = table ? candidates_run(xc, W, n, dens, nb, k, cand, cwork) : -1;
         if (mc > 0) {
-            count = dp_polish_run(xc, n, W, P1, P2, cand, mc, z, 1, sweeps, out);
+            count = dp_polish_run(xc, n, W, &ps, cand, mc, z, 1, sweeps, out);
             if (count < 0) oom = 1;
             for (Py_ssize_t i = 0; i < count; i++) out[i] += shift;
         }
