@@ -503,7 +503,11 @@ def test_size_floor_never_exceeds_the_payload():
             floor = lanes.size_floor(counts, m)
             assert floor <= real
             assert lanes.entropy_floor(counts, m) <= floor  # the cheaper bound asked first
-            assert lanes.entropy_floor(counts, m, above=0) <= lanes.entropy_floor(counts, m)  # its header
+            full = lanes.entropy_floor(counts, m)
+            assert lanes.entropy_floor(counts, m, above=0) <= full  # its header
+            for above in (full // 2, full - 2, full - 1, full, floor, real):  # the min-entropy shortcut:
+                low = lanes.entropy_floor(counts, m, above=above)  # a lower bound, the same decision
+                assert low <= full and (low > above) == (full > above)
             assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
 
 
@@ -526,7 +530,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         x = x.astype(np.float32)
         monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
         fast = mucsc.encode(x, "mucsc", z=z)
-        monkeypatch.setattr(lanes, "size_floor", lambda counts, m: 0)  # never skip: always code the lanes
+        monkeypatch.setattr(lanes, "size_floor", lambda counts, m, tab=None: 0)  # never skip: always code the lanes
         monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()

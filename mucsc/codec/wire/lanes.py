@@ -125,7 +125,7 @@ def header_size(k: int, w: int, f: np.ndarray, m: int) -> int:
     return 2 + len(rans._varints(f)) + 2 * layout(m).total_lanes
 
 
-def size_floor(counts: np.ndarray, m: int) -> int:
+def size_floor(counts: np.ndarray, m: int, tab: tuple[int, np.ndarray] | None = None) -> int:
     """A lower bound on the length of :func:`payload` for m symbols with histogram ``counts``, from
     the table alone (no coding): lets a caller that only wants the payload when it is short enough
     skip coding it.
@@ -135,8 +135,9 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     (the 4-byte flush holds x < 2^31); coding s raises it by at least log2(M / f_s) - delta
     (x' >= floor(x / f_s) M and x / f_s >= 2^(23 - S) after renormalisation) and each byte out lowers
     it by at most eps (a byte leaves only while x >= 2^(31 - S) f_s).  So a lane of n symbols writes
-    at least (24 + sum log2(M / f_s) - n delta) / (8 + eps) bytes."""
-    S, f = table(counts, m)
+    at least (24 + sum log2(M / f_s) - n delta) / (8 + eps) bytes.  ``tab``: :func:`table` of these
+    counts when the caller has it (it codes the payload with the same table when the floor allows)."""
+    S, f = table(counts, m) if tab is None else tab
     used = counts > 0
     fu = f[used]
     if fu.size and int(fu.min()) < 1:
@@ -158,22 +159,33 @@ def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
     never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
     varint of the header.  A caller that only wants to know whether the payload could be short
     enough asks this first (~3 us instead of ~10 us for 256 symbols).  ``above``: only whether the
-    bound exceeds it matters; the header's bytes alone are returned when they do (a small group's
-    IDs: no pass over the histogram)."""
+    bound exceeds it matters: the header's bytes alone are returned when they do (a small group's
+    IDs: no pass over the histogram), else the bound with the min-entropy n log2(n / max count)
+    (never above n H) when that one does already (one reduction instead of the logarithms: a small
+    group's IDs)."""
     lanes = lane_total(m)
     header = 2 + counts.size + 2 * lanes
     if above is not None and header > above:
         return header
-    c = counts[counts > 0].astype(np.float64)
-    if not c.size:
+    n = int(counts.sum())  # exact: counts are integers
+    if n == 0:
         return 0
-    n = float(c.sum())  # exact: counts are integers below 2^53
-    S = rans.scale_bits_for(c.size)
+
+    def bound(ce: float, S: int) -> int:  # the lanes' bound for ce bits of order-0 information
+        delta = -math.log2(1.0 - 2.0 ** (S - 23))
+        eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
+        streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
+        return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+    if above is not None:
+        # min-entropy <= H, and the scale bits of every symbol used (at least those of the ones
+        # used: delta and eps grow with S) make the bound lower still (with a margin far beyond the
+        # rounding of n H below)
+        low = bound(n * math.log2(n / int(counts.max())) * (1.0 - 1e-6) - 64.0, rans.scale_bits_for(counts.size))
+        if low > above:
+            return low
+    c = counts[counts > 0]
     ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
-    delta = -math.log2(1.0 - 2.0 ** (S - 23))
-    eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
-    streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
-    return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+    return bound(ce, rans.scale_bits_for(c.size))
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
@@ -239,15 +251,17 @@ def encode_symbols(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None
     return payload(sym, w, size, counts).tobytes()
 
 
-def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None) -> np.ndarray:
+def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None,
+            tab: tuple[int, np.ndarray] | None = None) -> np.ndarray:
     """:func:`encode_symbols`' bytes as a uint8 array written in place: the header, then each run's
-    lane streams coded straight behind it (runs after the first moved down over the unused room)."""
+    lane streams coded straight behind it (runs after the first moved down over the unused room).
+    ``tab``: :func:`table` of ``counts`` when the caller made it already (for :func:`size_floor`)."""
     m = sym.size
     if counts is None:
         counts = counts_of(sym, size)
     if counts.size > size:
         raise ValueError("a symbol is out of range")
-    S, f = table(counts, m)
+    S, f = table(counts, m) if tab is None else tab
     cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
     lay = layout(m)
     top = bytes([S, w]) + rans._varints(f)
