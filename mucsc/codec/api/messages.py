@@ -764,24 +764,23 @@ def _remember(memo: dict, key: Any, value: Any) -> None:
 
 def _header_key(header: fmt.Header) -> tuple | None:
     """A key that equals another header's only when both serialise to the same JSON: the records
-    (names, dtypes, int shapes), container, meta, and each group's codec, dtype, members and
-    parameters as (name, type, value); None unless every parameter is a plain str, int, bool, None
+    (names, dtypes, int shapes), container, meta, and each group's codec, dtype, members and its
+    parameters' names, types and values; None unless every parameter is a plain str, int, bool, None
     or float (a float by its repr: -0.0 == 0.0, but their JSON differs)."""
     groups = []
     for g in header.groups:
-        params = []
-        for k, v in g.params.items():
-            t = type(v)
-            if t is float:
-                v = repr(v)
-            elif t not in _PLAIN_TYPES:
+        values = tuple(g.params.values())
+        types = tuple(map(type, values))
+        if not _PLAIN_TYPES.issuperset(types):  # floats by their repr (others: no key)
+            if not _PLAIN_OR_FLOAT.issuperset(types):
                 return None
-            params.append((k, t, v))
-        groups.append((g.codec, g.dtype, g.records, tuple(params)))
+            values = tuple(repr(v) if t is float else v for t, v in zip(types, values))
+        groups.append((g.codec, g.dtype, g.records, tuple(g.params), types, values))
     return header.records, header.container, tuple(header.meta.items()), tuple(groups)
 
 
-_PLAIN_TYPES = (str, int, bool, type(None))
+_PLAIN_TYPES = frozenset((str, int, bool, type(None)))
+_PLAIN_OR_FLOAT = _PLAIN_TYPES | {float}
 # Headers that passed parse_header (bounded: at most 64 of up to 64 KiB each), and the JSON of
 # recent headers by _header_key (the same bound).
 _VALID_HEADERS: dict[bytes, None] = {}

@@ -72,8 +72,10 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         lo, hi = float(c[0]), float(c[-1])
     # the small table's checks on Python floats (exact: float64 holds every wire value), not numpy
     # calls on a 16-element array (~1 us each, a dozen of them, in every encode)
-    top = _WIRE_MAX[dt]
-    if all(-top <= v <= top for v in c.tolist()):  # no level overflows the wire dtype (nor is NaN)
+    top, levels = _WIRE_MAX[dt], c.tolist()
+    # no level overflows the wire dtype (min and max skip a NaN only after a number, and a NaN
+    # does not overflow)
+    if -top <= min(levels) and max(levels) <= top:
         w = c.astype(dt)
     else:
         with np.errstate(over="ignore"):
