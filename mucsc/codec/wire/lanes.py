@@ -155,37 +155,61 @@ def size_floor(counts: np.ndarray, m: int, tab: tuple[int, np.ndarray] | None = 
 
 def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
     """A lower bound on :func:`size_floor` without the table (no normalisation, no varints): each
-    lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
+    lane's bound with the symbols' order-0 entropy m H in place of sum n_s log2(M / f_s) (which is
     never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
-    varint of the header.  A caller that only wants to know whether the payload could be short
-    enough asks this first (~3 us instead of ~10 us for 256 symbols).  ``above``: only whether the
-    bound exceeds it matters: the header's bytes alone are returned when they do (a small group's
-    IDs: no pass over the histogram), else the bound with the min-entropy n log2(n / max count)
-    (never above n H) when that one does already (one reduction instead of the logarithms: a small
-    group's IDs)."""
+    varint of the header.  ``counts``: the histogram of the m symbols.  A caller that only wants to
+    know whether the payload could be short enough asks this first.  ``above``: only whether the
+    bound exceeds it matters; the header's bytes alone are returned when they do (a small group's
+    IDs: no pass over the histogram).
+
+    Every numpy call on the 256-entry histogram costs ~2-7 us inside an encode (measured at
+    d = 1e4: its caches are cold after the rounding and zstd), so m H = m log2 m - sum c log2 c
+    takes sum c log2 c from a table of c log2 c (:func:`_sum_xlog2x`: a lookup and a sum instead of
+    a selection, a logarithm, a product and a sum)."""
     lanes = lane_total(m)
     header = 2 + counts.size + 2 * lanes
     if above is not None and header > above:
         return header
-    n = int(counts.sum())  # exact: counts are integers
-    if n == 0:
+    if m == 0:
         return 0
+    ce = m * math.log2(m) - _sum_xlog2x(counts, m)  # m H in bits, up to rounding (see size_floor)
+    # the scale bits of the alphabet's size: at least those of the symbols used (delta and eps grow
+    # with S), counted only where that size would raise S (one symbol per ID, a wide alphabet)
+    S = rans.scale_bits_for(counts.size)
+    if S > 16:
+        S = rans.scale_bits_for(int(np.count_nonzero(counts)))
+    delta = -math.log2(1.0 - 2.0 ** (S - 23))
+    eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
+    streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
+    return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
 
-    def bound(ce: float, S: int) -> int:  # the lanes' bound for ce bits of order-0 information
-        delta = -math.log2(1.0 - 2.0 ** (S - 23))
-        eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
-        streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
-        return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
-    if above is not None:
-        # min-entropy <= H, and the scale bits of every symbol used (at least those of the ones
-        # used: delta and eps grow with S) make the bound lower still (with a margin far beyond the
-        # rounding of n H below)
-        low = bound(n * math.log2(n / int(counts.max())) * (1.0 - 1e-6) - 64.0, rans.scale_bits_for(counts.size))
-        if low > above:
-            return low
+
+def _sum_xlog2x(counts: np.ndarray, m: int) -> float:
+    """sum c log2 c over the histogram ``counts`` of m symbols (every count <= m): from the table
+    of :func:`_xlog2x` up to XLOG2X_MAX symbols, else computed over the used entries."""
+    if m < XLOG2X_MAX:
+        return float(_xlog2x(m).take(counts).sum())
     c = counts[counts > 0]
-    ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
-    return bound(ce, rans.scale_bits_for(c.size))
+    return float((c * np.log2(c)).sum())
+
+
+XLOG2X_MAX = 1 << 18  # symbols of a histogram coded exactly (clusters.EXACT_ZSTD_BYTES): a 2 MiB table
+_XLOG2X = np.zeros(1)
+
+
+def _xlog2x(top: int) -> np.ndarray:
+    """A table t[c] = c log2 c (t[0] = 0) covering 0..top (< XLOG2X_MAX): the one kept, grown to a
+    power of two when a count exceeds it."""
+    global _XLOG2X
+    t = _XLOG2X
+    if t.size <= top:
+        c = np.arange(1 << max(12, top.bit_length()), dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = c * np.log2(c)
+        t[0] = 0.0
+        t.setflags(write=False)
+        _XLOG2X = t
+    return t
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
