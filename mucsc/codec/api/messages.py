@@ -148,7 +148,8 @@ def encode(data: Any, codec: Any = "mucsc", *, seed: int | None = None, shared: 
     threads, key): then it is the whole configuration, and only ``seed`` (this message's), ``meta``,
     ``policy``, ``context`` and ``progress`` may be given next to it.
     """
-    if hasattr(codec, "encode_kwargs"):  # a mucsc.Settings (imported lazily: it builds on this module)
+    # a mucsc.Settings (imported lazily: it builds on this module); a name is not (no failed lookup)
+    if type(codec) is not str and hasattr(codec, "encode_kwargs"):
         codec, seed, shared, compress, threads, key, key_id = _from_settings(
             codec, seed, shared, compress, threads, key, key_id, params)
     return _encode(data, codec, 0 if seed is None else seed, shared, compress, meta, params, policy,

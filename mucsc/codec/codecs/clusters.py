@@ -91,7 +91,10 @@ class GoalTarget:
     @property
     def target(self) -> str:
         """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
-        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+        for t in TARGETS:  # a loop, not next() over a generator: asked a few times per encode
+            if getattr(self, t) is not None:
+                return t
+        return "z"
 
     @property
     def fixed_z(self) -> int:
