@@ -56,7 +56,10 @@ RANS_L = rans.RANS_L
 def symbol_bits(k: int) -> int:
     """The reference encoder's ``w`` for k IDs: the narrowest of 1, 2, 4, 8 bits that holds every ID,
     16 (one symbol per ID) beyond 256."""
-    return next((w for w in BYTE_WIDTHS if k <= 1 << w), WIDE)
+    for w in BYTE_WIDTHS:  # a loop, not next() over a generator (asked in every small encode)
+        if k <= 1 << w:
+            return w
+    return WIDE
 
 
 def symbol_count(n: int, w: int) -> int:
