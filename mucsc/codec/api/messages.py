@@ -350,8 +350,9 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     done = parallel.run_groups(encode_group, sizes)
     groups = [d[0] for d in done]
     sections = [s for d in done for s in d[1]]
-    gstats = tuple(d[2] for d in done if d[2] is not None)
-    errors = {k: v for d in done for k, v in d[3].items()}
+    if req.want_stats:
+        gstats = tuple(d[2] for d in done if d[2] is not None)
+        errors = {k: v for d in done for k, v in d[3].items()}
     del done
     header = fmt.Header(records, tuple(groups), container, req.meta)
     head = _check_header(header)
