@@ -374,16 +374,19 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     return out.finish()
 
 
-# A message up to this many bytes, all on the host, is written by _joined_message: its parts joined
-# once, then one CRC-32 over the join while it is in cache (~6 us less than the buffer, the joins of
-# small parts and a put per part; one CRC call instead of one per part, ~10 parts)
+# A message up to this many bytes, all on the host, is written by _joined_message: its parts'
+# CRC-32 taken where they are (in cache: the group was just encoded), then one join (~6 us less than
+# the buffer, the joins of small parts and a put per part, of a ~60 us encode of 1e4 floats)
 SMALL_MESSAGE = 1 << 18
 
 
 def _joined_message(parts: list[Any]) -> bytes:
     """The message of ``parts`` (host bytes, preamble first), its CRC-32 trailer appended."""
-    body = b"".join(parts)
-    return body + TRAILER.pack(parallel.crc32_update(body))
+    crc = 0
+    for p in parts:
+        crc = parallel.crc32_update(p, crc)
+    parts.append(TRAILER.pack(crc))
+    return b"".join(parts)
 
 
 # Host parts of a message up to this many bytes are joined with their small neighbours before they
