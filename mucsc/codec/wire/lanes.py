@@ -196,7 +196,9 @@ def _sum_xlog2x(counts: np.ndarray, m: int) -> float:
     return float((c * np.log2(c)).sum())
 
 
-XLOG2X_MAX = 1 << 18  # symbols of a histogram coded exactly (clusters.EXACT_ZSTD_BYTES): a 2 MiB table
+# The table's reach: 64 KiB, which stays in cache (a histogram of more symbols, ~2 us of numpy
+# against a pass over the data, reads a few hundred entries of a larger table: cache misses)
+XLOG2X_MAX = 1 << 13
 _XLOG2X = np.zeros(1)
 
 
