@@ -101,7 +101,13 @@ def _outward(v, target: float, direction: int):
     """Step v (a wire-dtype scalar) outward until it is on the far side of ``target``."""
     if (float(v) <= target) if direction < 0 else (float(v) >= target):
         return v  # the usual case: no step (and no np.errstate, ~3 us)
+    # The steps end at the first wire value on the far side of target, which is the wire value
+    # nearest target or its neighbour outward: start there (not NaN) instead of at v, since given
+    # levels far inside the data took one step per representable value between (~2^30 in float32);
+    # a NaN v stays (no step moves it: the caller refuses it)
     with np.errstate(over="ignore"):
+        if target == target and v == v:
+            v = v.dtype.type(target)
         inf = v.dtype.type(np.inf)
         while (float(v) > target) if direction < 0 else (float(v) < target):
             v = np.nextafter(v, -inf if direction < 0 else inf)
