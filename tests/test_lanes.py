@@ -507,6 +507,21 @@ def test_size_floor_never_exceeds_the_payload():
             assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
 
 
+def test_entropy_floor_of_a_wide_alphabet_and_its_table():
+    """entropy_floor with one symbol per ID (w = 16, more than 2^12 symbols used: IDSA's larger
+    scale) stays below size_floor; its sum of c log2 c (a table up to XLOG2X_MAX, computed beyond)
+    is the direct sum's."""
+    rng = np.random.default_rng(38)
+    m = 60_000
+    sym = rng.integers(0, 6000, m).astype(np.uint16)
+    counts = lanes.counts_of(sym, 6000)
+    floor = lanes.size_floor(counts, m)
+    assert lanes.entropy_floor(counts, m) <= floor <= len(lanes.payload(sym, lanes.WIDE, 6000, counts))
+    for c in (counts, np.array([0, 3, lanes.XLOG2X_MAX + 5, 1], np.int64)):
+        used = c[c > 0].astype(np.float64)
+        assert lanes._sum_xlog2x(c, int(c.sum())) == pytest.approx(float((used * np.log2(used)).sum()), rel=1e-12)
+
+
 @pytest.mark.parametrize("d, z", [(3000, 16), (10_000, 16), (10_000, 4), (20_000, 64), (40_000, 3)])
 def test_auto_id_coding_without_coding_the_lanes_chooses_as_coding_them(d, z, monkeypatch):
     """Small messages ("auto", packed IDs <= EXACT_ZSTD_BYTES): skipping the lane coding when its size
@@ -526,7 +541,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         x = x.astype(np.float32)
         monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
         fast = mucsc.encode(x, "mucsc", z=z)
-        monkeypatch.setattr(lanes, "size_floor", lambda counts, m: 0)  # never skip: always code the lanes
+        monkeypatch.setattr(lanes, "size_floor", lambda counts, m, tab=None: 0)  # never skip: always code the lanes
         monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()

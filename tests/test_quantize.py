@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import mucsc
 from mucsc.codec.numerics import quantize
 from mucsc.codec.numerics.centroids import solve, variance_J
 from mucsc.codec.numerics.quantize import dequantize, expected_sq_error, stochastic_round, wire_centroids
@@ -228,3 +229,15 @@ def test_bit_grid_levels_at_bin_start_are_exact():
     b = g.bins(on)
     np.testing.assert_array_equal(g.kb[b], np.arange(2, c.size - 1))
     assert np.all(on - g.cb[b] < g.wb[b])  # not flagged for the fix-up
+
+
+def test_wire_centroids_of_levels_far_inside_the_data_end_at_once():
+    """Given levels well inside the data (an encode with ``levels=``): the ends move outward to the
+    wire values bracketing the data at once, not one representable value at a time (a hang)."""
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    lo, hi = float(x.min()), float(x.max())
+    for dt in (np.float16, np.float32, np.float64):
+        w = wire_centroids(np.array([-0.5, 0.5]), x, dt)
+        assert w.dtype == dt and float(w[0]) <= lo and float(w[-1]) >= hi
+        assert float(np.nextafter(w[0], dt(np.inf))) > lo and float(np.nextafter(w[-1], dt(-np.inf))) < hi
+    assert mucsc.decode(mucsc.encode(x, levels=[-0.5, 0.5])).min() == lo

@@ -148,7 +148,8 @@ def encode(data: Any, codec: Any = "mucsc", *, seed: int | None = None, shared: 
     threads, key): then it is the whole configuration, and only ``seed`` (this message's), ``meta``,
     ``policy``, ``context`` and ``progress`` may be given next to it.
     """
-    if hasattr(codec, "encode_kwargs"):  # a mucsc.Settings (imported lazily: it builds on this module)
+    # a mucsc.Settings (imported lazily: it builds on this module); a name is not (no failed lookup)
+    if type(codec) is not str and hasattr(codec, "encode_kwargs"):
         codec, seed, shared, compress, threads, key, key_id = _from_settings(
             codec, seed, shared, compress, threads, key, key_id, params)
     return _encode(data, codec, 0 if seed is None else seed, shared, compress, meta, params, policy,
@@ -349,8 +350,9 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     done = parallel.run_groups(encode_group, sizes)
     groups = [d[0] for d in done]
     sections = [s for d in done for s in d[1]]
-    gstats = tuple(d[2] for d in done if d[2] is not None)
-    errors = {k: v for d in done for k, v in d[3].items()}
+    if req.want_stats:
+        gstats = tuple(d[2] for d in done if d[2] is not None)
+        errors = {k: v for d in done for k, v in d[3].items()}
     del done
     header = fmt.Header(records, tuple(groups), container, req.meta)
     head = _check_header(header)
@@ -764,24 +766,23 @@ def _remember(memo: dict, key: Any, value: Any) -> None:
 
 def _header_key(header: fmt.Header) -> tuple | None:
     """A key that equals another header's only when both serialise to the same JSON: the records
-    (names, dtypes, int shapes), container, meta, and each group's codec, dtype, members and
-    parameters as (name, type, value); None unless every parameter is a plain str, int, bool, None
+    (names, dtypes, int shapes), container, meta, and each group's codec, dtype, members and its
+    parameters' names, types and values; None unless every parameter is a plain str, int, bool, None
     or float (a float by its repr: -0.0 == 0.0, but their JSON differs)."""
     groups = []
     for g in header.groups:
-        params = []
-        for k, v in g.params.items():
-            t = type(v)
-            if t is float:
-                v = repr(v)
-            elif t not in _PLAIN_TYPES:
+        values = tuple(g.params.values())
+        types = tuple(map(type, values))
+        if not _PLAIN_TYPES.issuperset(types):  # floats by their repr (others: no key)
+            if not _PLAIN_OR_FLOAT.issuperset(types):
                 return None
-            params.append((k, t, v))
-        groups.append((g.codec, g.dtype, g.records, tuple(params)))
+            values = tuple(repr(v) if t is float else v for t, v in zip(types, values))
+        groups.append((g.codec, g.dtype, g.records, tuple(g.params), types, values))
     return header.records, header.container, tuple(header.meta.items()), tuple(groups)
 
 
-_PLAIN_TYPES = (str, int, bool, type(None))
+_PLAIN_TYPES = frozenset((str, int, bool, type(None)))
+_PLAIN_OR_FLOAT = _PLAIN_TYPES | {float}
 # Headers that passed parse_header (bounded: at most 64 of up to 64 KiB each), and the JSON of
 # recent headers by _header_key (the same bound).
 _VALID_HEADERS: dict[bytes, None] = {}

@@ -91,7 +91,10 @@ class GoalTarget:
     @property
     def target(self) -> str:
         """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
-        return next((t for t in TARGETS if getattr(self, t) is not None), "z")
+        for t in TARGETS:  # a loop, not next() over a generator: asked a few times per encode
+            if getattr(self, t) is not None:
+                return t
+        return "z"
 
     @property
     def fixed_z(self) -> int:
@@ -336,9 +339,12 @@ def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
     ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
-    if lanes.entropy_floor(counts, sym.size, above=best) > best or lanes.size_floor(counts, sym.size) > best:
+    if lanes.entropy_floor(counts, sym.size, above=best) > best:
         return ids_
-    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts)
+    tab = lanes.table(counts, sym.size)  # one table for the floor and the coding
+    if lanes.size_floor(counts, sym.size, tab) > best:
+        return ids_
+    data = lanes.payload(sym, w, lanes.alphabet(k, w), counts, tab)
     return Section("IDSL", data) if len(data) <= best else ids_
 
 

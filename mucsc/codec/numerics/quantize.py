@@ -29,6 +29,7 @@ __all__ = [
 
 WIRE_DTYPES = (np.float16, np.float32, np.float64)
 _WIRE_DTYPES = tuple(np.dtype(t) for t in WIRE_DTYPES)
+_WIRE_MAX = {t: float(np.finfo(t).max) for t in _WIRE_DTYPES}  # the largest finite value of each
 F32_MAX = float(np.finfo(np.float32).max)
 CHUNK = 1 << 15  # elements per chunk: all working buffers stay in L2
 BITGRID_MIN_N = 1 << 17  # float32 inputs this long use the bit-pattern grid (its tables cost ~1 ms)
@@ -69,17 +70,29 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         lo, hi = float(x.min()), float(x.max())
     else:
         lo, hi = float(c[0]), float(c[-1])
-    with np.errstate(over="ignore"):
+    # the small table's checks on Python floats (exact: float64 holds every wire value), not numpy
+    # calls on a 16-element array (~1 us each, a dozen of them, in every encode)
+    top, levels = _WIRE_MAX[dt], c.tolist()
+    # no level overflows the wire dtype (min and max skip a NaN only after a number, and a NaN
+    # does not overflow)
+    if -top <= min(levels) and max(levels) <= top:
         w = c.astype(dt)
-    if not (w.size < 2 or np.all(w[1:] > w[:-1])):  # strictly increasing: already np.unique's result
-        w = np.unique(w)
-    first, last = _outward(w[0], lo, -1), _outward(w[-1], hi, +1)
-    if w.size == 1 and first != last:  # one level that rounding moved off the data: bracket it
-        w = np.array([first, last], dtype=dt)
     else:
-        w[0], w[-1] = first, last
+        with np.errstate(over="ignore"):
+            w = c.astype(dt)
+    wl = w.tolist()
+    if not all(a < b for a, b in zip(wl, wl[1:])):  # strictly increasing: already np.unique's result
+        w = np.unique(w)
+        wl = w.tolist()
+    if not (wl[0] <= lo and wl[-1] >= hi):  # rounding moved an end inward (or NaN): step it outward
+        first, last = _outward(w[0], lo, -1), _outward(w[-1], hi, +1)
+        if w.size == 1 and first != last:  # one level that rounding moved off the data: bracket it
+            w = np.array([first, last], dtype=dt)
+        else:
+            w[0], w[-1] = first, last
+        wl = [float(w[0]), float(w[-1])]
     # w is sorted (strictly increasing, or np.unique's, NaN last): finite when its ends are
-    if not (math.isfinite(float(w[0])) and math.isfinite(float(w[-1]))):
+    if not (math.isfinite(wl[0]) and math.isfinite(wl[-1])):
         raise InputError(f"data range [{lo:g}, {hi:g}] does not fit the wire dtype {dt}")
     return w
 
@@ -88,7 +101,13 @@ def _outward(v, target: float, direction: int):
     """Step v (a wire-dtype scalar) outward until it is on the far side of ``target``."""
     if (float(v) <= target) if direction < 0 else (float(v) >= target):
         return v  # the usual case: no step (and no np.errstate, ~3 us)
+    # The steps end at the first wire value on the far side of target, which is the wire value
+    # nearest target or its neighbour outward: start there (not NaN) instead of at v, since given
+    # levels far inside the data took one step per representable value between (~2^30 in float32);
+    # a NaN v stays (no step moves it: the caller refuses it)
     with np.errstate(over="ignore"):
+        if target == target and v == v:
+            v = v.dtype.type(target)
         inf = v.dtype.type(np.inf)
         while (float(v) > target) if direction < 0 else (float(v) < target):
             v = np.nextafter(v, -inf if direction < 0 else inf)

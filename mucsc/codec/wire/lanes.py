@@ -56,7 +56,10 @@ RANS_L = rans.RANS_L
 def symbol_bits(k: int) -> int:
     """The reference encoder's ``w`` for k IDs: the narrowest of 1, 2, 4, 8 bits that holds every ID,
     16 (one symbol per ID) beyond 256."""
-    return next((w for w in BYTE_WIDTHS if k <= 1 << w), WIDE)
+    for w in BYTE_WIDTHS:  # a loop, not next() over a generator (asked in every small encode)
+        if k <= 1 << w:
+            return w
+    return WIDE
 
 
 def symbol_count(n: int, w: int) -> int:
@@ -125,7 +128,7 @@ def header_size(k: int, w: int, f: np.ndarray, m: int) -> int:
     return 2 + len(rans._varints(f)) + 2 * layout(m).total_lanes
 
 
-def size_floor(counts: np.ndarray, m: int) -> int:
+def size_floor(counts: np.ndarray, m: int, tab: tuple[int, np.ndarray] | None = None) -> int:
     """A lower bound on the length of :func:`payload` for m symbols with histogram ``counts``, from
     the table alone (no coding): lets a caller that only wants the payload when it is short enough
     skip coding it.
@@ -135,8 +138,9 @@ def size_floor(counts: np.ndarray, m: int) -> int:
     (the 4-byte flush holds x < 2^31); coding s raises it by at least log2(M / f_s) - delta
     (x' >= floor(x / f_s) M and x / f_s >= 2^(23 - S) after renormalisation) and each byte out lowers
     it by at most eps (a byte leaves only while x >= 2^(31 - S) f_s).  So a lane of n symbols writes
-    at least (24 + sum log2(M / f_s) - n delta) / (8 + eps) bytes."""
-    S, f = table(counts, m)
+    at least (24 + sum log2(M / f_s) - n delta) / (8 + eps) bytes.  ``tab``: :func:`table` of these
+    counts when the caller has it (it codes the payload with the same table when the floor allows)."""
+    S, f = table(counts, m) if tab is None else tab
     used = counts > 0
     fu = f[used]
     if fu.size and int(fu.min()) < 1:
@@ -154,26 +158,63 @@ def size_floor(counts: np.ndarray, m: int) -> int:
 
 def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
     """A lower bound on :func:`size_floor` without the table (no normalisation, no varints): each
-    lane's bound with the symbols' order-0 entropy n H in place of sum n_s log2(M / f_s) (which is
+    lane's bound with the symbols' order-0 entropy m H in place of sum n_s log2(M / f_s) (which is
     never less: Gibbs' inequality, the f_s / M of used symbols summing to 1), and one byte per
-    varint of the header.  A caller that only wants to know whether the payload could be short
-    enough asks this first (~3 us instead of ~10 us for 256 symbols).  ``above``: only whether the
+    varint of the header.  ``counts``: the histogram of the m symbols.  A caller that only wants to
+    know whether the payload could be short enough asks this first.  ``above``: only whether the
     bound exceeds it matters; the header's bytes alone are returned when they do (a small group's
-    IDs: no pass over the histogram)."""
+    IDs: no pass over the histogram).
+
+    Every numpy call on the 256-entry histogram costs ~2-7 us inside an encode (measured at
+    d = 1e4: its caches are cold after the rounding and zstd), so m H = m log2 m - sum c log2 c
+    takes sum c log2 c from a table of c log2 c (:func:`_sum_xlog2x`: a lookup and a sum instead of
+    a selection, a logarithm, a product and a sum)."""
     lanes = lane_total(m)
     header = 2 + counts.size + 2 * lanes
     if above is not None and header > above:
         return header
-    c = counts[counts > 0].astype(np.float64)
-    if not c.size:
+    if m == 0:
         return 0
-    n = float(c.sum())  # exact: counts are integers below 2^53
-    S = rans.scale_bits_for(c.size)
-    ce = n * math.log2(n) - float((c * np.log2(c)).sum())  # n H in bits, up to rounding (see size_floor)
+    ce = m * math.log2(m) - _sum_xlog2x(counts, m)  # m H in bits, up to rounding (see size_floor)
+    # the scale bits of the alphabet's size: at least those of the symbols used (delta and eps grow
+    # with S), counted only where that size would raise S (one symbol per ID, a wide alphabet)
+    S = rans.scale_bits_for(counts.size)
+    if S > 16:
+        S = rans.scale_bits_for(int(np.count_nonzero(counts)))
     delta = -math.log2(1.0 - 2.0 ** (S - 23))
     eps = -math.log2(1.0 - 255.0 * 2.0 ** (S - 31))
     streams = (24.0 * lanes + ce * (1.0 - 1e-9) - m * delta) / (8.0 + eps)
     return header + max(0, math.floor(streams * (1.0 - 1e-9)) - 1)
+
+
+def _sum_xlog2x(counts: np.ndarray, m: int) -> float:
+    """sum c log2 c over the histogram ``counts`` of m symbols (every count <= m): from the table
+    of :func:`_xlog2x` up to XLOG2X_MAX symbols, else computed over the used entries."""
+    if m < XLOG2X_MAX:
+        return float(_xlog2x(m).take(counts).sum())
+    c = counts[counts > 0]
+    return float((c * np.log2(c)).sum())
+
+
+# The table's reach: 64 KiB, which stays in cache (a histogram of more symbols, ~2 us of numpy
+# against a pass over the data, reads a few hundred entries of a larger table: cache misses)
+XLOG2X_MAX = 1 << 13
+_XLOG2X = np.zeros(1)
+
+
+def _xlog2x(top: int) -> np.ndarray:
+    """A table t[c] = c log2 c (t[0] = 0) covering 0..top (< XLOG2X_MAX): the one kept, grown to a
+    power of two when a count exceeds it."""
+    global _XLOG2X
+    t = _XLOG2X
+    if t.size <= top:
+        c = np.arange(1 << max(12, top.bit_length()), dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = c * np.log2(c)
+        t[0] = 0.0
+        t.setflags(write=False)
+        _XLOG2X = t
+    return t
 
 
 def symbols(ids: np.ndarray, k: int, w: int | None = None) -> np.ndarray:
@@ -239,15 +280,17 @@ def encode_symbols(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None
     return payload(sym, w, size, counts).tobytes()
 
 
-def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None) -> np.ndarray:
+def payload(sym: np.ndarray, w: int, size: int, counts: np.ndarray | None = None,
+            tab: tuple[int, np.ndarray] | None = None) -> np.ndarray:
     """:func:`encode_symbols`' bytes as a uint8 array written in place: the header, then each run's
-    lane streams coded straight behind it (runs after the first moved down over the unused room)."""
+    lane streams coded straight behind it (runs after the first moved down over the unused room).
+    ``tab``: :func:`table` of ``counts`` when the caller made it already (for :func:`size_floor`)."""
     m = sym.size
     if counts is None:
         counts = counts_of(sym, size)
     if counts.size > size:
         raise ValueError("a symbol is out of range")
-    S, f = table(counts, m)
+    S, f = table(counts, m) if tab is None else tab
     cum = np.concatenate(([0], np.cumsum(f)[:-1])).astype(np.int64)
     lay = layout(m)
     top = bytes([S, w]) + rans._varints(f)
