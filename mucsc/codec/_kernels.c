@@ -1755,16 +1755,19 @@ static void enc_tab8_init(enc_tab8 *t, const uint32_t *f, const uint32_t *cum, P
     }
 }
 
-/* Whether this CPU runs AVX2 (asked once, at module init). */
-static int have_avx2(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+/* A function fn() -> whether this CPU has what `test` asks of __builtin_cpu_supports (asked once). */
+#define CPU_HAS(fn, test)                                                                          \
+    static int fn(void)                                                                            \
+    {                                                                                              \
+        static int known = -1;                                                                     \
+        if (known < 0) {                                                                           \
+            __builtin_cpu_init();                                                                  \
+            known = (test) ? 1 : 0;                                                                \
+        }                                                                                          \
+        return known;                                                                              \
     }
-    return known;
-}
+/* Whether this CPU runs AVX2 (asked once, at module init). */
+CPU_HAS(have_avx2, __builtin_cpu_supports("avx2"))
 
 /* lanes_encode_block of a full block of u8 symbols (W = 32, 2048 rows), 9 <= S <= 16. */
 __attribute__((target("avx2")))
@@ -3779,15 +3782,7 @@ __attribute__((target("avx512f,avx512dq"))) static void dither_uniforms_avx512(u
     dither_uniforms_any(z + (uint64_t)i * GAMMA, m - i, count, vb + i, cb + i);
 }
 
-static int have_avx512dq(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-    }
-    return known;
-}
+CPU_HAS(have_avx512dq, __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
 #endif
 
 static void dither_uniforms(int wide, uint64_t z, int m, uint64_t count, double *vb, uint8_t *cb)
@@ -3888,15 +3883,7 @@ __attribute__((noinline)) DITHER_DEC_RUN(dither_dec_run_any)
 #ifdef LANES_AVX2
 __attribute__((noinline, target("bmi,bmi2"))) DITHER_DEC_RUN(dither_dec_run_bmi2)
 
-static int have_bmi2(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("bmi2") ? 1 : 0;
-    }
-    return known;
-}
+CPU_HAS(have_bmi2, __builtin_cpu_supports("bmi2"))
 #endif
 
 /* dither_dec_run compiled for any x86-64 or, picked at run time, with BMI2's shifts by a register
@@ -3938,24 +3925,23 @@ __attribute__((target("avx2"))) DITHER_VALUES(dither_values_f32_avx2, float, FLT
 __attribute__((target("avx2"))) DITHER_VALUES(dither_values_f64_avx2, double, DBL_MAX, fabs)
 #endif
 
+/* The AVX2 build where it was compiled and the CPU has it (avx2), else the portable one. */
+#ifdef LANES_AVX2
+#define DITHER_VALUES_PICK(avx2, T, ...) ((avx2) ? dither_values_##T##_avx2(__VA_ARGS__) : dither_values_##T##_any(__VA_ARGS__))
+#else
+#define DITHER_VALUES_PICK(avx2, T, ...) ((void)(avx2), dither_values_##T##_any(__VA_ARGS__))
+#endif
+
 static int dither_values_f32(int avx2, const double *vb, const uint32_t *sb, int m, double qlo, double share,
                              double step, double offset, float *o)
 {
-#ifdef LANES_AVX2
-    if (avx2) return dither_values_f32_avx2(vb, sb, m, qlo, share, step, offset, o);
-#endif
-    (void)avx2;
-    return dither_values_f32_any(vb, sb, m, qlo, share, step, offset, o);
+    return DITHER_VALUES_PICK(avx2, f32, vb, sb, m, qlo, share, step, offset, o);
 }
 
 static int dither_values_f64(int avx2, const double *vb, const uint32_t *sb, int m, double qlo, double share,
                              double step, double offset, double *o)
 {
-#ifdef LANES_AVX2
-    if (avx2) return dither_values_f64_avx2(vb, sb, m, qlo, share, step, offset, o);
-#endif
-    (void)avx2;
-    return dither_values_f64_any(vb, sb, m, qlo, share, step, offset, o);
+    return DITHER_VALUES_PICK(avx2, f64, vb, sb, m, qlo, share, step, offset, o);
 }
 
 PyDoc_STRVAR(dither_decode_doc,
