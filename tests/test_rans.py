@@ -70,6 +70,16 @@ def test_lanes_and_scale():
     assert f.sum() == 256 and f[0] == 0 and f.min(initial=1) >= 0 and (f[1:] >= 1).all()
 
 
+def test_the_array_rules_are_the_scalar_ones():
+    # the size models that size many tables at once read the reference encoder's lanes and scale
+    # bits from these: they must give the scalar rules' values on both sides of every threshold
+    n = np.array([0, 1, rans.LANE_ELEMENTS - 1, rans.LANE_ELEMENTS, 3 * rans.LANE_ELEMENTS + 5,
+                  rans.MAX_LANES * rans.LANE_ELEMENTS - 1, rans.MAX_LANES * rans.LANE_ELEMENTS, 1 << 30])
+    assert rans.lanes_for_each(n.astype(np.float64)).tolist() == [rans.lanes_for(int(v)) for v in n]
+    used = np.array([0, 1, 255, rans.SMALL_ALPHABET, rans.SMALL_ALPHABET + 1, 1 << 16])
+    assert rans.scale_bits_for_each(used).tolist() == [rans.scale_bits_for(int(u)) for u in used]
+
+
 @pytest.mark.skipif(kernels.c_module() is None, reason="compiled kernels not built")
 def test_the_compiled_normalisation_gives_numpys_table(monkeypatch):
     # proportional rounding, the difference given to the largest or taken from the largest ones down

@@ -350,9 +350,8 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     done = parallel.run_groups(encode_group, sizes)
     groups = [d[0] for d in done]
     sections = [s for d in done for s in d[1]]
-    if req.want_stats:
-        gstats = tuple(d[2] for d in done if d[2] is not None)
-        errors = {k: v for d in done for k, v in d[3].items()}
+    measured = ((tuple(d[2] for d in done if d[2] is not None), {k: v for d in done for k, v in d[3].items()})
+                if req.want_stats else None)  # (group statistics, errors): gathered only when asked for
     del done
     header = fmt.Header(records, tuple(groups), container, req.meta)
     head = _check_header(header)
@@ -362,7 +361,7 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
     reporter.finish()
-    return blob, (_message_stats(blob, header, gstats, errors) if req.want_stats else None)
+    return blob, (_message_stats(blob, header, *measured) if measured is not None else None)
 
 
 def _plan_message(tensors: list[Tensor], container: str, req: _Request, reporter: _Reporter

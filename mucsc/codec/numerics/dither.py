@@ -506,8 +506,8 @@ def _expected_coded_sizes(hists: list[np.ndarray]) -> list[float]:
         at += g.shape[0]
     used = h > 0
     total = h.sum(1)
-    S = np.where(used.sum(1) <= 1 << 12, 16.0, float(rans.MAX_SCALE_BITS))
-    W = np.clip(np.floor_divide(np.rint(total), rans.LANE_ELEMENTS), 1, rans.MAX_LANES)  # rans.lanes_for
+    S = rans.scale_bits_for_each(used.sum(1))
+    W = rans.lanes_for_each(np.rint(total))
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.maximum(1.0, np.rint(h * (np.exp2(S) / total)[:, None]))
         bits = np.where(used, h * (S[:, None] - np.log2(f)), 0.0).sum(1)

@@ -44,9 +44,23 @@ def lanes_for(n: int) -> int:
     return int(min(MAX_LANES, max(1, n // LANE_ELEMENTS)))
 
 
+def lanes_for_each(n: np.ndarray) -> np.ndarray:
+    """:func:`lanes_for` of each of ``n`` (whole numbers as float64; a size model sizing many
+    tables at once), as float64."""
+    return np.clip(np.floor_divide(n, LANE_ELEMENTS), 1, MAX_LANES)
+
+
+SMALL_ALPHABET, SMALL_SCALE_BITS = 1 << 12, 16  # up to this many used symbols, this many scale bits
+
+
 def scale_bits_for(used: int) -> int:
     """Scale bits of the reference encoder: 16 unless more than 2^12 symbols are used."""
-    return 16 if used <= 1 << 12 else MAX_SCALE_BITS
+    return SMALL_SCALE_BITS if used <= SMALL_ALPHABET else MAX_SCALE_BITS
+
+
+def scale_bits_for_each(used: np.ndarray) -> np.ndarray:
+    """:func:`scale_bits_for` of each of ``used``, as float64."""
+    return np.where(used <= SMALL_ALPHABET, float(SMALL_SCALE_BITS), float(MAX_SCALE_BITS))
 
 
 def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
