@@ -507,6 +507,27 @@ def test_size_floor_never_exceeds_the_payload():
             assert real - floor <= 0.03 * real + 24 + m * 0.0114 / 8  # its slack: ~n delta, ~3%
 
 
+def test_size_estimate_is_tight_and_below_the_payload():
+    """lanes.size_estimate (what the encoder skips lane coding on, less estimate_slack): on random
+    histograms of 200-262,144 symbols (flat to very skewed, shuffled and sorted, one to many blocks)
+    it is never above the payload, within a byte per lane of it, and never below size_floor -- so
+    the skip changes no byte, and does skip where the lanes lose by more than the slack."""
+    rng = np.random.default_rng(41)
+    for _ in range(120):
+        m = int(np.exp(rng.uniform(np.log(200), np.log(262_144))))
+        k = int(rng.choice([2, 3, 16, 64, 256]))
+        sym = rng.choice(k, size=m, p=rng.dirichlet(np.full(k, rng.choice([0.05, 1.0, 50.0])))).astype(np.uint8)
+        if rng.random() < 0.2:
+            sym = np.sort(sym)
+        counts = lanes.counts_of(sym, 256)
+        tab = lanes.table(counts, m)
+        real = len(lanes.payload(sym, 8, 256, counts, tab))
+        est = lanes.size_estimate(counts, m, tab)
+        assert lanes.size_floor(counts, m, tab) <= est <= real  # the trials' claim (slack unused)
+        assert real - est <= lanes.lane_total(m) + 1
+        assert lanes.estimate_slack(m) >= 2
+
+
 def test_entropy_floor_of_a_wide_alphabet_and_its_table():
     """entropy_floor with one symbol per ID (w = 16, more than 2^12 symbols used: IDSA's larger
     scale) stays below size_floor; its sum of c log2 c (a table up to XLOG2X_MAX, computed beyond)
@@ -542,6 +563,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         monkeypatch.setattr(lanes, "payload", lambda *a, **k: coded.append(1) or real_payload(*a, **k))
         fast = mucsc.encode(x, "mucsc", z=z)
         monkeypatch.setattr(lanes, "size_floor", lambda counts, m, tab=None: 0)  # never skip: always code the lanes
+        monkeypatch.setattr(lanes, "size_estimate", lambda counts, m, tab: 0.0)
         monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()

@@ -303,7 +303,7 @@ def lane_section(ids: Any, k: int, packing: str, auto: bool) -> Section | None:
     """The IDSL section of ``ids`` (k >= 2 centroids); with ``auto``, None when zstd on the IDS_
     packing would be smaller or lane coding does not pay for its table (see EXACT_ZSTD_BYTES), or
     for host IDs of at most EXACT_ZSTD_BYTES packed the IDS_ section itself (its packing and the zstd
-    frame compared, a ``ZstdFrame``; lane coding skipped when ``lanes.size_floor`` already loses).
+    frame compared, a ``ZstdFrame``; lane coding skipped when ``lanes.size_estimate`` already loses).
     Device IDs are coded on their device (their backend's ``lane_code``): the same bytes."""
     w = lanes.symbol_bits(k)
     bits = packed_width(ids, k, packing) if auto else w
@@ -333,16 +333,17 @@ def _packed_size(n: int, bits: int, w: int) -> int:
 def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed: np.ndarray) -> Section:
     """"auto"'s choice for host IDs of at most EXACT_ZSTD_BYTES packed (as :func:`_lanes_win`):
     the IDSL section when its bytes are no more than the packed bytes and their zstd frame, else the
-    IDS_ section, carrying that frame for the writer.  The frame is taken first: when the lanes'
-    size floor is already above it, the lanes are never coded (Gaussian IDs at Z = 16 and d = 1e4:
-    ~70 us of a ~0.5 ms encode), nor their table made when the entropy floor is (~20 us)."""
+    IDS_ section, carrying that frame for the writer.  The frame is taken first: the lanes are not
+    coded when their size estimate, less its slack, is already above it (Gaussian IDs at Z = 16:
+    ~70 us of a ~0.4 ms encode at d = 1e4, ~0.25 ms of ~1.4 ms at 1e5), nor their table made when
+    the entropy floor is (~20 us)."""
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
     ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
     if lanes.entropy_floor(counts, sym.size, above=best) > best:
         return ids_
-    tab = lanes.table(counts, sym.size)  # one table for the floor and the coding
-    if lanes.size_floor(counts, sym.size, tab) > best:
+    tab = lanes.table(counts, sym.size)  # one table for the estimate and the coding
+    if lanes.size_estimate(counts, sym.size, tab) - lanes.estimate_slack(sym.size) > best:
         return ids_
     data = lanes.payload(sym, w, lanes.alphabet(k, w), counts, tab)
     return Section("IDSL", data) if len(data) <= best else ids_
