@@ -129,7 +129,7 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     if bounds is None:
         bounds = (x.min(), x.max()) if isinstance(x, np.ndarray) else x.bounds()
     lo, hi = float(bounds[0]), float(bounds[1])
-    if not (np.isfinite(lo) and np.isfinite(hi)):
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         raise InputError("input contains NaN or Inf")
     # a small input is sorted once for the distinct-value check and the solver (a call-local cache)
     own_cache = cache is None
@@ -219,8 +219,11 @@ def _cached(cache: dict | None, key: tuple, make):
 
 def _finish(c: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """Sort, clip to [lo, hi], drop duplicates and pin the two ends (r_1 = min, r_Z = max)."""
-    c = np.clip(np.asarray(c, dtype=np.float64), lo, hi)
-    if _finished(c, lo, hi):  # what np.unique below returns (the solvers' usual output)
+    c = np.asarray(c, dtype=np.float64)
+    if _finished(c, lo, hi):  # the solvers' usual output: inside [lo, hi] already, so np.clip's result
+        return c
+    c = np.clip(c, lo, hi)
+    if _finished(c, lo, hi):  # what np.unique below returns
         return c
     c = np.unique(np.concatenate(([lo], c, [hi])))
     return c

@@ -325,15 +325,17 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     else:
         x, c = _check_inputs(x, c, bounds)
     n = x.size
-    ids = np.zeros(n, dtype=id_dtype(c.size))
     if c.size == 1 or n == 0:
+        ids = np.zeros(n, dtype=id_dtype(c.size))
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
     key = draw_key(rng)
     sround = kernels.compiled("sround")
-    if sround is not None and c.size <= 1 << 16:
+    if sround is not None and c.size <= 1 << 16:  # the kernel writes every id: no zeroing pass
+        ids = np.empty(n, dtype=id_dtype(c.size))
         J = _sround_chunks(sround, x, np.ascontiguousarray(c, work), key, ids, return_J, work)
         return (ids, J) if return_J else ids
+    ids = np.zeros(n, dtype=id_dtype(c.size))
     J = _sround_numpy(x, c, key, ids, return_J, work)
     return (ids, J) if return_J else ids
 
