@@ -22,7 +22,9 @@ CASES = [
     ("mucsc", True, {'bits': 0.5}, "c7f5133193678c4e"),
     ("mucsc", True, {'bits': 2.0}, "2d02ff38bc3df475"),
     ("mucsc", True, {'size': 6000}, "1aee180dc07e1037"),
-    ("mucsc", True, {'max_error': 0.02}, "0dae0c757cd62f36"),
+    # blocked prefix sums from 4096 elements (issue 37): a few of the grid's levels moved by one
+    # float32 ulp, J 34.161774333 -> 34.161773547, same size (24,740 B)
+    ("mucsc", True, {'max_error': 0.02}, "c8c832f45a17ca44"),
     ("mucsc", True, {'bits': 1.5, 'id_coding': 'packed'}, "9b375db52f20eef7"),
     # 192 DP candidates instead of 384 (issue 37): one tensor's levels moved, J 8143.9447 -> 8143.9454, same size
     ("mucsc", False, {'bits': 2.5, 'shared': False}, "9c3dbe2923e61d22"),

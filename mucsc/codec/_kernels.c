@@ -31,6 +31,27 @@
 #include <math.h>
 #include <float.h>
 
+/* x86 SIMD paths (AVX2, AVX-512), each picked at run time by a CPU_HAS check; -DMUCSC_NO_AVX2 builds
+ * the portable paths only. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(MUCSC_NO_AVX2)
+#define X86_SIMD 1
+#include <immintrin.h>
+
+/* A function fn() -> whether this CPU has what `test` asks of __builtin_cpu_supports (asked once). */
+#define CPU_HAS(fn, test)                                                                          \
+    static int fn(void)                                                                            \
+    {                                                                                              \
+        static int known = -1;                                                                     \
+        if (known < 0) {                                                                           \
+            __builtin_cpu_init();                                                                  \
+            known = (test) ? 1 : 0;                                                                \
+        }                                                                                          \
+        return known;                                                                              \
+    }
+/* Whether this CPU runs AVX2 (asked once, at module init). */
+CPU_HAS(have_avx2, __builtin_cpu_supports("avx2"))
+#endif
+
 #if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
 #error "float arithmetic must be evaluated in its own precision (FLT_EVAL_METHOD 0)"
 #endif
@@ -837,31 +858,136 @@ static void prefix_run_f32(const float *x, prefix_weights pw, Py_ssize_t n, doub
 {
     if (pw.w) PREFIX_BODY(X32, WARRAY); else PREFIX_BODY(X32, WSTEPS);
 }
-/* xc = x - shift and the unweighted prefix sums' every PB-th entries (prefix_src: B1[b] = P1[b PB],
- * B2[b] = P2[b PB], b = 0 .. n / PB): the adds and products of PREFIX_BODY without weights, in the
- * same order, so the same values; xc and n / PB + 1 entries each stored instead of xc, P1 and P2. */
-#define PREFIX_BLOCKS_BODY(X)                                                                       \
-    do {                                                                                            \
-        double s1 = 0.0, s2 = 0.0;                                                                  \
-        for (Py_ssize_t b = 0; b <= (n >> PB_SHIFT); b++) {                                         \
-            Py_ssize_t e = (b + 1) << PB_SHIFT;                                                     \
-            B1[b] = s1; B2[b] = s2;                                                                 \
-            for (Py_ssize_t i = b << PB_SHIFT; i < (e < n ? e : n); i++) {                          \
-                double v = X(i) - shift;                                                            \
-                xc[i] = v;                                                                          \
-                s1 += v; s2 += v * v;                                                               \
-            }                                                                                       \
-        }                                                                                           \
-    } while (0)
-
-static void prefix_blocks_f64(const double *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+/* From PB_MIN_N elements on, the unweighted prefix sums are kept by blocks of PB: B1[0] = 0, B1[b + 1]
+ * = B1[b] + T1[b] in sequence (numpy's cumsum of T1) with T1[b] the sum of block b's PB values of xc
+ * by a fixed tree (tree16), the same for B2 and the squares xc * xc; an entry inside a block is its
+ * block's entry plus the block's values from its start added in sequence (p1_at).  The one chain of
+ * adds per element of a sequential cumsum (2 cycles an element: most of a 1e5-element solve's prefix
+ * pass) becomes one per block, the trees four wide.  centroids._Sorted sums the same way. */
+#if PB != 16
+#error "tree16 sums blocks of 16"
+#endif
+/* a[0] + ... + a[15] as (u_i = a_i + a_(i+8), w_i = u_i + u_(i+4), (w_0 + w_2) + (w_1 + w_3)). */
+static inline double tree16(const double *a)
 {
-    PREFIX_BLOCKS_BODY(X64);
+    double u[8], w[4];
+    for (int i = 0; i < 8; i++) u[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) w[i] = u[i] + u[i + 4];
+    return (w[0] + w[2]) + (w[1] + w[3]);
 }
 
-static void prefix_blocks_f32(const float *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+/* One block's xc (from X) and tree sums of xc and xc * xc, portable. */
+#define PREFIX_BLOCK_ANY(X)                                                                         \
+    do {                                                                                            \
+        double sq[PB];                                                                              \
+        for (int r = 0; r < PB; r++) {                                                              \
+            double v = X(i0 + r) - shift;                                                           \
+            xc[i0 + r] = v;                                                                         \
+            sq[r] = v * v;                                                                          \
+        }                                                                                           \
+        t1 = tree16(xc + i0);                                                                       \
+        t2 = tree16(sq);                                                                            \
+    } while (0)
+
+/* xc = x - shift, B1 and B2 (n / PB + 1 entries each) of the blocked prefix sums; ``tree`` sums one
+ * full block at i0 into t1, t2. */
+#define PREFIX_BLOCKS_BODY(X, TREE)                                                                 \
+    do {                                                                                            \
+        Py_ssize_t nb = n >> PB_SHIFT;                                                              \
+        double s1 = 0.0, s2 = 0.0;                                                                  \
+        B1[0] = B2[0] = 0.0;                                                                        \
+        for (Py_ssize_t b = 0; b < nb; b++) {                                                       \
+            Py_ssize_t i0 = b << PB_SHIFT;                                                          \
+            double t1, t2;                                                                          \
+            TREE(X);                                                                                \
+            s1 = b ? s1 + t1 : t1;  /* numpy's cumsum: the first entry is T[0] itself */            \
+            s2 = b ? s2 + t2 : t2;                                                                  \
+            B1[b + 1] = s1; B2[b + 1] = s2;                                                         \
+        }                                                                                           \
+        for (Py_ssize_t i = nb << PB_SHIFT; i < n; i++) xc[i] = X(i) - shift;                       \
+    } while (0)
+
+static void prefix_blocks_f64_any(const double *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
 {
-    PREFIX_BLOCKS_BODY(X32);
+    PREFIX_BLOCKS_BODY(X64, PREFIX_BLOCK_ANY);
+}
+
+static void prefix_blocks_f32_any(const float *x, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+{
+    PREFIX_BLOCKS_BODY(X32, PREFIX_BLOCK_ANY);
+}
+
+#ifdef X86_SIMD
+/* tree16 four wide: v0..v3 hold a block's values 0-3, 4-7, 8-11, 12-15, so (v0 + v2, v1 + v3) are the
+ * u, their sum the w, and its halves' sum (w_0 + w_2, w_1 + w_3): the same adds in the same order. */
+__attribute__((target("avx2"))) static inline double tree16_avx2(__m256d v0, __m256d v1, __m256d v2, __m256d v3)
+{
+    __m256d w = _mm256_add_pd(_mm256_add_pd(v0, v2), _mm256_add_pd(v1, v3));
+    __m128d y = _mm_add_pd(_mm256_castpd256_pd128(w), _mm256_extractf128_pd(w, 1));
+    return _mm_cvtsd_f64(y) + _mm_cvtsd_f64(_mm_unpackhi_pd(y, y));
+}
+
+#define LOAD4_F64(i) _mm256_loadu_pd(x + (i))
+#define PREFIX_BLOCK_AVX2_F64(X) PREFIX_BLOCK_AVX2(LOAD4_F64)
+#define PREFIX_BLOCK_AVX2_F32(X) PREFIX_BLOCK_AVX2(LOAD4_F32)
+#define LOAD4_F32(i) _mm256_cvtps_pd(_mm_loadu_ps(x + (i)))
+#define PREFIX_BLOCK_AVX2(LOAD4)                                                                    \
+    do {                                                                                            \
+        const __m256d sh = _mm256_set1_pd(shift);                                                   \
+        __m256d a0 = _mm256_sub_pd(LOAD4(i0), sh), a1 = _mm256_sub_pd(LOAD4(i0 + 4), sh);          \
+        __m256d a2 = _mm256_sub_pd(LOAD4(i0 + 8), sh), a3 = _mm256_sub_pd(LOAD4(i0 + 12), sh);     \
+        _mm256_storeu_pd(xc + i0, a0);                                                              \
+        _mm256_storeu_pd(xc + i0 + 4, a1);                                                          \
+        _mm256_storeu_pd(xc + i0 + 8, a2);                                                          \
+        _mm256_storeu_pd(xc + i0 + 12, a3);                                                         \
+        t1 = tree16_avx2(a0, a1, a2, a3);                                                           \
+        t2 = tree16_avx2(_mm256_mul_pd(a0, a0), _mm256_mul_pd(a1, a1), _mm256_mul_pd(a2, a2),      \
+                         _mm256_mul_pd(a3, a3));                                                    \
+    } while (0)
+
+__attribute__((target("avx2"))) static void prefix_blocks_f64_avx2(const double *x, Py_ssize_t n, double shift,
+                                                                   double *xc, double *B1, double *B2)
+{
+    PREFIX_BLOCKS_BODY(X64, PREFIX_BLOCK_AVX2_F64);
+}
+
+__attribute__((target("avx2"))) static void prefix_blocks_f32_avx2(const float *x, Py_ssize_t n, double shift,
+                                                                   double *xc, double *B1, double *B2)
+{
+    PREFIX_BLOCKS_BODY(X32, PREFIX_BLOCK_AVX2_F32);
+}
+#endif
+
+/* The blocked prefix sums of x (float32 when f32, else float64): the AVX2 build where the CPU has it. */
+static void prefix_blocks(const void *x, int f32, Py_ssize_t n, double shift, double *xc, double *B1, double *B2)
+{
+#ifdef X86_SIMD
+    if (have_avx2()) {
+        if (f32) prefix_blocks_f32_avx2((const float *)x, n, shift, xc, B1, B2);
+        else prefix_blocks_f64_avx2((const double *)x, n, shift, xc, B1, B2);
+        return;
+    }
+#endif
+    if (f32) prefix_blocks_f32_any((const float *)x, n, shift, xc, B1, B2);
+    else prefix_blocks_f64_any((const double *)x, n, shift, xc, B1, B2);
+}
+
+/* The whole arrays P1, P2 (n + 1 entries) of the blocked prefix sums B1, B2 over xc: each block's
+ * entry, then its values added in sequence (p1_at / p2_at for every rank). */
+static void prefix_fill(const double *xc, Py_ssize_t n, const double *B1, const double *B2, double *P1, double *P2)
+{
+    for (Py_ssize_t b = 0; b <= (n >> PB_SHIFT); b++) {
+        Py_ssize_t i0 = b << PB_SHIFT, e = i0 + PB - 1 < n ? i0 + PB - 1 : n;
+        double s1 = B1[b], s2 = B2[b];
+        P1[i0] = s1;
+        P2[i0] = s2;
+        for (Py_ssize_t i = i0; i < e; i++) {
+            s1 += xc[i];
+            s2 += xc[i] * xc[i];
+            P1[i + 1] = s1;
+            P2[i + 1] = s2;
+        }
+    }
 }
 #undef X64
 #undef X32
@@ -873,7 +999,8 @@ PyDoc_STRVAR(prefix_doc,
 "The prefix sums of centroids._Sorted in one pass: xc = float64(xs) - shift (xs float32 or float64, n)\n"
 "and buf (float64) rows W = cumsum(w), P1 = cumsum(w * xc), P2 = cumsum(w * xc * xc) (3 x (n + 1)), or\n"
 "without w P1 = cumsum(xc), P2 = cumsum(xc * xc) (2 x (n + 1)), each with a leading 0: numpy's\n"
-"sequential accumulate of the same products, the same values.  w: a float64 array, or a tuple\n"
+"sequential accumulate of the same products, the same values; without w from 4096 elements on, the\n"
+"blocked sums of centroids._blocked_cumsum instead.  w: a float64 array, or a tuple\n"
 "(a, b, wb) for the weights 1 before a, wb in [a, b), 1 from b on (the subsample's).");
 
 static PyObject *py_prefix(PyObject *self, PyObject *args)
@@ -904,10 +1031,20 @@ static PyObject *py_prefix(PyObject *self, PyObject *args)
         if (warray) pw.w = (const double *)wb.buf;
         double *xc = (double *)cb.buf, *B = (double *)bb.buf;
         double *W = weighted ? B : NULL, *P1 = weighted ? B + n + 1 : B, *P2 = P1 + n + 1;
+        double *blk = NULL;  /* unweighted from PB_MIN_N on: the blocked sums, B1 and B2 */
+        if (!weighted && n >= PB_MIN_N) {
+            blk = (double *)PyMem_RawMalloc(2 * (((size_t)n >> PB_SHIFT) + 1) * sizeof(double));
+            if (!blk) { PyErr_NoMemory(); goto done; }
+        }
         Py_BEGIN_ALLOW_THREADS
-        if (kind == 4) prefix_run_f32((const float *)xb.buf, pw, n, shift, xc, W, P1, P2);
+        if (blk) {
+            double *B1 = blk, *B2 = blk + (n >> PB_SHIFT) + 1;
+            prefix_blocks(xb.buf, kind == 4, n, shift, xc, B1, B2);
+            prefix_fill(xc, n, B1, B2, P1, P2);
+        } else if (kind == 4) prefix_run_f32((const float *)xb.buf, pw, n, shift, xc, W, P1, P2);
         else prefix_run_f64((const double *)xb.buf, pw, n, shift, xc, W, P1, P2);
         Py_END_ALLOW_THREADS
+        PyMem_RawFree(blk);
     }
     Py_INCREF(Py_None);
     res = Py_None;
@@ -1152,8 +1289,7 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         prefix_weights none = {NULL, 0, 0, 1.0};
         if (whole && kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, B1, B2);
         else if (whole) prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, B1, B2);
-        else if (kind == 4) prefix_blocks_f32((const float *)sb.buf, n, shift, xc, B1, B2);
-        else prefix_blocks_f64((const double *)sb.buf, n, shift, xc, B1, B2);
+        else prefix_blocks(sb.buf, kind == 4, n, shift, xc, B1, B2);
         prefix_src ps = {whole ? B1 : NULL, whole ? B2 : NULL, xc, B1, B2};
         cand_counts_run(xc, W, n, dens, nb);
         int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
@@ -1733,9 +1869,8 @@ static Py_ssize_t lanes_encode_block_u16(const void *sym, Py_ssize_t o, Py_ssize
  * ENC_PUT's, lane for lane (the same bytes): thresholds from f, l = ceil(log2 f) from the exponent
  * of the float 2 f - 1 (exact below 2^24), the 32x32 -> 64-bit products of even and odd lanes
  * apart.  Only the byte stores are per lane (each lane's own stream). */
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(MUCSC_NO_AVX2)
+#ifdef X86_SIMD
 #define LANES_AVX2 1
-#include <immintrin.h>
 
 /* rcp[c] as enc_sym's (bit 31 always set; 0 for a symbol without frequency, checked by an AND over
  * the block) and fc[c] = (f - 1) | cum << 16 (f <= 2^16, cum < 2^16: S <= 16). */
@@ -1755,19 +1890,6 @@ static void enc_tab8_init(enc_tab8 *t, const uint32_t *f, const uint32_t *cum, P
     }
 }
 
-/* A function fn() -> whether this CPU has what `test` asks of __builtin_cpu_supports (asked once). */
-#define CPU_HAS(fn, test)                                                                          \
-    static int fn(void)                                                                            \
-    {                                                                                              \
-        static int known = -1;                                                                     \
-        if (known < 0) {                                                                           \
-            __builtin_cpu_init();                                                                  \
-            known = (test) ? 1 : 0;                                                                \
-        }                                                                                          \
-        return known;                                                                              \
-    }
-/* Whether this CPU runs AVX2 (asked once, at module init). */
-CPU_HAS(have_avx2, __builtin_cpu_supports("avx2"))
 
 /* lanes_encode_block of a full block of u8 symbols (W = 32, 2048 rows), 9 <= S <= 16. */
 __attribute__((target("avx2")))
