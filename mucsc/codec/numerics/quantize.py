@@ -11,6 +11,7 @@ correction (no full-size searchsorted), in cache-sized chunks with preallocated 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         with np.errstate(over="ignore"):
             w = c.astype(dt)
     wl = w.tolist()
-    if not all(a < b for a, b in zip(wl, wl[1:])):  # strictly increasing: already np.unique's result
+    if not all(map(operator.lt, wl, wl[1:])):  # strictly increasing: already np.unique's result
         w = np.unique(w)
         wl = w.tolist()
     if not (wl[0] <= lo and wl[-1] >= hi):  # rounding moved an end inward (or NaN): step it outward
@@ -417,6 +418,8 @@ def _sround_chunks(sround, x, cw, key, ids, return_J, work) -> float:
     or key + s * GAMMA (float64), so element i still gets word i/2 (or i) of FORMAT.md 4.3's stream
     and the ids do not depend on the chunking; J is summed over the chunks in chunk order.
     """
+    if x.size <= parallel.CHUNK:  # one chunk (every small vector): the kernel called as it is
+        return sround(x, cw, key, ids, return_J)
     per_word = 2 if work == np.float32 else 1
 
     def one(s: int, e: int) -> float:
