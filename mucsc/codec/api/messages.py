@@ -242,7 +242,8 @@ def _container_codec(codec: str | Codec, params: Mapping[str, Any], compressing:
     The key holds each value's type: ``z=True`` is refused as before, never served ``z=1``'s codec."""
     if isinstance(codec, str):
         try:
-            return _named_codec(codec, tuple(sorted((k, type(v), v) for k, v in params.items())), compressing)
+            return _named_codec(codec, tuple(sorted(zip(params, map(type, params.values()), params.values()))),
+                                compressing)
         except TypeError:  # unhashable parameters (or unorderable names: as_codec names the problem)
             pass
     return as_codec(codec, **params).for_container(compressing=compressing)
@@ -320,11 +321,13 @@ class _Request(NamedTuple):
 
 def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, threads, want_stats,
             progress=None, own=None):
-    _check_progress(progress)
+    if progress is not None:
+        _check_progress(progress)
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
         codec = _container_codec(codec, params, compressing=level is not None)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        if not (type(seed) is int and seed >= 0) and (  # a plain int, or as checked here
+                isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
         req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats,
@@ -792,7 +795,11 @@ def _header_key(header: fmt.Header) -> tuple | None:
                 return None
             values = tuple(repr(v) if t is float else v for t, v in zip(types, values))
         groups.append((g.codec, g.dtype, g.records, tuple(g.params), types, values))
-    return header.records, header.container, tuple(header.meta.items()), tuple(groups)
+    # the records as plain tuples: hashing and comparing a Record calls its dataclass methods
+    return tuple(map(_RECORD_FIELDS, header.records)), header.container, tuple(header.meta.items()), tuple(groups)
+
+
+_RECORD_FIELDS = operator.attrgetter("name", "dtype", "shape")
 
 
 _PLAIN_TYPES = frozenset((str, int, bool, type(None)))
