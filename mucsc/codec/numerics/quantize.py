@@ -59,7 +59,8 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
     ``bounds``: the exact (min x, max x) when the caller has them (saves two passes over x).
     """
     dt = np.dtype(dtype)
-    if dt not in _WIRE_DTYPES:
+    top = _WIRE_MAX.get(dt)  # the largest finite value of a wire dtype (None: not one)
+    if top is None:
         raise ParameterError(f"wire dtype must be float16, float32 or float64, got {dt}")
     c = np.asarray(c, dtype=np.float64)
     x = None if x is None else np.asarray(x)  # None: the data lives elsewhere, ``bounds`` describe it
@@ -73,7 +74,7 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         lo, hi = float(c[0]), float(c[-1])
     # the small table's checks on Python floats (exact: float64 holds every wire value), not numpy
     # calls on a 16-element array (~1 us each, a dozen of them, in every encode)
-    top, levels = _WIRE_MAX[dt], c.tolist()
+    levels = c.tolist()
     # no level overflows the wire dtype (min and max skip a NaN only after a number, and a NaN
     # does not overflow)
     if -top <= min(levels) and max(levels) <= top:
