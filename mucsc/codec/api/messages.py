@@ -296,7 +296,7 @@ class _Reporter:
 
     def finish(self) -> None:
         """The final ``(total, total)`` call (once, and only if it was not the last call already)."""
-        if self.done < self.total or self.total == 0:
+        if self.progress is not None and (self.done < self.total or self.total == 0):
             self.add(self.total - self.done)
 
 
