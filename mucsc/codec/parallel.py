@@ -59,6 +59,8 @@ _pools_lock = threading.Lock()
 
 def resolve(threads: Any) -> int:
     """The thread count for a ``threads`` argument: a positive int as given, 0 or None: all cores."""
+    if type(threads) is int and 0 < threads <= MAX_THREADS:  # the usual argument, as it is
+        return threads
     if threads is None or (isinstance(threads, (int, np.integer)) and not isinstance(threads, bool)
                            and threads == 0):
         return available_cores()
@@ -185,8 +187,10 @@ def run_groups(fn: Callable[[int], T], sizes: Sequence[int]) -> list[T]:
     loop over the groups would raise them: the first failing group's.
     """
     t = current()
+    if t <= 1 or len(sizes) <= 1:
+        return [fn(i) for i in range(len(sizes))]
     small = [i for i, s in enumerate(sizes) if s < GROUP_PARALLEL_MAX]
-    if t <= 1 or len(small) <= 1:
+    if len(small) <= 1:
         return [fn(i) for i in range(len(sizes))]
     out: list[Any] = [None] * len(sizes)
     errors: dict[int, BaseException] = {}
@@ -647,8 +651,9 @@ def zstd_compressor(level: int, threads: int):
     byte-identical to the single-threaded mode (every spec vector is far smaller).
     """
     key = (int(level), max(1, int(threads)))
-    cache = getattr(_ZSTD, "compressors", None)
-    if cache is None:
+    try:
+        cache = _ZSTD.compressors
+    except AttributeError:  # this thread's first compressor
         cache = _ZSTD.compressors = {}
     cctx = cache.get(key)
     if cctx is None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import numpy as np
+
 from mucsc.codec import kernels
 from mucsc.codec.backends import (device_rounding, elementwise, lane_coding, ordered_sum, packing, rounding,
                                   selection, transfer)
@@ -51,6 +53,8 @@ TORCH = Backend(name="torch", **_steps("Torch"))
 def backend_of(x: Any) -> Backend:
     """The backend of ``x``'s kind: torch for a torch tensor (any device) or a rounding left on a
     device, the host's for anything else (what state conversions and IDs ask: where the values are)."""
+    if type(x) is np.ndarray:  # the usual case, without the torch checks
+        return HOST
     return TORCH if is_torch_tensor(x) or isinstance(x, device_rounding.Rounding) else HOST
 
 

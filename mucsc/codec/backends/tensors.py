@@ -126,7 +126,7 @@ def _from_torch(name: str, t: Any, keep_device: bool = True) -> Tensor:
 
 def to_tensors(data: Any) -> tuple[str, list[Tensor]]:
     """(container kind, tensors) for a bare array/tensor ("tensor") or a mapping of them ("dict")."""
-    if isinstance(data, Mapping):
+    if type(data) is not np.ndarray and isinstance(data, Mapping):  # (no ABC check for an array)
         out = []
         for key, value in data.items():
             if not isinstance(key, str):

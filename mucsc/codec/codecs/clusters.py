@@ -250,8 +250,9 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
     """The second half of :func:`encode_clusters`: header params, sections and J for one ID coding
     of a rounding (two codings of one rounding are what two encodes with the same rng give)."""
     coding = coding or p.id_coding
+    rounding = rounding_of(p)
     # informative: who chose the levels
-    solver = ("lloyd-max" if rounding_of(p) == "nearest" else p.solver) if levels is None else levels_by
+    solver = ("lloyd-max" if rounding == "nearest" else p.solver) if levels is None else levels_by
     k = int(wire.size)
     z = p.fixed_z if levels is None else max(MIN_Z, k)
     cent = Section("CENT", np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]))
@@ -277,8 +278,8 @@ def cluster_message(x: np.ndarray, p: GoalTarget, wire: np.ndarray, ids: Any, J:
         else:
             packed = backend_of(ids).pack(ids, bits)  # a device rounding: rounded and packed there now
             sections = (cent, Section("IDS_", packed, compressible=True))
-    if rounding_of(p) != "stochastic":  # informative (decoding is the same): for `info` and honesty
-        params["rounding"] = rounding_of(p)
+    if rounding != "stochastic":  # informative (decoding is the same): for `info` and honesty
+        params["rounding"] = rounding
 
     return params, sections, _exact_J(x, wire, J)
 

@@ -11,6 +11,7 @@ correction (no full-size searchsorted), in cache-sized chunks with preallocated 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -58,7 +59,8 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
     ``bounds``: the exact (min x, max x) when the caller has them (saves two passes over x).
     """
     dt = np.dtype(dtype)
-    if dt not in _WIRE_DTYPES:
+    top = _WIRE_MAX.get(dt)  # the largest finite value of a wire dtype (None: not one)
+    if top is None:
         raise ParameterError(f"wire dtype must be float16, float32 or float64, got {dt}")
     c = np.asarray(c, dtype=np.float64)
     x = None if x is None else np.asarray(x)  # None: the data lives elsewhere, ``bounds`` describe it
@@ -72,7 +74,7 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         lo, hi = float(c[0]), float(c[-1])
     # the small table's checks on Python floats (exact: float64 holds every wire value), not numpy
     # calls on a 16-element array (~1 us each, a dozen of them, in every encode)
-    top, levels = _WIRE_MAX[dt], c.tolist()
+    levels = c.tolist()
     # no level overflows the wire dtype (min and max skip a NaN only after a number, and a NaN
     # does not overflow)
     if -top <= min(levels) and max(levels) <= top:
@@ -81,7 +83,7 @@ def wire_centroids(c: np.ndarray, x: np.ndarray, dtype=np.float32, *,
         with np.errstate(over="ignore"):
             w = c.astype(dt)
     wl = w.tolist()
-    if not all(a < b for a, b in zip(wl, wl[1:])):  # strictly increasing: already np.unique's result
+    if not all(map(operator.lt, wl, wl[1:])):  # strictly increasing: already np.unique's result
         w = np.unique(w)
         wl = w.tolist()
     if not (wl[0] <= lo and wl[-1] >= hi):  # rounding moved an end inward (or NaN): step it outward
@@ -417,6 +419,8 @@ def _sround_chunks(sround, x, cw, key, ids, return_J, work) -> float:
     or key + s * GAMMA (float64), so element i still gets word i/2 (or i) of FORMAT.md 4.3's stream
     and the ids do not depend on the chunking; J is summed over the chunks in chunk order.
     """
+    if x.size <= parallel.CHUNK:  # one chunk (every small vector): the kernel called as it is
+        return sround(x, cw, key, ids, return_J)
     per_word = 2 if work == np.float32 else 1
 
     def one(s: int, e: int) -> float:

@@ -338,24 +338,28 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     head = header.to_json() if head is None else head
     raw_len, enc, stored = _stored_head(head, cctx, zstd_level)
-    size, pad = len(stored), padding(len(stored))
+    size = len(stored)
+    pad = -size % ALIGN
     parts: list[bytes | memoryview | Payload] = [
         SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
     total = PREAMBLE.size + SECTION.size + size + pad + TRAILER.size
     lazy = False  # a Payload among the parts
     for group, tag, data, compressible in sections:
-        _check_tag(tag)
+        if type(tag) is not str or tag not in _GOOD_TAGS:
+            _check_tag(tag)
         raw_len, enc, stored = _stored(data, compressible, cctx, zstd_level)
-        size = _length(stored)
-        pad = padding(size)
-        lazy = lazy or hasattr(stored, "write_into")
+        if type(stored) is bytes or not hasattr(stored, "write_into"):
+            size = len(stored)
+        else:
+            size, lazy = stored.nbytes, True
+        pad = -size % ALIGN
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
         total += SECTION.size + size + pad
     count = len(parts) // 3
     if count > MAX_SECTIONS:
         raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
     if auth is None and not lazy and total <= SMALL_MESSAGE:
-        return _joined_message([PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total), *parts])
+        return _joined_message([PREAMBLE.pack(MAGIC, MAJOR, minor, flags, count, total), *parts], total)
     tail: list[bytes] = []
     if auth is not None:
         flags, minor = flags | FLAG_AUTH, max(minor, 1)
@@ -378,10 +382,18 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
 # CRC-32 taken where they are (in cache: the group was just encoded), then one join (~6 us less than
 # the buffer, the joins of small parts and a put per part, of a ~60 us encode of 1e4 floats)
 SMALL_MESSAGE = 1 << 18
+# ... and one up to this many bytes is joined first and checksummed in one call, the trailer appended
+# by a second copy: a message of one small group has ~10 parts, whose CRC calls (~0.22 us each) cost
+# more than copying it again (measured: 16 KiB 0.16 us, 32 KiB 0.8 us, 64 KiB 1.7 us)
+JOIN_FIRST = 1 << 15
 
 
-def _joined_message(parts: list[Any]) -> bytes:
-    """The message of ``parts`` (host bytes, preamble first), its CRC-32 trailer appended."""
+def _joined_message(parts: list[Any], total: int) -> bytes:
+    """The message of ``parts`` (host bytes, preamble first; ``total`` bytes with the trailer), its
+    CRC-32 trailer appended."""
+    if total <= JOIN_FIRST:
+        blob = b"".join(parts)
+        return blob + TRAILER.pack(parallel.crc32_update(blob))
     crc = 0
     for p in parts:
         crc = parallel.crc32_update(p, crc)
@@ -463,8 +475,11 @@ def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | N
     smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
     ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it."""
     lazy = hasattr(data, "write_into")
-    raw = data if lazy else _byte_view(data)
-    raw_len = _length(raw)
+    if lazy:
+        raw, raw_len = data, data.nbytes
+    else:
+        raw = data if type(data) is bytes else memoryview(data).cast("B")
+        raw_len = len(raw)
     if not (compressible and cctx is not None and raw_len > 0):
         return raw_len, ENC_RAW, raw
     host = _byte_view(data.host()) if lazy else raw

@@ -56,10 +56,19 @@ RANS_L = rans.RANS_L
 def symbol_bits(k: int) -> int:
     """The reference encoder's ``w`` for k IDs: the narrowest of 1, 2, 4, 8 bits that holds every ID,
     16 (one symbol per ID) beyond 256."""
-    for w in BYTE_WIDTHS:  # a loop, not next() over a generator (asked in every small encode)
+    if 0 <= k < len(_SYMBOL_BITS):  # every k of a table (asked in every small encode)
+        return _SYMBOL_BITS[k]
+    return BYTE_WIDTHS[0] if k < 0 else WIDE
+
+
+def _symbol_bits(k: int) -> int:
+    for w in BYTE_WIDTHS:
         if k <= 1 << w:
             return w
     return WIDE
+
+
+_SYMBOL_BITS = tuple(_symbol_bits(k) for k in range(257))  # symbol_bits(k) for k = 0..256
 
 
 def symbol_count(n: int, w: int) -> int:
@@ -222,8 +231,8 @@ def entropy_floor(counts: np.ndarray, m: int, above: int | None = None) -> int:
 def _sum_xlog2x(counts: np.ndarray, m: int) -> float:
     """sum c log2 c over the histogram ``counts`` of m symbols (every count <= m): from the table
     of :func:`_xlog2x` up to XLOG2X_MAX symbols, else computed over the used entries."""
-    if m < XLOG2X_MAX:
-        return float(_xlog2x(m).take(counts).sum())
+    if m < XLOG2X_MAX:  # (np.add.reduce: ndarray.sum's own reduction, without its Python wrapper)
+        return float(np.add.reduce(_xlog2x(m).take(counts)))
     c = counts[counts > 0]
     return float((c * np.log2(c)).sum())
 
@@ -268,6 +277,10 @@ def symbols_counted(ids: np.ndarray, k: int, w: int) -> tuple[np.ndarray, np.nda
         return sym, counts_of(sym, alphabet(k, w))
     ids = np.ascontiguousarray(ids)
     sym = np.empty(symbol_count(ids.size, w), np.uint8)
+    if ids.size <= parallel.CHUNK:  # one chunk (every small group): the kernel called as it is
+        counts = np.zeros(256, np.int64)
+        kernel(ids, w, sym, counts)
+        return sym, counts
 
     def one(s: int, e: int) -> np.ndarray:
         c = np.zeros(256, np.int64)
