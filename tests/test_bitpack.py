@@ -93,6 +93,30 @@ def test_gamma_round_trip_and_size():
     assert np.array_equal(bitpack.bit_length(v), [int(x).bit_length() for x in v])
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_gamma_writer_in_chunks_is_the_whole_stream(monkeypatch, chunk):
+    """gamma_encode codes its values GAMMA_CHUNK at a time (each stream packed as it goes, the low
+    bits' stream starting mid-byte after the unary codes): the bytes of the one-byte-a-bit stream
+    built whole, whatever the chunk; BitStream ORs a stream in from any bit."""
+    monkeypatch.setattr(bitpack, "GAMMA_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    v = np.concatenate([rng.integers(1, 4, 300), [1 << 56, 7, (1 << 40) + 5], rng.integers(1, 1 << 20, 50)]).astype(np.int64)
+    n_bits = bitpack.bit_length(v) - 1
+    whole = np.zeros(2 * int(n_bits.sum()) + v.size, np.uint8)
+    unary_end = bitpack.write_unary(whole, 0, n_bits)
+    bitpack.write_fields(whole, unary_end + np.cumsum(n_bits) - n_bits, v, n_bits)
+    assert bitpack.gamma_encode(v) == bitpack.bits_to_bytes(whole)
+    assert bitpack.gamma_totals(np.array_split(v, 7)) == (v.size, int(n_bits.sum()))
+    buf = np.zeros(3, np.uint8)
+    first, second = bitpack.BitStream(buf, 0), bitpack.BitStream(buf, 11)
+    first.put(np.ones(11, np.uint8))
+    first.close()
+    second.put(np.array([0, 1, 1], np.uint8))
+    second.put(np.ones(5, np.uint8))
+    second.close()
+    assert bitpack.bits_to_bytes(np.concatenate((np.ones(11), [0, 1, 1], np.ones(5)))) == buf.tobytes()
+
+
 @pytest.mark.parametrize("block", [1, 3, 4096])
 def test_gamma_reader_reads_in_any_split(monkeypatch, block):
     """GammaReader's values, read in pieces of any size over blocks of any size, are the codes' values

@@ -95,14 +95,9 @@ class QSGD(Codec):
             packed = b"".join(bitpack.pack(codes[a:b], w) for a, b in _chunks(n, 8))
             del codes
             secs.append(Section("VALS", packed, compressible=True))
-        else:
-            nz = np.flatnonzero(codes >> 1)
-            params["nnz"] = int(nz.size)
-            sel = codes[nz]
+        else:  # the non-zeros' gaps, levels and signs, a chunk of codes at a time (no array of them all)
+            secs += _elias_sections(codes, params)
             del codes
-            secs += [Section("INDX", bitpack.gamma_encode(np.diff(nz, prepend=-1))),
-                     Section("VALS", bitpack.gamma_encode((sel >> 1).astype(np.int64))),
-                     Section("SIGN", np.packbits((sel & 1).astype(bool), bitorder="little").tobytes())]
         stats = {"J": lambda: _variance(x, scale, s, bucket)}
         return EncodedGroup(params, tuple(secs), stats)
 
@@ -159,6 +154,37 @@ def _elias_runs(gaps: bitpack.GammaCodes, levels: bitpack.GammaCodes, sign_bytes
         vals = step[pos // bucket] * lev.read(ELIAS_CHUNK)
         np.negative(vals, out=vals, where=neg)
         yield pos, vals
+
+
+def _elias_sections(codes: np.ndarray, params: dict[str, Any]) -> list[Section]:
+    """INDX (Elias-gamma gaps between the non-zeros, the first from -1), VALS (their levels) and SIGN
+    (their sign bits, LSB first) of the level codes ``codes``, with ``params["nnz"]`` set: two passes
+    over chunks of ``codes`` (the streams' totals, then the streams), so the encode holds the codes,
+    the sections and one chunk's temporaries (arrays of all the non-zeros peaked at ~7x the input)."""
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        last = -1
+        for a, b in _chunks(codes.size, 8):
+            nz = np.flatnonzero(codes[a:b] >> 1) + a
+            if nz.size:
+                yield np.diff(nz, prepend=last), codes[nz]
+                last = int(nz[-1])
+
+    gap_totals, level_totals = bitpack.gamma_totals(()), bitpack.gamma_totals(())
+    for gaps, c in chunks():
+        g, v = bitpack.gamma_totals((gaps,)), bitpack.gamma_totals(((c >> 1).astype(np.int64),))
+        gap_totals = (gap_totals[0] + g[0], gap_totals[1] + g[1])
+        level_totals = (level_totals[0] + v[0], level_totals[1] + v[1])
+    nnz = gap_totals[0]
+    params["nnz"] = nnz
+    gw, vw = bitpack.GammaWriter(*gap_totals), bitpack.GammaWriter(*level_totals)
+    signs = np.zeros((nnz + 7) // 8, np.uint8)
+    sw = bitpack.BitStream(signs)
+    for gaps, c in chunks():
+        gw.put(gaps)
+        vw.put((c >> 1).astype(np.int64))
+        sw.put((c & 1).astype(np.uint8))
+    sw.close()
+    return [Section("INDX", gw.close()), Section("VALS", vw.close()), Section("SIGN", signs.tobytes())]
 
 
 def _chunks(n: int, unit: int) -> list[tuple[int, int]]:

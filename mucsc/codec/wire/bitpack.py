@@ -18,6 +18,7 @@ values the caller declared, not by what a hostile buffer could expand to.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -291,17 +292,75 @@ def gamma_encode(values: np.ndarray) -> bytes:
     zeros then a one (all k unary codes first), then the N low bits of each v (LSB first).  The bit
     count equals interleaved Elias gamma (2N + 1 per value); separating the streams vectorises decoding."""
     v = np.ascontiguousarray(values, dtype=np.int64)
-    if v.size == 0:
-        return b""
-    if int(v.min()) < 1:
-        raise ParameterError("Elias-gamma codes positive integers")
-    n_bits = bit_length(v) - 1
-    n_unary = int(n_bits.sum()) + v.size
-    bits = np.zeros(n_unary + int(n_bits.sum()), np.uint8)
-    write_unary(bits, 0, n_bits)
-    start = n_unary + np.cumsum(n_bits) - n_bits
-    write_fields(bits, start, v, n_bits)
-    return bits_to_bytes(bits)
+    parts = [v[a: a + GAMMA_CHUNK] for a in range(0, v.size, GAMMA_CHUNK)]
+    out = GammaWriter(*gamma_totals(parts))
+    for p in parts:
+        out.put(p)
+    return out.close()
+
+
+GAMMA_CHUNK = 1 << 16  # values coded at a time: ~1-3 MB of one-byte-per-bit temporaries
+
+
+def gamma_totals(parts: Iterable[np.ndarray]) -> tuple[int, int]:
+    """(values, sum of N = floor(log2 v)) of the int64 arrays ``parts``: what :class:`GammaWriter`
+    needs first.  ParameterError for a value below 1."""
+    count = ones = 0
+    for v in parts:
+        if v.size and int(v.min()) < 1:
+            raise ParameterError("Elias-gamma codes positive integers")
+        count += v.size
+        ones += int(bit_length(v).sum()) - v.size
+    return count, ones
+
+
+class GammaWriter:
+    """:func:`gamma_encode`'s bytes for ``count`` values whose N sum to ``ones``, the values put a
+    chunk at a time (in order): the unary codes from bit 0, the low bits from bit ``count + ones``,
+    each stream packed as it goes.  A caller that can produce its values twice (once for
+    :func:`gamma_totals`) never holds them all, nor the stream as one byte a bit (8x the section)."""
+
+    def __init__(self, count: int, ones: int) -> None:
+        self.buf = np.zeros((2 * ones + count + 7) // 8, np.uint8)
+        self.unary, self.low = BitStream(self.buf, 0), BitStream(self.buf, count + ones)
+
+    def put(self, v: np.ndarray) -> None:
+        n_bits = bit_length(v) - 1
+        bits = np.zeros(int(n_bits.sum()) + v.size, np.uint8)
+        write_unary(bits, 0, n_bits)  # N zeros then a one
+        self.unary.put(bits)
+        bits = np.zeros(int(n_bits.sum()), np.uint8)
+        write_fields(bits, np.cumsum(n_bits) - n_bits, v, n_bits)  # the N low bits, LSB first
+        self.low.put(bits)
+
+    def close(self) -> bytes:
+        self.unary.close()
+        self.low.close()
+        return self.buf.tobytes()
+
+
+class BitStream:
+    """A bit stream written LSB first into the zeroed bytes ``buf`` from stream bit ``bit``, a piece
+    (0/1 uint8 array) at a time: whole bytes OR-ed in as they fill (a stream may share its first
+    byte with the one before it), fewer than 8 bits carried to the next piece."""
+
+    def __init__(self, buf: np.ndarray, bit: int = 0) -> None:
+        self.buf = buf
+        self.at = bit // 8
+        self.carry = np.zeros(bit % 8, np.uint8)  # the bits before the start: zeros, OR-ed in
+
+    def put(self, bits: np.ndarray) -> None:
+        if self.carry.size:
+            bits = np.concatenate((self.carry, bits))
+        whole = bits.size // 8 * 8
+        packed = np.packbits(bits[:whole], bitorder="little")
+        self.buf[self.at: self.at + packed.size] |= packed
+        self.at += packed.size
+        self.carry = bits[whole:].copy()
+
+    def close(self) -> None:
+        if self.carry.size:
+            self.buf[self.at] |= np.packbits(self.carry, bitorder="little")[0]
 
 
 GAMMA_BLOCK = 1 << 12  # bytes of a unary part scanned at a time (at most 2^15 codes, 256 KiB of positions)
