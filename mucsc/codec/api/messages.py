@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import math
 import numbers
 import operator
@@ -326,8 +325,7 @@ def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, t
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
         codec = _container_codec(codec, params, compressing=level is not None)
-        if not (type(seed) is int and seed >= 0) and (  # a plain int, or as checked here
-                isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
         req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats,
@@ -345,7 +343,7 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     tsizes = [r.size for r in records]
     reporter = _Reporter(req.progress, sum(tsizes) * (2 if req.policy is not None else 1), tsizes)
     plan, ready = _plan_message(tensors, container, req, reporter)
-    sizes = [sum(map(tsizes.__getitem__, m)) for _, m in plan]
+    sizes = [sum(tsizes[i] for i in m) for _, m in plan]
 
     def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
         out = _encode_group(gi, plan, ready, tensors, req)
@@ -354,8 +352,8 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
 
     # small groups side by side, large ones one after another with every thread (parallel.run_groups)
     done = parallel.run_groups(encode_group, sizes)
-    groups = list(map(_FIRST, done))
-    sections = list(itertools.chain.from_iterable(map(_SECOND, done)))
+    groups = [d[0] for d in done]
+    sections = [s for d in done for s in d[1]]
     measured = ((tuple(d[2] for d in done if d[2] is not None), {k: v for d in done for k, v in d[3].items()})
                 if req.want_stats else None)  # (group statistics, errors): gathered only when asked for
     del done
@@ -363,19 +361,11 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     head = _check_header(header)
     if req.own is not None:
         req.own.header = header
-    minor = max(map(_group_minor, plan, groups), default=0)
+    minor = max((c.format_minor(g.params) for (c, _), g in zip(plan, groups)), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
     reporter.finish()
     return blob, (_message_stats(blob, header, *measured) if measured is not None else None)
-
-
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-
-
-def _group_minor(planned: tuple[Codec, list[int]], group: fmt.Group) -> int:
-    """The format minor version a planned group's header params need (its codec's ``format_minor``)."""
-    return planned[0].format_minor(group.params)
 
 
 def _plan_message(tensors: list[Tensor], container: str, req: _Request, reporter: _Reporter
@@ -650,8 +640,7 @@ def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tupl
     if len(floats) < len(tensors):
         raw, lossy = get_codec("raw"), set(floats)
         plan += [(raw, [i]) for i in range(len(tensors)) if i not in lossy]
-    if len(plan) > 1:
-        plan.sort(key=lambda p: p[1][0])  # groups in record order: deterministic and easy to read
+    plan.sort(key=lambda p: p[1][0])  # groups in record order: deterministic and easy to read
     return plan
 
 
@@ -663,8 +652,8 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
             raise ValueError("a lossless group holds records of one dtype")
         parts = [np.ascontiguousarray(on_host(t).array).reshape(-1) for t in members]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)), members[0].dtype
-    gdtype = "float64" if "float64" in map(_DTYPE, members) else "float32"
-    if any(map(_ON_DEVICE, members)):  # stays on the device (the torch backend encodes it there)
+    gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
+    if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
         return torch_transfer.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
@@ -674,9 +663,6 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
     if x is None:
         x = np.concatenate(parts)
     return x, gdtype
-
-
-_DTYPE, _ON_DEVICE = operator.attrgetter("dtype"), operator.attrgetter("on_device")
 
 
 def _adjacent_view(parts: list[np.ndarray]) -> np.ndarray | None:

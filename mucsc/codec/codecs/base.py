@@ -66,10 +66,7 @@ class Section:
     def payload(self) -> Any:
         """The payload as the message writer takes it: host bytes as :meth:`tobytes` gives them, a
         device payload as it is (the writer copies it straight into the message)."""
-        d = self.data
-        if isinstance(d, np.ndarray):  # the usual payload: :meth:`tobytes`' view, without its other checks
-            return memoryview(np.ascontiguousarray(d)).cast("B")
-        return d if hasattr(d, "write_into") else self.tobytes()
+        return self.data if hasattr(self.data, "write_into") else self.tobytes()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,14 +169,12 @@ def _elias_sections(codes: np.ndarray, params: dict[str, Any]) -> list[Section]:
                 yield np.diff(nz, prepend=last), codes[nz]
                 last = int(nz[-1])
 
-    gap_totals, level_totals = bitpack.gamma_totals(()), bitpack.gamma_totals(())
+    totals = np.zeros((2, 2), np.int64)  # (values, sum of N) of the gaps and of the levels
     for gaps, c in chunks():
-        g, v = bitpack.gamma_totals((gaps,)), bitpack.gamma_totals(((c >> 1).astype(np.int64),))
-        gap_totals = (gap_totals[0] + g[0], gap_totals[1] + g[1])
-        level_totals = (level_totals[0] + v[0], level_totals[1] + v[1])
-    nnz = gap_totals[0]
+        totals += [bitpack.gamma_totals((gaps,)), bitpack.gamma_totals(((c >> 1).astype(np.int64),))]
+    nnz = int(totals[0, 0])
     params["nnz"] = nnz
-    gw, vw = bitpack.GammaWriter(*gap_totals), bitpack.GammaWriter(*level_totals)
+    gw, vw = (bitpack.GammaWriter(int(count), int(ones)) for count, ones in totals)
     signs = np.zeros((nnz + 7) // 8, np.uint8)
     sw = bitpack.BitStream(signs)
     for gaps, c in chunks():

@@ -338,21 +338,17 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     head = header.to_json() if head is None else head
     raw_len, enc, stored = _stored_head(head, cctx, zstd_level)
-    size = len(stored)
-    pad = -size % ALIGN
+    size, pad = len(stored), padding(len(stored))
     parts: list[bytes | memoryview | Payload] = [
         SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
     total = PREAMBLE.size + SECTION.size + size + pad + TRAILER.size
     lazy = False  # a Payload among the parts
     for group, tag, data, compressible in sections:
-        if type(tag) is not str or tag not in _GOOD_TAGS:
-            _check_tag(tag)
+        _check_tag(tag)
         raw_len, enc, stored = _stored(data, compressible, cctx, zstd_level)
-        if type(stored) is bytes or not hasattr(stored, "write_into"):
-            size = len(stored)
-        else:
-            size, lazy = stored.nbytes, True
-        pad = -size % ALIGN
+        size = _length(stored)
+        pad = padding(size)
+        lazy = lazy or hasattr(stored, "write_into")
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
         total += SECTION.size + size + pad
     count = len(parts) // 3
@@ -475,11 +471,8 @@ def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | N
     smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
     ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it."""
     lazy = hasattr(data, "write_into")
-    if lazy:
-        raw, raw_len = data, data.nbytes
-    else:
-        raw = data if type(data) is bytes else memoryview(data).cast("B")
-        raw_len = len(raw)
+    raw = data if lazy else _byte_view(data)
+    raw_len = _length(raw)
     if not (compressible and cctx is not None and raw_len > 0):
         return raw_len, ENC_RAW, raw
     host = _byte_view(data.host()) if lazy else raw

@@ -56,19 +56,10 @@ RANS_L = rans.RANS_L
 def symbol_bits(k: int) -> int:
     """The reference encoder's ``w`` for k IDs: the narrowest of 1, 2, 4, 8 bits that holds every ID,
     16 (one symbol per ID) beyond 256."""
-    if 0 <= k < len(_SYMBOL_BITS):  # every k of a table (asked in every small encode)
-        return _SYMBOL_BITS[k]
-    return BYTE_WIDTHS[0] if k < 0 else WIDE
-
-
-def _symbol_bits(k: int) -> int:
-    for w in BYTE_WIDTHS:
+    for w in BYTE_WIDTHS:  # a loop, not next() over a generator (asked in every small encode)
         if k <= 1 << w:
             return w
     return WIDE
-
-
-_SYMBOL_BITS = tuple(_symbol_bits(k) for k in range(257))  # symbol_bits(k) for k = 0..256
 
 
 def symbol_count(n: int, w: int) -> int:
