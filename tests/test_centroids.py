@@ -175,6 +175,22 @@ def test_optimal_near_exact_large_z():
         assert je <= jo * (1 + 1e-12) and jo <= 1.01 * je
 
 
+def test_gap_neighbours_stay_candidates():
+    """From NEIGHBOUR_MIN_N elements a snapped point's lower neighbour is a DP candidate only across a
+    gap wider than a density bin: the top of each cluster below a gap stays one (and the solve stays
+    near the exact optimum), while dense data no longer carries ~2 k near-duplicates."""
+    rng = np.random.default_rng(4)
+    n = 2 * centroids.NEIGHBOUR_MIN_N
+    x = np.concatenate([c + 0.01 * rng.standard_normal(n // 4) for c in (-3.0, -1.0, 2.0, 5.0)])
+    xs = np.sort(x)
+    cand = centroids._candidates(xs, np.arange(n + 1, dtype=np.float64), 192)
+    assert all(xs[i * n // 4 - 1] in cand for i in (1, 2, 3))  # the clusters' tops
+    for z in (6, 12):
+        assert variance_J(x, solve(x, z)) <= 1.01 * variance_J(x, solve(x, z, "exact"))
+    dense = np.sort(rng.standard_normal(10_000))
+    assert centroids._candidates(dense, np.arange(dense.size + 1, dtype=np.float64), 192).size < 4 * (192 // 3 + 2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DISTS)
 def test_optimal_near_exact_1e5(name):

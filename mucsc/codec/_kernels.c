@@ -1160,10 +1160,17 @@ static PyObject *py_cand_counts(PyObject *self, PyObject *args)
 PyDoc_STRVAR(candidates_doc,
 "candidates(xs, W, dens, k, out) -> count\n\n"
 "The rest of centroids._candidates given dens = cbrt(counts) (nb bins): the sorted distinct values of\n"
-"xs[q], xs[pos], xs[max(pos - 1, 0)] (q: the elements covering linspace(0, W[-1] - 1, k) of the\n"
-"weights; pos: searchsorted(xs, v, 'left') of the k-point uniform grid and the k companding points\n"
-"interp(linspace(0, cdf[-1], k), cdf, edges)), into out (float64, >= 5 k); numpy's operations.\n"
+"xs[q], xs[pos], xs[nbr] (q: the elements covering linspace(0, W[-1] - 1, k) of the weights; pos:\n"
+"searchsorted(xs, v, 'left') of the k-point uniform grid and the k companding points\n"
+"interp(linspace(0, cdf[-1], k), cdf, edges); nbr: max(pos - 1, 0), from NEIGHBOUR_MIN_N elements\n"
+"only where xs[pos] - xs[pos - 1] > (xs[-1] - xs[0]) / nb, else pos), into out (float64, >= 5 k);\n"
+"numpy's operations.\n"
 "-1 when -0.0 and 0.0 are both among them (which one np.unique keeps is its sort's choice).");
+
+/* From this many sorted elements a snapped point's lower neighbour xs[p - 1] is a candidate only across
+ * a gap wider than a density bin ((xs[-1] - xs[0]) / nb): in dense data it is all but xs[p] itself, and
+ * those ~2 k near-duplicates were ~40% of the DP's candidates (centroids.NEIGHBOUR_MIN_N, the same rule). */
+#define NEIGHBOUR_MIN_N 4096
 
 /* Work doubles candidates_run needs for nb bins and k points per kind. */
 #define CANDIDATES_WORK(nb, k) (2 * ((size_t)(nb) + 1) + 4 * (size_t)(k))
@@ -1175,7 +1182,7 @@ static Py_ssize_t candidates_run(const double *xs, const double *W, Py_ssize_t n
 {
     Py_ssize_t cnt = 0;
     double *cdf = work, *edges = work + nb + 1;
-    double lo = xs[0], hi = xs[n - 1];
+    double lo = xs[0], hi = xs[n - 1], gap = (hi - lo) / (double)nb;
     cdf[0] = 0.0;
     for (Py_ssize_t i = 0; i < nb; i++) cdf[i + 1] = cdf[i] + dens[i];  /* numpy's sequential cumsum */
     for (Py_ssize_t i = 0; i <= nb; i++) edges[i] = linspace_at(lo, hi, nb + 1, i);
@@ -1195,7 +1202,7 @@ static Py_ssize_t candidates_run(const double *xs, const double *W, Py_ssize_t n
         if (p > n - 1) p = n - 1;
         Py_ssize_t run = i < k ? 1 : 3, at = i < k ? i : i - k;
         out[run * k + at] = xs[p];
-        out[(run + 1) * k + at] = xs[p > 0 ? p - 1 : 0];
+        out[(run + 1) * k + at] = p > 0 && (n < NEIGHBOUR_MIN_N || xs[p] - xs[p - 1] > gap) ? xs[p - 1] : xs[p];
     }
     cnt = 5 * k;
     if (!merge_runs(out, k, 5, edges + nb + 1)) qsort(out, (size_t)cnt, sizeof(double), cmp_double);
