@@ -1295,8 +1295,21 @@ PyDoc_STRVAR(solve_sorted_doc,
 "call: xc = s - shift with shift = 0.5 (s[0] + s[-1]), the prefix sums (prefix), the candidates of\n"
 "_candidates(xc, W, m) with the bin weights' cube roots read from cbrt (np.cbrt of 0, 1, ...), the\n"
 "DP and polish (dp_polish), and the levels + shift into out (float64, >= z).  Returns their count,\n"
-"or -1 where the Python path must decide (a bin weight past the table, -0.0 and 0.0 among the\n"
-"candidates): the same operations in the same order as those calls, so the same levels.");
+"or -1 where the Python path must decide (s holds at most z distinct values, a bin weight past the\n"
+"table, -0.0 and 0.0 among the candidates): the same operations in the same order as those calls,\n"
+"so the same levels.");
+
+/* Whether the sorted s (n values, float32 or float64) changes value at least z times (holds more than
+ * z distinct values, -0.0 and 0.0 one value): centroids._changes_at_least, from the front (dense data
+ * decides within ~z elements). */
+static int changes_at_least(const void *s, int f32, Py_ssize_t n, Py_ssize_t z)
+{
+    Py_ssize_t changes = 0;
+    for (Py_ssize_t i = 1; i < n && changes < z; i++)
+        changes += f32 ? ((const float *)s)[i] != ((const float *)s)[i - 1]
+                       : ((const double *)s)[i] != ((const double *)s)[i - 1];
+    return changes >= z;
+}
 
 static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
 {
@@ -1315,6 +1328,10 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
         || n > PY_SSIZE_T_MAX / 64 || ob.len / 8 < z || tab < 1) {
         PyErr_SetString(PyExc_ValueError, "solve_sorted: s float32 or float64 (n >= 2), 3 <= z <= m <= 2^20, "
                                           "float64 cbrt table and out (>= z)");
+        goto done;
+    }
+    if (!changes_at_least(sb.buf, kind == 4, n, z)) {  /* at most z values: _few_levels' unique */
+        res = PyLong_FromSsize_t(-1);
         goto done;
     }
     {

@@ -145,13 +145,13 @@ def solve(x: np.ndarray, z: int, solver: str = "optimal", rng: np.random.Generat
     # a small input is sorted once for the distinct-value check and the solver (a call-local cache)
     own_cache = cache is None
     cache = None if not isinstance(x, np.ndarray) else {} if cache is None else cache
+    if fn is _solve_optimal and own_cache and lo != hi and z > 2:  # nothing else reads the solver's
+        c = _solve_sorted(x, z, cache)  # prefix sums: one call, which also finds more than z values
+        if c is not None:
+            return _finish(c, lo, hi)
     few = _few_levels(x, z, lo, hi, cache)
     if few is not None:
         return few
-    if fn is _solve_optimal and own_cache:  # nothing else reads the solver's prefix sums: one call
-        c = _solve_sorted(x, z, cache)
-        if c is not None:
-            return _finish(c, lo, hi)
     if rng is None:
         rng = np.random.default_rng(0)
     c = _solve_optimal(x, z, lo, hi, rng, cache) if fn is _solve_optimal else fn(x, z, lo, hi, rng)
@@ -755,7 +755,8 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
 def _solve_sorted(x: Any, z: int, cache: dict | None) -> np.ndarray | None:
     """``_solve_optimal`` for a small unweighted x in one compiled call on x's own sort (the same
     operations: prefix sums, candidates, DP and polish; ~20 numpy calls fewer, which are most of a
-    1e4-element solve's fixed cost), or None where that path does not apply."""
+    1e4-element solve's fixed cost), or None where that path does not apply: among them x of at most
+    z distinct values, which the call counts first (:func:`_few_levels` returns those)."""
     kernel = kernels.compiled("solve_sorted")
     if kernel is None or not isinstance(x, np.ndarray) or x.size > FULL_SORT_MAX or z > DP_MAX_Z:
         return None
