@@ -335,7 +335,7 @@ def test_solve_sorted_block_prefix_edges():
 def test_solve_sorted_validates_buffers():
     m = kernels.c_module()
     s = np.sort(np.random.default_rng(0).standard_normal(100))
-    tab = centroids._cbrt_table()
+    tab = centroids.cbrt_table()
     for args in ((s[:1], 16, 192, tab, 5, np.empty(16)),  # n < 2
                  (s, 2, 192, tab, 5, np.empty(16)),  # z < 3
                  (s, 16, 8, tab, 5, np.empty(16)),  # m < z
@@ -766,3 +766,57 @@ def test_crc32_kernel_is_zlibs():
         c.crc32(memoryview(data)[::2])
     with pytest.raises(ValueError):
         c.crc32(data, 1 << 32)
+
+
+def _fused_inputs():
+    """float32 vectors for the one-call solve and rounding: dense, heavy-tailed, ties, signed zeros,
+    at most z values, tiny and huge scales (a span beyond FLT_MAX), sizes 2..2e4."""
+    rng = np.random.default_rng(37)
+    big = np.float32(3e38)
+    return [
+        rng.standard_normal(10_000), rng.standard_t(3, 3000), rng.integers(-4, 5, 5000).astype(float),
+        np.where(rng.random(4000) < 0.6, 0.0, rng.standard_normal(4000)), 1e-30 * rng.standard_normal(700),
+        np.concatenate((rng.standard_normal(600), [-0.0, 0.0] * 4)), rng.exponential(1.0, 20_000) ** 3,
+        np.array([1.0, 2.0]), np.linspace(-1, 1, 17), np.array([-big, big, 0.0, 1.0] * 50),
+        np.concatenate((rng.standard_normal(300), [1e30, -1e30])), rng.random(250) + 1e7,
+    ]
+
+
+@needs_c
+@pytest.mark.parametrize("z", [3, 7, 16, 64, 256])
+def test_solve_round_kernel_is_the_steps(monkeypatch, z):
+    """backends.rounding's one compiled call (solve, wire levels, rounding) gives the wire levels,
+    IDs and J of the three steps run one by one, and draws the same from the generator; where it
+    hands a case back (levels the steps would change, a span beyond FLT_MAX, at most z values), the
+    steps finish it with its key."""
+    from mucsc.codec.backends import rounding
+
+    real = kernels.compiled
+    calls = []
+
+    def counting(name):  # the kernels, the fused one's counts noted
+        k = real(name)
+        if name != "solve_round" or k is None:
+            return k
+
+        def run(*a):
+            r = k(*a)
+            calls.append(r[0])
+            return r
+        return run
+
+    for x in _fused_inputs():
+        x = np.ascontiguousarray(x, np.float32)
+        out = []
+        for fused in (True, False):
+            with monkeypatch.context() as mp:
+                mp.setattr(rounding.kernels, "compiled", counting if fused else
+                           (lambda name: None if name == "solve_round" else real(name)))
+                rng = np.random.default_rng(5)
+                wire, ids, J = rounding.Host.solve_and_round(x, z, "optimal", np.float32, rng)
+                out.append((wire, np.asarray(ids), J, rng.bit_generator.random_raw()))
+        (w1, i1, J1, r1), (w2, i2, J2, r2) = out
+        np.testing.assert_array_equal(w1.view(np.int32), w2.view(np.int32))
+        np.testing.assert_array_equal(i1, i2)
+        assert J1 == J2 and r1 == r2
+    assert any(c > 0 for c in calls) and any(c < 0 for c in calls), calls  # both paths ran

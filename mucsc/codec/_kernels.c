@@ -1311,6 +1311,64 @@ static int changes_at_least(const void *s, int f32, Py_ssize_t n, Py_ssize_t z)
     return changes >= z;
 }
 
+/* The body of solve_sorted on the sorted s (n >= 2 values, float32 or float64; 3 <= z <= m): the
+ * levels into out; returns their count, -1 where the Python path decides (see solve_sorted_doc), -2
+ * when out of memory.  Needs no GIL. */
+static Py_ssize_t solve_sorted_run(const void *s, int f32, Py_ssize_t n, Py_ssize_t z, Py_ssize_t m,
+                                   const double *cbrt, Py_ssize_t tab, Py_ssize_t sweeps, double *out)
+{
+    if (!changes_at_least(s, f32, n, z)) return -1;  /* at most z values: _few_levels' unique */
+    /* xc (n), the prefix sums P1, P2 (n + 1 each) or from PB_MIN_N elements on their blocks B1, B2
+     * (n / PB + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is the unit
+     * weights 0..n, read as the index (WAT) */
+    Py_ssize_t k = m / 3 + 2, nb = 4 * m, count = -1;
+    int whole = n < PB_MIN_N;
+    size_t blocks = whole ? (size_t)n + 1 : ((size_t)n >> PB_SHIFT) + 1;
+    size_t words = (size_t)n + 2 * blocks + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
+    double *work = (double *)PyMem_RawMalloc(words * sizeof(double));
+    if (!work) return -2;
+    const double *W = NULL;
+    double *xc = work, *B1 = xc + n, *B2 = B1 + blocks, *dens = B2 + blocks;
+    double *cand = dens + nb, *cwork = cand + 5 * k;
+    double lo = f32 ? (double)((const float *)s)[0] : ((const double *)s)[0];
+    double hi = f32 ? (double)((const float *)s)[n - 1] : ((const double *)s)[n - 1];
+    double shift = 0.5 * (lo + hi);
+    prefix_weights none = {NULL, 0, 0, 1.0};
+    if (whole && f32) prefix_run_f32((const float *)s, none, n, shift, xc, NULL, B1, B2);
+    else if (whole) prefix_run_f64((const double *)s, none, n, shift, xc, NULL, B1, B2);
+    else prefix_blocks(s, f32, n, shift, xc, B1, B2);
+    prefix_src ps = {whole ? B1 : NULL, whole ? B2 : NULL, xc, B1, B2};
+    cand_counts_run(xc, W, n, dens, nb, cwork);  /* cwork: >= CAND_COUNTS_WORK(nb) doubles */
+    int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
+    for (Py_ssize_t i = 0; i < nb && table; i++) {
+        double c = dens[i];
+        if (!(c >= 0.0 && c < (double)tab && c == (double)(Py_ssize_t)c)) table = 0;
+        else dens[i] = cbrt[(Py_ssize_t)c];
+    }
+    Py_ssize_t mc = table ? candidates_run(xc, W, n, dens, nb, k, cand, cwork) : -1;
+    if (mc > 0) {
+        count = dp_polish_run(xc, n, W, &ps, cand, mc, z, 1, sweeps, out);
+        if (count < 0) count = -2;
+        for (Py_ssize_t i = 0; i < count; i++) out[i] += shift;
+    }
+    PyMem_RawFree(work);
+    return count;
+}
+
+/* solve_sorted's and solve_round's checks of s, z, m, the cube root table and the levels' buffer. */
+static int solve_args_ok(Py_buffer *sb, Py_buffer *cb, Py_buffer *ob, Py_ssize_t z, Py_ssize_t m, const char *who)
+{
+    int kind = float_kind(sb);
+    Py_ssize_t n = kind ? sb->len / kind : 0;
+    if (!kind || float_kind(cb) != 8 || float_kind(ob) != 8 || n < 2 || z < 3 || m < z || m > 0x100000
+        || n > PY_SSIZE_T_MAX / 64 || ob->len / 8 < z || cb->len / 8 < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: s float32 or float64 (n >= 2), 3 <= z <= m <= 2^20, "
+                                       "float64 cbrt table and levels (>= z)", who);
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
 {
     PyObject *so, *co, *oo;
@@ -1318,67 +1376,107 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OnnOnO", &so, &z, &m, &co, &sweeps, &oo)) return NULL;
     Py_buffer sb, cb, ob;
     PyObject *res = NULL;
-    double *work = NULL;
     if (get_buf(so, &sb, 0, "solve_sorted s") < 0) return NULL;
     if (get_buf(co, &cb, 0, "solve_sorted cbrt") < 0) { PyBuffer_Release(&sb); return NULL; }
     if (get_buf(oo, &ob, 1, "solve_sorted out") < 0) { PyBuffer_Release(&sb); PyBuffer_Release(&cb); return NULL; }
-    int kind = float_kind(&sb);
-    Py_ssize_t n = kind ? sb.len / kind : 0, tab = cb.len / 8, k = m / 3 + 2, nb = 4 * m;
-    if (!kind || float_kind(&cb) != 8 || float_kind(&ob) != 8 || n < 2 || z < 3 || m < z || m > 0x100000
-        || n > PY_SSIZE_T_MAX / 64 || ob.len / 8 < z || tab < 1) {
-        PyErr_SetString(PyExc_ValueError, "solve_sorted: s float32 or float64 (n >= 2), 3 <= z <= m <= 2^20, "
-                                          "float64 cbrt table and out (>= z)");
+    if (solve_args_ok(&sb, &cb, &ob, z, m, "solve_sorted")) {
+        int kind = float_kind(&sb);
+        Py_BEGIN_ALLOW_THREADS
+        count = solve_sorted_run(sb.buf, kind == 4, sb.len / kind, z, m, (const double *)cb.buf, cb.len / 8, sweeps,
+                                 (double *)ob.buf);
+        Py_END_ALLOW_THREADS
+        res = count == -2 ? PyErr_NoMemory() : PyLong_FromSsize_t(count);
+    }
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&sb);
+    return res;
+}
+
+PyDoc_STRVAR(solve_round_doc,
+"solve_round(s, x, z, m, cbrt, sweeps, key, want_J, levels, wire, ids) -> (count, J)\n\n"
+"backends.rounding's solve, wire centroids and eq. 7's rounding of a float32 vector x (s: its sort,\n"
+"n >= 2) to float32 wire levels in one call: solve_sorted's levels into levels (float64, >= z) where\n"
+"centroids._finish keeps them as they are, those as float32 into wire (>= z) where\n"
+"quantize.wire_centroids keeps them as they are (strictly increasing, bracketing the data), and the\n"
+"rounding (sround, float32 work, SplitMix64 key) into ids (uint8, n), J when want_J.  Returns the\n"
+"levels' count and J, or (-1, 0.0) where the Python path decides (the cases solve_sorted declines,\n"
+"levels those functions would change, a span of levels beyond FLT_MAX): the same operations as the\n"
+"separate calls, so the same bytes.");
+
+static PyObject *py_solve_round(PyObject *self, PyObject *args)
+{
+    PyObject *so, *xo, *co, *lo_o, *wo, *io;
+    Py_ssize_t z, m, sweeps, count = -1;
+    unsigned long long key;
+    int want_J;
+    if (!PyArg_ParseTuple(args, "OOnnOnKpOOO", &so, &xo, &z, &m, &co, &sweeps, &key, &want_J, &lo_o, &wo, &io))
+        return NULL;
+    Py_buffer b[6];
+    PyObject *o[6] = {so, xo, co, lo_o, wo, io};
+    const int writable[6] = {0, 0, 0, 1, 1, 1};
+    int got = 0;
+    PyObject *res = NULL;
+    sround_job job;
+    memset(&job, 0, sizeof job);
+    for (; got < 6; got++)
+        if (get_buf(o[got], &b[got], writable[got], "solve_round") < 0) goto done;
+    if (!solve_args_ok(&b[0], &b[2], &b[3], z, m, "solve_round")) goto done;
+    Py_ssize_t n = b[0].len / 4;
+    if (float_kind(&b[0]) != 4 || float_kind(&b[1]) != 4 || b[1].len / 4 != n || float_kind(&b[4]) != 4
+        || b[4].len / 4 < z || z > 256 || fmt_char(&b[5]) != 'B' || b[5].itemsize != 1 || b[5].len != n) {
+        PyErr_SetString(PyExc_ValueError, "solve_round: float32 s and x (n), z <= 256, float32 wire (>= z), "
+                                          "uint8 ids (n)");
         goto done;
     }
-    if (!changes_at_least(sb.buf, kind == 4, n, z)) {  /* at most z values: _few_levels' unique */
-        res = PyLong_FromSsize_t(-1);
-        goto done;
-    }
+    double J = 0.0;
     {
-        /* xc (n), the prefix sums P1, P2 (n + 1 each) or from PB_MIN_N elements on their blocks B1, B2
-         * (n / PB + 1 each), counts / dens (nb), candidates (5 k), candidates' work; W is the unit
-         * weights 0..n, read as the index (WAT) */
-        int whole = n < PB_MIN_N;
-        size_t blocks = whole ? (size_t)n + 1 : ((size_t)n >> PB_SHIFT) + 1;
-        size_t words = (size_t)n + 2 * blocks + (size_t)nb + 5 * (size_t)k + CANDIDATES_WORK(nb, k);
-        work = (double *)PyMem_RawMalloc(words * sizeof(double));
-        if (!work) { PyErr_NoMemory(); goto done; }
-        const double *W = NULL;
-        double *xc = work, *B1 = xc + n, *B2 = B1 + blocks, *dens = B2 + blocks;
-        double *cand = dens + nb, *cwork = cand + 5 * k, *out = (double *)ob.buf;
-        const double *cbrt = (const double *)cb.buf;
+        const float *s = (const float *)b[0].buf;
+        double *c = (double *)b[3].buf;
+        float *w = (float *)b[4].buf;
         int oom = 0;
         Py_BEGIN_ALLOW_THREADS
-        double lo = kind == 4 ? (double)((const float *)sb.buf)[0] : ((const double *)sb.buf)[0];
-        double hi = kind == 4 ? (double)((const float *)sb.buf)[n - 1] : ((const double *)sb.buf)[n - 1];
-        double shift = 0.5 * (lo + hi);
-        prefix_weights none = {NULL, 0, 0, 1.0};
-        if (whole && kind == 4) prefix_run_f32((const float *)sb.buf, none, n, shift, xc, NULL, B1, B2);
-        else if (whole) prefix_run_f64((const double *)sb.buf, none, n, shift, xc, NULL, B1, B2);
-        else prefix_blocks(sb.buf, kind == 4, n, shift, xc, B1, B2);
-        prefix_src ps = {whole ? B1 : NULL, whole ? B2 : NULL, xc, B1, B2};
-        cand_counts_run(xc, W, n, dens, nb, cwork);  /* cwork: >= CAND_COUNTS_WORK(nb) doubles */
-        int table = 1;  /* centroids._cbrt: whole counts below the table's size are looked up */
-        for (Py_ssize_t i = 0; i < nb && table; i++) {
-            double c = dens[i];
-            if (!(c >= 0.0 && c < (double)tab && c == (double)(Py_ssize_t)c)) table = 0;
-            else dens[i] = cbrt[(Py_ssize_t)c];
+        count = solve_sorted_run(s, 1, n, z, m, (const double *)b[2].buf, b[2].len / 8, sweeps, c);
+        double lo = (double)s[0], hi = (double)s[n - 1];
+        /* centroids._finished: the ends are the data's (the same bits), strictly increasing between */
+        int keep = count >= 2 && c[0] == lo && c[count - 1] == hi && !signbit(c[0]) == !signbit(lo)
+                   && !signbit(c[count - 1]) == !signbit(hi);
+        for (Py_ssize_t i = 0; keep && i < count; i++) {
+            /* quantize.wire_centroids without a change: within float32's range, strictly increasing
+             * after the rounding to float32, the ends still bracketing the data */
+            keep = (i == 0 || c[i - 1] < c[i]) && fabs(c[i]) <= (double)FLT_MAX;
+            if (keep) w[i] = (float)c[i];
+            keep = keep && (i == 0 || w[i - 1] < w[i]);
         }
-        Py_ssize_t mc = table ? candidates_run(xc, W, n, dens, nb, k, cand, cwork) : -1;
-        if (mc > 0) {
-            count = dp_polish_run(xc, n, W, &ps, cand, mc, z, 1, sweeps, out);
-            if (count < 0) oom = 1;
-            for (Py_ssize_t i = 0; i < count; i++) out[i] += shift;
+        /* quantize._work_dtype: float32 steps where the levels' span is below FLT_MAX */
+        keep = keep && (double)w[0] <= lo && (double)w[count - 1] >= hi && (double)w[count - 1] - (double)w[0] < (double)FLT_MAX;
+        if (!keep) {
+            if (count == -2) oom = 1;
+            count = -1;
+        } else {
+            job.n = n; job.z = count; job.xk = 4; job.wk = 4; job.ik = 1;
+            job.x = b[1].buf; job.c = w; job.ids = b[5].buf; job.key = (uint64_t)key; job.want_J = want_J;
+            int tb = 6;
+            while (tb < 16 && ((Py_ssize_t)1 << tb) < n) tb++;
+            job.tb = tb;
+            job.klo = (uint32_t *)PyMem_RawMalloc((((size_t)1 << tb) + 1) * sizeof(uint32_t));
+            job.w = PyMem_RawMalloc((size_t)count * 4);
+            if (!job.klo || !job.w) {
+                oom = 1;
+            } else {
+                build_table(&job);
+                sround_f32(&job);
+                J = job.J;
+            }
         }
         Py_END_ALLOW_THREADS
         if (oom) { PyErr_NoMemory(); goto done; }
     }
-    res = PyLong_FromSsize_t(count);
+    res = Py_BuildValue("nd", count, J);
 done:
-    PyMem_RawFree(work);
-    PyBuffer_Release(&ob);
-    PyBuffer_Release(&cb);
-    PyBuffer_Release(&sb);
+    PyMem_RawFree(job.klo);
+    PyMem_RawFree(job.w);
+    while (got-- > 0) PyBuffer_Release(&b[got]);
     return res;
 }
 
@@ -4718,6 +4816,7 @@ static PyMethodDef methods[] = {
     {"dp_polish", py_dp_polish, METH_VARARGS, dp_polish_doc},
     {"candidates", py_candidates, METH_VARARGS, candidates_doc},
     {"solve_sorted", py_solve_sorted, METH_VARARGS, solve_sorted_doc},
+    {"solve_round", py_solve_round, METH_VARARGS, solve_round_doc},
     {"rans_encode", py_rans_encode, METH_VARARGS, rans_encode_doc},
     {"rans_decode_part", py_rans_decode_part, METH_VARARGS, rans_decode_part_doc},
     {"normalize", py_normalize, METH_VARARGS, normalize_doc},

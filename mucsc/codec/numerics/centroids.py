@@ -667,7 +667,7 @@ CBRT_TABLE = 1 << 12  # whole counts below this take np.cbrt's values from a tab
 
 
 @functools.lru_cache(maxsize=1)
-def _cbrt_table() -> np.ndarray:
+def cbrt_table() -> np.ndarray:
     """np.cbrt(0), np.cbrt(1), ... np.cbrt(CBRT_TABLE - 1), computed once (read-only)."""
     t = np.cbrt(np.arange(CBRT_TABLE, dtype=np.float64))
     t.setflags(write=False)
@@ -680,7 +680,7 @@ def _cbrt(counts: np.ndarray) -> np.ndarray:
     values), ~10x faster than ~2000 cube roots (~30 us of a small encode's fixed cost)."""
     whole = counts.astype(np.intp)
     if counts.size and 0 <= whole.min() and whole.max() < CBRT_TABLE and np.array_equal(whole, counts):
-        return np.take(_cbrt_table(), whole, out=counts)
+        return np.take(cbrt_table(), whole, out=counts)
     return np.cbrt(counts, out=counts)
 
 
@@ -740,7 +740,7 @@ def _solve_optimal(x, z, lo, hi, rng, cache: dict | None = None):
 
     S = _cached(cache, ("sorted", lo, hi), sample)  # read-only below
     zd = min(z, DP_MAX_Z)
-    m = int(min(S.xc.size, max(CAND_MIN, CAND_PER_LEVEL * zd)))
+    m = candidate_count(S.xc.size, zd)
     cand = _candidates(S.xc, S.W, m)  # on the centred data: candidates are its values
     c = _dp_polish(S, cand, zd)
     if z > zd:
@@ -763,12 +763,17 @@ def _solve_sorted(x: Any, z: int, cache: dict | None) -> np.ndarray | None:
     s = _cached(cache, ("sort",), lambda: np.sort(x))
     if s.dtype not in (np.float32, np.float64):
         return None
-    m = int(min(s.size, max(CAND_MIN, CAND_PER_LEVEL * z)))
+    m = candidate_count(s.size, z)
     if m < z:
         return None
     out = np.empty(z)
-    count = kernel(np.ascontiguousarray(s), z, m, _cbrt_table(), POLISH_SWEEPS, out)
+    count = kernel(np.ascontiguousarray(s), z, m, cbrt_table(), POLISH_SWEEPS, out)
     return out[:count] if count > 0 else None
+
+
+def candidate_count(n: int, z: int) -> int:
+    """The DP's candidate count m for z levels over n sorted unweighted values (CAND_MIN, CAND_PER_LEVEL)."""
+    return int(min(n, max(CAND_MIN, CAND_PER_LEVEL * z)))
 
 
 def _dp_polish(S: _Sorted, cand: np.ndarray, z: int) -> np.ndarray:

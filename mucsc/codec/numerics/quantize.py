@@ -305,8 +305,8 @@ def draw_key(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 1 << 64, dtype=np.uint64))
 
 
-def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, return_J: bool = False,
-                     bounds: tuple[float, float] | None = None, checked: bool = False):
+def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator | None, *, return_J: bool = False,
+                     bounds: tuple[float, float] | None = None, checked: bool = False, key: int | None = None):
     """Cluster ids of eq. 7: id k with prob. (c[k+1] - x)/(c[k+1] - c[k]), k + 1 otherwise.
 
     ``c`` are the wire centroids (strictly increasing, bracketing x).  ids use the smallest unsigned
@@ -321,6 +321,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
     ``bounds``: the exact (min x, max x) when the caller has them (the bracketing check needs no pass).
     ``checked``: ``c`` is :func:`wire_centroids`' result for these ``bounds`` (the solver's caller):
     strictly increasing and bracketing by construction, not checked again (``x`` still is).
+    ``key``: the key already drawn from the group's generator (:func:`draw_key`; ``rng`` unused).
     """
     if checked and type(x) is np.ndarray and x.ndim == 1 and x.dtype in _DATA_DTYPES and x.flags.c_contiguous:
         pass
@@ -331,7 +332,7 @@ def stochastic_round(x: np.ndarray, c: np.ndarray, rng: np.random.Generator, *, 
         ids = np.zeros(n, dtype=id_dtype(c.size))
         return (ids, 0.0) if return_J else ids
     work = _work_dtype(x, c)
-    key = draw_key(rng)
+    key = draw_key(rng) if key is None else key
     sround = kernels.compiled("sround")
     if sround is not None and c.size <= 1 << 16:  # the kernel writes every id: no zeroing pass
         ids = np.empty(n, dtype=id_dtype(c.size))
