@@ -338,10 +338,11 @@ def _lanes_or_packed(sym: np.ndarray, counts: np.ndarray, w: int, k: int, packed
     coded when their size estimate, less its slack, is already above it (Gaussian IDs at Z = 16:
     ~70 us of a ~0.4 ms encode at d = 1e4, ~0.25 ms of ~1.4 ms at 1e5), nor their table made when
     the entropy floor is (~20 us)."""
+    floor = lanes.entropy_floor(counts, sym.size, above=packed.size)  # before zstd evicts numpy's code
     frame = parallel.zstd_compressor(COMPARE_LEVEL, 1).compress(packed)
     best = min(packed.size, len(frame))
     ids_ = Section("IDS_", packed, compressible=ZstdFrame(COMPARE_LEVEL, frame))
-    if lanes.entropy_floor(counts, sym.size, above=best) > best:
+    if floor > best:
         return ids_
     tab = lanes.table(counts, sym.size)  # one table for the estimate and the coding
     if lanes.size_estimate(counts, sym.size, tab) - lanes.estimate_slack(sym.size) > best:
