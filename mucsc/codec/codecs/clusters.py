@@ -25,7 +25,8 @@ from mucsc.codec.wire.zstdframe import ZstdFrame
 from mucsc.errors import FormatError, ParameterError, SizeError
 
 MIN_Z, MAX_Z = Z_RANGE
-CENTROID_DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8"}
+# (dtype objects: numpy parses a dtype string on every call that takes one)
+CENTROID_DTYPES = {name: np.dtype(code) for name, code in (("float16", "<f2"), ("float32", "<f4"), ("float64", "<f8"))}
 # the largest |x| each centroid dtype carries: float16/float32 their largest finite value (a float32
 # step c[k+1] - c[k] beyond FLT_MAX makes FORMAT.md 4.3 round in float64); float64 a quarter of its
 # largest, so that every c[k+1] - c[k] stays finite in float64
@@ -220,7 +221,7 @@ def encode_clusters_kept(x: np.ndarray, p: GoalTarget, rng: np.random.Generator,
     lookup = None
     if isinstance(ids, np.ndarray) and isinstance(x, np.ndarray) and ids.size == x.size:
         # what decode_clusters looks the IDs up in: the CENT section's values as the decoded dtype
-        lookup = (np.ascontiguousarray(wire, CENTROID_DTYPES[p.centroid_dtype]).astype(x.dtype), ids)
+        lookup = (wire.astype(x.dtype, copy=False), ids)  # wire: the CENT dtype already
     return params, sections, J, lookup
 
 
