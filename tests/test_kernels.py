@@ -791,6 +791,7 @@ def test_solve_round_kernel_is_the_steps(monkeypatch, z):
     steps finish it with its key."""
     from mucsc.codec.backends import rounding
 
+    monkeypatch.setattr(kernels, "BACKEND", "c")  # also in the MUCSC_PURE_NUMPY pass
     real = kernels.compiled
     calls = []
 
