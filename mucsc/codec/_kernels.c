@@ -517,11 +517,11 @@ fail_bufs:
 /* Coordinate polishing of levels (centroids._polish)                                              */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* First index i in [0, n) with a[i] > key (right) or a[i] >= key (left): numpy's searchsorted. */
-/* The elements of the sorted a[0 .. n) before key's place: those <= key (right, numpy's side="right")
- * or < key (left).  Branch-free (the loop runs log2 n times whatever the data; the select is a
- * conditional move): a branchy binary search mispredicts about every other step, ~15 cycles each,
- * and several independent searches overlap here.  The answer is unique, so it is the branchy one's. */
+/* The elements of the sorted a[0 .. n) before key's place, i.e. numpy's searchsorted: those <= key
+ * (right, side="right") or < key (left), the first index i with a[i] > key (or >= key).  Branch-free
+ * (the loop runs log2 n times whatever the data; the select is a conditional move): a branchy binary
+ * search mispredicts about every other step, ~15 cycles each, and several independent searches
+ * overlap here.  The answer is unique, so it is the branchy one's. */
 static inline Py_ssize_t search_side(const double *a, Py_ssize_t n, double key, int right)
 {
     if (n <= 0) return 0;
