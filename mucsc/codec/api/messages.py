@@ -352,8 +352,11 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
 
     # small groups side by side, large ones one after another with every thread (parallel.run_groups)
     done = parallel.run_groups(encode_group, sizes)
-    groups = [d[0] for d in done]
-    sections = [s for d in done for s in d[1]]
+    groups, sections, minor = [], [], 0  # the groups' header entries, sections and format minor, in order
+    for (gcodec, _), (group, secs, _, _) in zip(plan, done):
+        groups.append(group)
+        sections += secs
+        minor = max(minor, gcodec.format_minor(group.params))
     measured = ((tuple(d[2] for d in done if d[2] is not None), {k: v for d in done for k, v in d[3].items()})
                 if req.want_stats else None)  # (group statistics, errors): gathered only when asked for
     del done
@@ -361,7 +364,6 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     head = _check_header(header)
     if req.own is not None:
         req.own.header = header
-    minor = max((c.format_minor(g.params) for (c, _), g in zip(plan, groups)), default=0)
     blob = fmt.write_message(header, sections, zstd_level=req.level, auth=req.signer,
                              minor=max(minor, _minor_needed(header)), threads=req.threads, head=head)
     reporter.finish()
@@ -633,6 +635,8 @@ def _zstd_level(compress: str | int) -> int | None:
 
 def _plan_groups(tensors: list[Tensor], codec: Codec, shared: bool) -> list[tuple[Codec, list[int]]]:
     """Float tensors go to ``codec`` (one group, or one each); others to the lossless raw codec."""
+    if len(tensors) == 1 and tensors[0].is_float and not codec.lossless:  # one array: one group
+        return [(codec, [0])]
     floats = [i for i, t in enumerate(tensors) if t.is_float and not codec.lossless]
     plan: list[tuple[Codec, list[int]]] = []
     if floats:
