@@ -56,8 +56,8 @@ CAND_MIN, CAND_PER_LEVEL = 192, 12
 # From this many sorted elements the snapped grid and companding points bring their lower neighbour
 # xs[p - 1] only across a gap wider than one of the density bins: in dense data it is all but xs[p]
 # itself (~40% of the DP's candidates at d = 1e4, ~30 us of its ~120 us solve), while on a clustered
-# input it is the top of the cluster below the gap (without any neighbours: up to +24% J on
-# 15-element inputs).  J at Z = 16 of standard Gaussian d = 1e4 / 1e5 / 1e6: unchanged; of every
+# input it is the top of the cluster below the gap (without any neighbours an earlier round measured
+# up to +24% J on 15-element inputs).  J at Z = 16 of standard Gaussian d = 1e4 / 1e5 / 1e6: unchanged; of every
 # solve made for the vectors: unchanged; Student-t(3) d = 3e4 at Z = 16: +0.0006% (_kernels.c's
 # NEIGHBOUR_MIN_N, the same rule).
 NEIGHBOUR_MIN_N = 4096
