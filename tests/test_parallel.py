@@ -8,6 +8,7 @@ kernel and the numpy fallback are compared in one process by switching ``kernels
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 
 import numpy as np
@@ -194,6 +195,33 @@ def test_bounds_are_remembered_per_array_within_one_call():
     a[0] = -50.0  # a new call sees the new values
     with parallel.using(1):
         assert parallel.bounds(a) == (-50.0, 9.0)
+
+
+@pytest.mark.skipif(kernels.c_module() is None, reason="compiled kernels not built")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bounds_kernel_is_numpys_reductions(monkeypatch, dtype):
+    """The one-pass compiled min/max gives numpy's two reductions bit for bit, and hands back (None)
+    exactly where only numpy's order decides: a NaN, or a zero (either sign) as the min or the max."""
+    monkeypatch.setattr(kernels, "BACKEND", "c")
+    minmax = kernels.compiled("minmax")
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 7, 15, 16, 17, 33, 1000, 10_001):
+        for t in range(24):
+            x = (rng.standard_normal(n) * rng.choice([1e-30, 1.0, 1e30])).astype(dtype)
+            x[rng.integers(n)] = [x[0], np.inf, -np.inf, np.nan, 0.0, -0.0][t % 6]
+            ref = (float(np.minimum.reduce(x)), float(np.maximum.reduce(x)))
+            got = minmax(x)
+            if got is None:
+                assert np.isnan(ref[0]) or ref[0] == 0.0 or ref[1] == 0.0, (n, t, ref)
+            else:
+                assert got == ref and [math.copysign(1, v) for v in got] == [math.copysign(1, v) for v in ref]
+            with parallel.using(1):  # bounds itself: numpy's signs of zero, NaN propagated
+                b = parallel.bounds(x)
+            assert str(b) == str(ref)
+    # buffers it does not take: numpy answers
+    assert minmax(np.zeros(0, dtype)) is None and minmax(np.arange(9, dtype=np.int32)) is None
+    assert minmax(np.arange(1.0, 9.0, dtype=dtype)[::2]) is None
+    assert minmax(np.array([-1.0, 0.0], dtype)) is None and minmax(np.array([-0.0, 2.0], dtype)) is None
 
 
 def test_zstd_one_frame_same_bytes_for_any_threads():

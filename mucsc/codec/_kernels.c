@@ -4804,7 +4804,120 @@ static PyObject *py_summary_stats(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* minmax: parallel.bounds' two reductions in one pass                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The running min and max of x[i] over ACC independent accumulators (the selects carry no chain
+ * from one element to the next), and whether any x[i] is NaN.  T: float or double. */
+#define MINMAX_PORTABLE(name, T)                                                                   \
+    static int name(const T *x, Py_ssize_t n, double *lo, double *hi)                              \
+    {                                                                                              \
+        T mn[4] = {x[0], x[0], x[0], x[0]}, mx[4] = {x[0], x[0], x[0], x[0]};                      \
+        int nan = 0;                                                                               \
+        Py_ssize_t i = 0;                                                                          \
+        for (; i + 4 <= n; i += 4)                                                                 \
+            for (int k = 0; k < 4; k++) {                                                          \
+                T v = x[i + k];                                                                    \
+                mn[k] = v < mn[k] ? v : mn[k];                                                     \
+                mx[k] = v > mx[k] ? v : mx[k];                                                     \
+                nan |= v != v;                                                                     \
+            }                                                                                      \
+        for (; i < n; i++) {                                                                       \
+            T v = x[i];                                                                            \
+            mn[0] = v < mn[0] ? v : mn[0];                                                         \
+            mx[0] = v > mx[0] ? v : mx[0];                                                         \
+            nan |= v != v;                                                                         \
+        }                                                                                          \
+        for (int k = 1; k < 4; k++) {                                                              \
+            mn[0] = mn[k] < mn[0] ? mn[k] : mn[0];                                                 \
+            mx[0] = mx[k] > mx[0] ? mx[k] : mx[0];                                                 \
+        }                                                                                          \
+        *lo = (double)mn[0];                                                                       \
+        *hi = (double)mx[0];                                                                       \
+        return !nan;                                                                               \
+    }
+MINMAX_PORTABLE(minmax_f32, float)
+MINMAX_PORTABLE(minmax_f64, double)
+
+#ifdef X86_SIMD
+/* The same with AVX2 (two accumulators of 8 floats / 4 doubles): _mm256_min_ps(v, acc) keeps acc
+ * where v is NaN (NaN is flagged apart), so the lanes hold the min of the non-NaN values. */
+#define MINMAX_AVX2(name, T, W, V, LOAD, MIN, MAX, CMP, OR, MASK, SET1, STORE)                      \
+    __attribute__((target("avx2"))) static int name(const T *x, Py_ssize_t n, double *lo, double *hi) \
+    {                                                                                              \
+        V mn0 = SET1(x[0]), mn1 = mn0, mx0 = mn0, mx1 = mn0, bad = CMP(mn0, mn0, _CMP_UNORD_Q);    \
+        Py_ssize_t i = 0;                                                                          \
+        for (; i + 2 * W <= n; i += 2 * W) {                                                       \
+            V a = LOAD(x + i), b = LOAD(x + i + W);                                                \
+            mn0 = MIN(a, mn0); mx0 = MAX(a, mx0);                                                  \
+            mn1 = MIN(b, mn1); mx1 = MAX(b, mx1);                                                  \
+            bad = OR(bad, OR(CMP(a, a, _CMP_UNORD_Q), CMP(b, b, _CMP_UNORD_Q)));                   \
+        }                                                                                          \
+        T mn[W], mx[W];                                                                            \
+        STORE(mn, MIN(mn1, mn0));                                                                  \
+        STORE(mx, MAX(mx1, mx0));                                                                  \
+        int nan = MASK(bad) != 0;                                                                  \
+        T a = mn[0], b = mx[0];                                                                    \
+        for (int k = 1; k < W; k++) {                                                              \
+            a = mn[k] < a ? mn[k] : a;                                                             \
+            b = mx[k] > b ? mx[k] : b;                                                             \
+        }                                                                                          \
+        for (; i < n; i++) {                                                                       \
+            T v = x[i];                                                                            \
+            a = v < a ? v : a;                                                                     \
+            b = v > b ? v : b;                                                                     \
+            nan |= v != v;                                                                         \
+        }                                                                                          \
+        *lo = (double)a;                                                                           \
+        *hi = (double)b;                                                                           \
+        return !nan;                                                                               \
+    }
+MINMAX_AVX2(minmax_f32_avx2, float, 8, __m256, _mm256_loadu_ps, _mm256_min_ps, _mm256_max_ps, _mm256_cmp_ps,
+            _mm256_or_ps, _mm256_movemask_ps, _mm256_set1_ps, _mm256_storeu_ps)
+MINMAX_AVX2(minmax_f64_avx2, double, 4, __m256d, _mm256_loadu_pd, _mm256_min_pd, _mm256_max_pd, _mm256_cmp_pd,
+            _mm256_or_pd, _mm256_movemask_pd, _mm256_set1_pd, _mm256_storeu_pd)
+#endif
+
+PyDoc_STRVAR(minmax_doc,
+"minmax(x) -> (min, max) or None\n\n"
+"parallel.bounds' (np.minimum.reduce(x), np.maximum.reduce(x)) as Python floats, in one pass, for a\n"
+"non-empty C-contiguous float32 or float64 buffer; None where numpy's answer is the one to take:\n"
+"another buffer, a NaN, or a zero as the min or the max (-0.0 == 0.0, and which one numpy's\n"
+"reduction returns is its order's choice).  Otherwise the min and max are unique values.");
+
+#define MINMAX_RELEASE (1 << 16)  /* from this many values the pass releases the GIL */
+
+static PyObject *py_minmax(PyObject *self, PyObject *o)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int kind = float_kind(&b);
+    Py_ssize_t n = kind ? b.len / kind : 0;
+    double lo = 0.0, hi = 0.0;
+    int ok = 0;
+    if (n > 0) {
+        PyThreadState *ts = n >= MINMAX_RELEASE ? PyEval_SaveThread() : NULL;  /* the GIL: for long passes */
+#ifdef X86_SIMD
+        if (have_avx2())
+            ok = kind == 4 ? minmax_f32_avx2((const float *)b.buf, n, &lo, &hi)
+                           : minmax_f64_avx2((const double *)b.buf, n, &lo, &hi);
+        else
+#endif
+            ok = kind == 4 ? minmax_f32((const float *)b.buf, n, &lo, &hi)
+                           : minmax_f64((const double *)b.buf, n, &lo, &hi);
+        if (ts) PyEval_RestoreThread(ts);
+    }
+    PyBuffer_Release(&b);
+    if (!ok || lo == 0.0 || hi == 0.0) Py_RETURN_NONE;
+    return Py_BuildValue("dd", lo, hi);
+}
+
 static PyMethodDef methods[] = {
+    {"minmax", py_minmax, METH_O, minmax_doc},
     {"new_bytes", py_new_bytes, METH_O, new_bytes_doc},
 #ifdef HUGE_BUFFERS
     {"huge_buffer", py_huge_buffer, METH_O, huge_buffer_doc},

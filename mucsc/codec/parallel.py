@@ -223,8 +223,11 @@ def bounds(x: np.ndarray) -> tuple[float, float]:
         hit = memo.get(id(x))
         if hit is not None and hit[0]() is x:
             return hit[1]
-    if x.size <= CHUNK or current() <= 1:  # the ufuncs' reductions without ndarray.min's wrappers
-        out = float(np.minimum.reduce(x, axis=None)), float(np.maximum.reduce(x, axis=None))
+    if x.size <= CHUNK or current() <= 1:
+        kernel = kernels.compiled("minmax")  # one pass; None where numpy's reductions must answer
+        out = kernel(x) if kernel is not None else None
+        if out is None:  # the ufuncs' reductions without ndarray.min's wrappers
+            out = float(np.minimum.reduce(x, axis=None)), float(np.maximum.reduce(x, axis=None))
     else:
         parts = run_spans(lambda s, e: (x[s:e].min(), x[s:e].max()), x.size)
         out = float(np.min([p[0] for p in parts])), float(np.max([p[1] for p in parts]))
