@@ -66,7 +66,8 @@ class Section:
     def payload(self) -> Any:
         """The payload as the message writer takes it: host bytes as :meth:`tobytes` gives them, a
         device payload as it is (the writer copies it straight into the message)."""
-        return self.data if hasattr(self.data, "write_into") else self.tobytes()
+        d = self.data  # (tobytes() but for a device payload; asked per section of every message)
+        return memoryview(np.ascontiguousarray(d)).cast("B") if isinstance(d, np.ndarray) else d
 
 
 @dataclasses.dataclass(frozen=True)

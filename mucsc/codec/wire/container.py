@@ -337,17 +337,17 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         raise ValueError(f"this writer knows minor versions 0..{MINOR}, not {minor}")
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     head = header.to_json() if head is None else head
-    raw_len, enc, stored = _stored_head(head, cctx, zstd_level)
-    size, pad = len(stored), padding(len(stored))
+    raw_len, enc, stored, size = _stored_head(head, cctx, zstd_level)
+    pad = -size % ALIGN  # padding(size)
     parts: list[bytes | memoryview | Payload] = [
         SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
     total = PREAMBLE.size + SECTION.size + size + pad + TRAILER.size
     lazy = False  # a Payload among the parts
     for group, tag, data, compressible in sections:
-        _check_tag(tag)
-        raw_len, enc, stored = _stored(data, compressible, cctx, zstd_level)
-        size = _length(stored)
-        pad = padding(size)
+        if type(tag) is not str or tag not in _GOOD_TAGS:
+            _check_tag(tag)
+        raw_len, enc, stored, size = _stored(data, compressible, cctx, zstd_level)
+        pad = -size % ALIGN  # padding(size)
         lazy = lazy or hasattr(stored, "write_into")
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
         total += SECTION.size + size + pad
@@ -426,7 +426,7 @@ def _joined_small(parts: list[Any]) -> list[Any]:
 _ZEROS = tuple(bytes(n) for n in range(ALIGN))  # the padding after a payload
 
 
-def _stored_head(head: bytes, cctx: Any, level: int | None) -> tuple[int, int, bytes]:
+def _stored_head(head: bytes, cctx: Any, level: int | None) -> tuple[int, int, bytes, int]:
     """:func:`_stored` of a HEAD payload (JSON bytes), memoised for small ones: a zstd frame is a
     function of the bytes and the level only (``parallel.zstd_compressor``), and a sender's HEAD is
     the same message after message (~3 us of zstd per small message)."""
@@ -466,18 +466,23 @@ def _length(part: Any) -> int:
     return part.nbytes if hasattr(part, "write_into") else len(part)
 
 
-def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | None = None) -> tuple[int, int, Any]:
-    """(raw length, encoding, payload as stored) of one section: zstd when that is strictly
-    smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
-    ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it."""
+def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | None = None
+            ) -> tuple[int, int, Any, int]:
+    """(raw length, encoding, payload as stored, its length) of one section: zstd when that is
+    strictly smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
+    ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it.
+    (Each small message runs this per section: its steps are inlined, not helper calls.)"""
     lazy = hasattr(data, "write_into")
-    raw = data if lazy else _byte_view(data)
-    raw_len = _length(raw)
+    if lazy:
+        raw, raw_len = data, data.nbytes
+    else:
+        raw = data if isinstance(data, bytes) else memoryview(data).cast("B")  # _byte_view(data)
+        raw_len = len(raw)
     if not (compressible and cctx is not None and raw_len > 0):
-        return raw_len, ENC_RAW, raw
+        return raw_len, ENC_RAW, raw, raw_len
     host = _byte_view(data.host()) if lazy else raw
     z = _frame(host, compressible, level, cctx)
-    return (raw_len, ENC_ZSTD, z) if len(z) < raw_len else (raw_len, ENC_RAW, host)
+    return (raw_len, ENC_ZSTD, z, len(z)) if len(z) < raw_len else (raw_len, ENC_RAW, host, raw_len)
 
 
 class _MessageBuffer:
@@ -768,10 +773,9 @@ class MessageSpool:
     def add(self, group: int, tag: str, data: Any, compressible: bool) -> int:
         """Append one section of ``group`` (as :func:`write_message`'s ``sections``); its bytes."""
         _check_tag(tag)
-        raw_len, enc, stored = _stored(data, compressible, self._cctx, self._level)
+        raw_len, enc, stored, size = _stored(data, compressible, self._cctx, self._level)
         if hasattr(stored, "write_into"):
             stored = _byte_view(stored.host())
-        size = _length(stored)
         n = 0
         for part in (SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored,
                      bytes(padding(size))):
@@ -793,8 +797,7 @@ class MessageSpool:
         if count > MAX_SECTIONS:
             raise LimitError(f"{count} sections exceed the limit of {MAX_SECTIONS}")
         head = header.to_json() if head is None else head
-        raw_len, enc, stored = _stored(head, True, self._cctx)
-        size = _length(stored)
+        raw_len, enc, stored, size = _stored(head, True, self._cctx)
         head_parts = [SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored,
                       bytes(padding(size))]
         total = PREAMBLE.size + sum(map(len, head_parts)) + self.nbytes + TRAILER.size
