@@ -380,6 +380,12 @@ def test_symbols_counted_equals_the_two_steps(w, n):
         sym, counts = lanes.symbols_counted(ids, 1 << w, w)
     assert np.array_equal(sym, lanes.symbols(ids, 1 << w, w))
     assert np.array_equal(counts, np.bincount(sym, minlength=256))
+    # ... and the entropy floor's sum c log2 c as it counts: the numpy twin's value, bit for bit
+    with parallel.using(2):
+        sym2, counts2, xlog = lanes.symbols_counted(ids, 1 << w, w, xlog=True)
+    assert np.array_equal(sym2, sym) and np.array_equal(counts2, counts)
+    assert type(xlog) is float and xlog == lanes._sum_xlog2x(counts, sym.size)
+    assert lanes.entropy_floor(counts, sym.size, xlog=xlog) == lanes.entropy_floor(counts, sym.size)
 
 
 def test_nearest_rounding_lane_codes_a_fixed_z_and_goals_never_do():
@@ -564,7 +570,7 @@ def _auto_lane_codings(d: int, z: int, monkeypatch) -> int:
         fast = mucsc.encode(x, "mucsc", z=z)
         monkeypatch.setattr(lanes, "size_floor", lambda counts, m, tab=None: 0)  # never skip: always code the lanes
         monkeypatch.setattr(lanes, "size_estimate", lambda counts, m, tab: 0.0)
-        monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None: 0)
+        monkeypatch.setattr(lanes, "entropy_floor", lambda counts, m, above=None, xlog=None: 0)
         assert mucsc.encode(x, "mucsc", z=z) == fast
         monkeypatch.undo()
         assert len(fast) == min(len(mucsc.encode(x, "mucsc", z=z, id_coding=c)) for c in ("packed", "lanes"))

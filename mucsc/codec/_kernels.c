@@ -2181,18 +2181,29 @@ static const char pack_counts_doc[] =
     "pack_counts(ids u8, width, out u8, counts i64): pack ids width (1, 2, 4 or 8) bits wide as IDS_ does\n"
     "(LSB first; each id masked to width bits) into out (ceil(n width / 8) bytes) and add each byte's\n"
     "occurrences to counts (256): IDSL's byte symbols and their histogram, each 16 KiB piece counted right\n"
-    "after it is packed (still in cache).  The GIL is released.";
+    "after it is packed (still in cache).  The GIL is released.  With xlog (float64, xlog[c] = c log2 c),\n"
+    "returns sum over the 256 counts of xlog[count] added in order (lanes._sum_xlog2x, the entropy floor's\n"
+    "sum), None where a count is past the table; else None.";
 
 static PyObject *py_pack_counts(PyObject *self, PyObject *args)
 {
-    PyObject *io, *oo, *co;
+    PyObject *io, *oo, *co, *xo = Py_None;
     int width;
-    if (!PyArg_ParseTuple(args, "OiOO", &io, &width, &oo, &co)) return NULL;
-    Py_buffer ib, ob, cb;
+    if (!PyArg_ParseTuple(args, "OiOO|O", &io, &width, &oo, &co, &xo)) return NULL;
+    Py_buffer ib, ob, cb, xb;
+    xb.obj = NULL;
     if (get_buf(io, &ib, 0, "ids") < 0) return NULL;
     if (get_buf(oo, &ob, 1, "out") < 0) { PyBuffer_Release(&ib); return NULL; }
     if (get_buf(co, &cb, 1, "counts") < 0) { PyBuffer_Release(&ib); PyBuffer_Release(&ob); return NULL; }
+    if (xo != Py_None && (get_buf(xo, &xb, 0, "xlog") < 0 || float_kind(&xb) != 8)) {
+        if (xb.obj) PyBuffer_Release(&xb);
+        PyBuffer_Release(&ib); PyBuffer_Release(&ob); PyBuffer_Release(&cb);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "pack_counts: xlog must be float64");
+        return NULL;
+    }
     PyObject *res = NULL;
+    double xsum = 0.0;
+    int have_xsum = 0;
     Py_ssize_t n = ib.len;
     if (ib.itemsize != 1 || ob.itemsize != 1 || cb.itemsize != 8 || cb.len != 256 * 8
         || (width != 1 && width != 2 && width != 4 && width != 8) || ob.len != (n * width + 7) / 8) {
@@ -2232,10 +2243,24 @@ static PyObject *py_pack_counts(PyObject *self, PyObject *args)
         out[m] = (uint8_t)b;
         c[b]++;
     }
+    if (xb.obj) {  /* sum c log2 c from the table, in the order of np.add.accumulate (the numpy twin) */
+        const double *t = (const double *)xb.buf;
+        Py_ssize_t tn = xb.len / 8;
+        have_xsum = 1;
+        for (int s = 0; s < 256 && have_xsum; s++) {
+            if (c[s] < 0 || c[s] >= tn) have_xsum = 0;
+            else xsum += t[c[s]];
+        }
+    }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    res = Py_None;
+    if (have_xsum) {
+        res = PyFloat_FromDouble(xsum);
+    } else {
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
 done:
+    if (xb.obj) PyBuffer_Release(&xb);
     PyBuffer_Release(&ib); PyBuffer_Release(&ob); PyBuffer_Release(&cb);
     return res;
 }

@@ -276,6 +276,8 @@ class _Reporter:
     def trial(self, i: int) -> None:
         """A trial encoding of tensor i's search: an eighth of what is left of its share (the number
         of trials is not known in advance; 20 trials count 93%), so one long tensor moves the bar."""
+        if self.progress is None:
+            return
         c = self._credit.get(i, 0)
         step = (self.sizes[i] - c) // 8
         if step > 0:
@@ -284,6 +286,8 @@ class _Reporter:
 
     def tensor_done(self, i: int) -> None:
         """Tensor i's choice is made: the rest of its share."""
+        if self.progress is None:
+            return
         self.add(self.sizes[i] - self._credit.pop(i, 0))
 
     def add(self, n: int) -> None:
@@ -297,6 +301,11 @@ class _Reporter:
         """The final ``(total, total)`` call (once, and only if it was not the last call already)."""
         if self.progress is not None and (self.done < self.total or self.total == 0):
             self.add(self.total - self.done)
+
+
+# The reporter of a call without ``progress``: every method returns at once (one object for all such
+# calls, not one built per encode)
+_SILENT = _Reporter(None, 0)
 
 
 class _Request(NamedTuple):
@@ -341,7 +350,8 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     records = tuple(fmt.Record(t.name, t.dtype, tuple(map(int, t.array.shape))) for t in tensors)
     _check_header_limits(records)
     tsizes = [r.size for r in records]
-    reporter = _Reporter(req.progress, sum(tsizes) * (2 if req.policy is not None else 1), tsizes)
+    reporter = (_Reporter(req.progress, sum(tsizes) * (2 if req.policy is not None else 1), tsizes)
+                if req.progress is not None else _SILENT)
     plan, ready = _plan_message(tensors, container, req, reporter)
     sizes = [sum(tsizes[i] for i in m) for _, m in plan]
 

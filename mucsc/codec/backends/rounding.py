@@ -59,6 +59,8 @@ class Host:
         return ids[::step]
 
 
+_F32 = np.dtype(np.float32)
+
 def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.random.Generator,
                         bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, float] | None:
     """:meth:`Host.solve_and_round` of a small float32 vector to float32 wire levels in one compiled
@@ -70,14 +72,15 @@ def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.
     kernel = kernels.compiled("solve_round")
     lo, hi = bounds
     m = centroids.candidate_count(x.size, z)
-    if (kernel is None or solver != "optimal" or type(x) is not np.ndarray or x.dtype != np.float32
-            or np.dtype(dtype) != np.float32 or not 3 <= z <= min(centroids.DP_MAX_Z, m)
+    if (kernel is None or solver != "optimal" or type(x) is not np.ndarray or x.dtype != _F32
+            or dtype != _F32 or not 3 <= z <= min(centroids.DP_MAX_Z, m)
             or x.size > centroids.FULL_SORT_MAX or not lo < hi or x.ndim != 1 or not x.flags.c_contiguous):
         return None  # (NaN bounds fail lo < hi: the solver names the problem)
     key = quantize.draw_key(rng)  # the rounding's one draw (the optimal solver draws nothing)
     levels, wire, ids = np.empty(z), np.empty(z, np.float32), np.empty(x.size, np.uint8)
-    count, J = kernel(np.sort(x), x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True,
-                      levels, wire, ids)
+    s = x.copy()  # np.sort(x), without its Python wrapper
+    s.sort()
+    count, J = kernel(s, x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True, levels, wire, ids)
     if count > 0:
         return wire[:count], ids, J
     c = centroids.solve(x, z, solver, rng, bounds=bounds)
