@@ -654,10 +654,7 @@ def zstd_compressor(level: int, threads: int):
     byte-identical to the single-threaded mode (every spec vector is far smaller).
     """
     key = (int(level), max(1, int(threads)))
-    try:
-        cache = _ZSTD.compressors
-    except AttributeError:  # this thread's first compressor
-        cache = _ZSTD.compressors = {}
+    cache = _ZSTD.compressors  # this thread's
     cctx = cache.get(key)
     if cctx is None:
         import zstandard
@@ -673,5 +670,12 @@ def zstd_compressor(level: int, threads: int):
 # threads, every caller makes one-shot ``compress`` calls (a frame depends on the input and level
 # only), and making one costs ~5 us and a worker thread, twice per encode call.  At most _ZSTD_KEEP
 # per thread, so that contexts of levels no longer used do not keep their buffers.
-_ZSTD = threading.local()
+class _ThreadCompressors(threading.local):
+    """Each thread's zstd compressors by (level, threads): a zstd context serves one thread at a time."""
+
+    def __init__(self) -> None:
+        self.compressors: dict[tuple[int, int], Any] = {}
+
+
+_ZSTD = _ThreadCompressors()
 _ZSTD_KEEP = 4

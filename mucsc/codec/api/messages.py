@@ -353,7 +353,7 @@ def _encode_request(data: Any, req: _Request) -> tuple[bytes, EncodeStats | None
     reporter = (_Reporter(req.progress, sum(tsizes) * (2 if req.policy is not None else 1), tsizes)
                 if req.progress is not None else _SILENT)
     plan, ready = _plan_message(tensors, container, req, reporter)
-    sizes = [sum(tsizes[i] for i in m) for _, m in plan]
+    sizes = [tsizes[m[0]] if len(m) == 1 else sum(tsizes[i] for i in m) for _, m in plan]
 
     def encode_group(gi: int) -> tuple[fmt.Group, list, GroupStats | None, dict]:
         out = _encode_group(gi, plan, ready, tensors, req)

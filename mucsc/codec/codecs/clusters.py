@@ -89,10 +89,10 @@ class GoalTarget:
 
     default_z: ClassVar[int] = DEFAULT_Z
 
-    @property
+    @functools.cached_property  # (parameters are frozen: worked out once, asked a few times per encode)
     def target(self) -> str:
         """Which of z / bits / max_error / size drives the choice ("z" when none was given)."""
-        for t in TARGETS:  # a loop, not next() over a generator: asked a few times per encode
+        for t in TARGETS:
             if getattr(self, t) is not None:
                 return t
         return "z"
