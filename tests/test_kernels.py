@@ -769,8 +769,8 @@ def test_crc32_kernel_is_zlibs():
 
 
 def _fused_inputs():
-    """float32 vectors for the one-call solve and rounding: dense, heavy-tailed, ties, signed zeros,
-    at most z values, tiny and huge scales (a span beyond FLT_MAX), sizes 2..2e4."""
+    """Vectors for the one-call solve and rounding (as float32 and float64): dense, heavy-tailed, ties,
+    signed zeros, at most z values, tiny and huge scales (a span beyond FLT_MAX), sizes 2..2e4."""
     rng = np.random.default_rng(37)
     big = np.float32(3e38)
     return [
@@ -780,6 +780,14 @@ def _fused_inputs():
         np.array([1.0, 2.0]), np.linspace(-1, 1, 17), np.array([-big, big, 0.0, 1.0] * 50),
         np.concatenate((rng.standard_normal(300), [1e30, -1e30])), rng.random(250) + 1e7,
     ]
+
+
+def _fused_inputs_f64():
+    """float64-only cases: ends that float32 wire levels round inside the data (stepped outward),
+    levels that merge in float32, an end beyond FLT_MAX (refused by the steps)."""
+    rng = np.random.default_rng(38)
+    return [rng.standard_normal(5000) * (1 + 2 ** -30), np.array([1 + 2 ** -40, 2 - 2 ** -40] * 9 + [1.5]),
+            1.0 + 1e-9 * rng.standard_normal(3000), np.concatenate((rng.standard_normal(400), [-3.5e38, 1.0]))]
 
 
 @needs_c
@@ -802,22 +810,30 @@ def test_solve_round_kernel_is_the_steps(monkeypatch, z):
 
         def run(*a):
             r = k(*a)
-            calls.append(r[0])
+            calls.append((a[1].dtype, r[0]))
             return r
         return run
 
-    for x in _fused_inputs():
-        x = np.ascontiguousarray(x, np.float32)
+    xs = [np.ascontiguousarray(v, dt) for v in _fused_inputs() for dt in (np.float32, np.float64)]
+    for x in xs + _fused_inputs_f64():
         out = []
         for fused in (True, False):
             with monkeypatch.context() as mp:
                 mp.setattr(rounding.kernels, "compiled", counting if fused else
                            (lambda name: None if name == "solve_round" else real(name)))
                 rng = np.random.default_rng(5)
-                wire, ids, J = rounding.Host.solve_and_round(x, z, "optimal", np.float32, rng)
+                try:
+                    wire, ids, J = rounding.Host.solve_and_round(x, z, "optimal", np.float32, rng)
+                except mucsc.InputError as exc:  # the data does not fit float32 levels: both refuse
+                    out.append(str(exc))
+                    continue
                 out.append((wire, np.asarray(ids), J, rng.bit_generator.random_raw()))
+        if isinstance(out[0], str):
+            assert out[0] == out[1] and "does not fit" in out[0]
+            continue
         (w1, i1, J1, r1), (w2, i2, J2, r2) = out
         np.testing.assert_array_equal(w1.view(np.int32), w2.view(np.int32))
         np.testing.assert_array_equal(i1, i2)
         assert J1 == J2 and r1 == r2
-    assert any(c > 0 for c in calls) and any(c < 0 for c in calls), calls  # both paths ran
+    assert any(c > 0 for _, c in calls) and any(c < 0 for _, c in calls), calls  # both paths ran
+    assert any(c > 0 for dt, c in calls if dt == np.float64), calls  # float64 data fused too

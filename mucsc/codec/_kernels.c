@@ -1408,16 +1408,83 @@ static PyObject *py_solve_sorted(PyObject *self, PyObject *args)
     return res;
 }
 
+/* centroids._finished: strictly increasing from exactly lo to exactly hi (the same bits at both ends). */
+static int levels_finished(const double *c, Py_ssize_t count, double lo, double hi)
+{
+    if (count < 2 || !(c[0] == lo && c[count - 1] == hi) || !signbit(c[0]) != !signbit(lo)
+        || !signbit(c[count - 1]) != !signbit(hi))
+        return 0;
+    for (Py_ssize_t i = 1; i < count; i++)
+        if (!(c[i - 1] < c[i])) return 0;
+    return 1;
+}
+
+/* centroids._finish of the solve's count levels c (room for count + 2) for the data's ends lo, hi: as
+ * they are when finished, else clipped to [lo, hi] (np.clip), else np.unique of lo, them and hi (for
+ * float64 data the centring's round trip can leave an end an ulp off the data's).  Returns the new
+ * count, or -1 where numpy's choice among equal -0.0 and 0.0 could matter (a zero among the values),
+ * a NaN, or the levels out of order: the Python path decides those. */
+static Py_ssize_t finish_levels(double *c, Py_ssize_t count, double lo, double hi)
+{
+    if (lo == 0.0 || hi == 0.0 || !(lo < hi)) return -1;  /* zero ends: numpy's min / max chose the sign */
+    if (levels_finished(c, count, lo, hi)) return count;
+    if (count < 1) return -1;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (c[i] == 0.0 || c[i] != c[i] || (i && c[i] < c[i - 1])) return -1;
+    for (Py_ssize_t i = 0; i < count; i++) c[i] = c[i] < lo ? lo : c[i] > hi ? hi : c[i];
+    if (levels_finished(c, count, lo, hi)) return count;
+    memmove(c + 1, c, (size_t)count * sizeof(double));  /* lo, the clipped levels, hi: in order */
+    c[0] = lo;
+    c[count + 1] = hi;
+    Py_ssize_t u = 1;
+    for (Py_ssize_t i = 1; i < count + 2; i++)
+        if (c[i] != c[u - 1]) c[u++] = c[i];
+    return u;
+}
+
+/* quantize.wire_centroids of the finished levels c (count, lo = c[0], hi = c[count - 1]) to float32
+ * into w (room for count): each rounded to nearest (none beyond FLT_MAX: numpy's overflow rules decide
+ * those), equal neighbours merged (np.unique), then an end that rounding moved inside [lo, hi] stepped
+ * outward to the first float32 past it (_outward, from the float32 nearest the end, which w holds).
+ * Returns the count, or -1 where the Python path decides (a zero among merged levels, a single level,
+ * an end beyond FLT_MAX, which it refuses). */
+static Py_ssize_t wire_levels_f32(const double *c, Py_ssize_t count, double lo, double hi, float *w)
+{
+    int increasing = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!(fabs(c[i]) <= (double)FLT_MAX)) return -1;
+        w[i] = (float)c[i];
+        increasing = increasing && (i == 0 || w[i - 1] < w[i]);
+    }
+    Py_ssize_t u = count;
+    if (!increasing) {  /* rounding is monotone: equal neighbours only */
+        u = 1;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (w[i] == 0.0f) return -1;
+            if (i && w[i] != w[u - 1]) w[u++] = w[i];
+        }
+    }
+    if (u < 2) return -1;
+    float a = w[0], e = w[u - 1];
+    while ((double)a > lo) a = nextafterf(a, -INFINITY);
+    while ((double)e < hi) e = nextafterf(e, INFINITY);
+    if (!isfinite(a) || !isfinite(e)) return -1;
+    w[0] = a;
+    w[u - 1] = e;
+    return u;
+}
+
 PyDoc_STRVAR(solve_round_doc,
 "solve_round(s, x, z, m, cbrt, sweeps, key, want_J, levels, wire, ids) -> (count, J)\n\n"
-"backends.rounding's solve, wire centroids and eq. 7's rounding of a float32 vector x (s: its sort,\n"
-"n >= 2) to float32 wire levels in one call: solve_sorted's levels into levels (float64, >= z) where\n"
-"centroids._finish keeps them as they are, those as float32 into wire (>= z) where\n"
-"quantize.wire_centroids keeps them as they are (strictly increasing, bracketing the data), and the\n"
-"rounding (sround, float32 work, SplitMix64 key) into ids (uint8, n), J when want_J.  Returns the\n"
-"levels' count and J, or (-1, 0.0) where the Python path decides (the cases solve_sorted declines,\n"
-"levels those functions would change, a span of levels beyond FLT_MAX): the same operations as the\n"
-"separate calls, so the same bytes.");
+"backends.rounding's solve, wire centroids and eq. 7's rounding of a float32 or float64 vector x (s:\n"
+"its sort, n >= 2, the same dtype) to float32 wire levels in one call: solve_sorted's levels into\n"
+"levels (float64, >= z) where centroids._finish keeps them as they are, those as float32 into wire\n"
+"(>= z) where quantize.wire_centroids keeps them strictly increasing (for float64 data its ends\n"
+"stepped outward to bracket the data, as it does), and the rounding (sround in quantize's work\n"
+"precision: float32 for float32 data, float64 for float64 data; SplitMix64 key) into ids (uint8,\n"
+"n), J when want_J.  Returns the levels' count and J, or (-1, 0.0) where the Python path decides\n"
+"(the cases solve_sorted declines, levels those functions would merge or refuse, a span of levels\n"
+"beyond FLT_MAX in float32 work): the same operations as the separate calls, so the same bytes.");
 
 static PyObject *py_solve_round(PyObject *self, PyObject *args)
 {
@@ -1437,40 +1504,38 @@ static PyObject *py_solve_round(PyObject *self, PyObject *args)
     for (; got < 6; got++)
         if (get_buf(o[got], &b[got], writable[got], "solve_round") < 0) goto done;
     if (!solve_args_ok(&b[0], &b[2], &b[3], z, m, "solve_round")) goto done;
-    Py_ssize_t n = b[0].len / 4;
-    if (float_kind(&b[0]) != 4 || float_kind(&b[1]) != 4 || b[1].len / 4 != n || float_kind(&b[4]) != 4
-        || b[4].len / 4 < z || z > 256 || fmt_char(&b[5]) != 'B' || b[5].itemsize != 1 || b[5].len != n) {
-        PyErr_SetString(PyExc_ValueError, "solve_round: float32 s and x (n), z <= 256, float32 wire (>= z), "
-                                          "uint8 ids (n)");
+    const int xk = float_kind(&b[0]);
+    Py_ssize_t n = b[0].len / xk;
+    if (float_kind(&b[1]) != xk || b[1].len / xk != n || float_kind(&b[4]) != 4 || b[3].len / 8 < z + 2
+        || b[4].len / 4 < z + 2 || z > 256 || fmt_char(&b[5]) != 'B' || b[5].itemsize != 1 || b[5].len != n) {
+        PyErr_SetString(PyExc_ValueError, "solve_round: s and x float32 or float64 alike (n), z <= 256, "
+                                          "float64 levels and float32 wire (>= z + 2), uint8 ids (n)");
         goto done;
     }
     double J = 0.0;
     {
-        const float *s = (const float *)b[0].buf;
+        const void *s = b[0].buf;
         double *c = (double *)b[3].buf;
         float *w = (float *)b[4].buf;
+        double cw[258];  /* float64 work: the wire levels widened (quantize._work_dtype) */
         int oom = 0;
         Py_BEGIN_ALLOW_THREADS
-        count = solve_sorted_run(s, 1, n, z, m, (const double *)b[2].buf, b[2].len / 8, sweeps, c);
-        double lo = (double)s[0], hi = (double)s[n - 1];
-        /* centroids._finished: the ends are the data's (the same bits), strictly increasing between */
-        int keep = count >= 2 && c[0] == lo && c[count - 1] == hi && !signbit(c[0]) == !signbit(lo)
-                   && !signbit(c[count - 1]) == !signbit(hi);
-        for (Py_ssize_t i = 0; keep && i < count; i++) {
-            /* quantize.wire_centroids without a change: within float32's range, strictly increasing
-             * after the rounding to float32, the ends still bracketing the data */
-            keep = (i == 0 || c[i - 1] < c[i]) && fabs(c[i]) <= (double)FLT_MAX;
-            if (keep) w[i] = (float)c[i];
-            keep = keep && (i == 0 || w[i - 1] < w[i]);
-        }
-        /* quantize._work_dtype: float32 steps where the levels' span is below FLT_MAX */
-        keep = keep && (double)w[0] <= lo && (double)w[count - 1] >= hi && (double)w[count - 1] - (double)w[0] < (double)FLT_MAX;
+        count = solve_sorted_run(s, xk == 4, n, z, m, (const double *)b[2].buf, b[2].len / 8, sweeps, c);
+        double lo = xk == 4 ? (double)((const float *)s)[0] : ((const double *)s)[0];
+        double hi = xk == 4 ? (double)((const float *)s)[n - 1] : ((const double *)s)[n - 1];
+        count = count > 0 ? finish_levels(c, count, lo, hi) : -1;
+        count = count > 0 ? wire_levels_f32(c, count, lo, hi, w) : -1;
+        int keep = count >= 2 && count <= 256;
+        for (Py_ssize_t i = 0; keep && xk == 8 && i < count; i++) cw[i] = (double)w[i];
+        /* quantize._work_dtype: float32 steps for float32 data where the levels' span is below FLT_MAX */
+        keep = keep && (xk == 8 || (double)w[count - 1] - (double)w[0] < (double)FLT_MAX);
         if (!keep) {
             if (count == -2) oom = 1;
             count = -1;
         } else {
-            job.n = n; job.z = count; job.xk = 4; job.wk = 4; job.ik = 1;
-            job.x = b[1].buf; job.c = w; job.ids = b[5].buf; job.key = (uint64_t)key; job.want_J = want_J;
+            job.n = n; job.z = count; job.xk = xk; job.wk = xk; job.ik = 1;
+            job.x = b[1].buf; job.c = xk == 4 ? (const void *)w : (const void *)cw; job.ids = b[5].buf;
+            job.key = (uint64_t)key; job.want_J = want_J;
             if (sround_run(&job) < 0) oom = 1;
             else J = job.J;
         }

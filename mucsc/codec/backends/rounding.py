@@ -60,11 +60,12 @@ class Host:
 
 
 _F32 = np.dtype(np.float32)
+_DATA = (_F32, np.dtype(np.float64))  # the data dtypes solve_round takes (float32 wire levels)
 
 def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.random.Generator,
                         bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """:meth:`Host.solve_and_round` of a small float32 vector to float32 wire levels in one compiled
-    call (``solve_round``: the solve on x's sort, the wire levels, the rounding), where it applies:
+    """:meth:`Host.solve_and_round` of a small float32 or float64 vector to float32 wire levels in one
+    compiled call (``solve_round``: the solve on x's sort, the wire levels, the rounding), where it applies:
     the same operations, so the same levels, IDs and J, without the ~60 Python lines and ~15 numpy
     calls between the three steps (~25 us of a 1e4-element encode, whose caches the solver leaves
     cold).  None where it does not apply (nothing drawn from ``rng`` then); where the kernel hands
@@ -72,12 +73,14 @@ def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.
     kernel = kernels.compiled("solve_round")
     lo, hi = bounds
     m = centroids.candidate_count(x.size, z)
-    if (kernel is None or solver != "optimal" or type(x) is not np.ndarray or x.dtype != _F32
+    if (kernel is None or solver != "optimal" or type(x) is not np.ndarray or x.dtype not in _DATA
             or dtype != _F32 or not 3 <= z <= min(centroids.DP_MAX_Z, m)
-            or x.size > centroids.FULL_SORT_MAX or not lo < hi or x.ndim != 1 or not x.flags.c_contiguous):
-        return None  # (NaN bounds fail lo < hi: the solver names the problem)
+            or x.size > centroids.FULL_SORT_MAX or not lo < hi or x.ndim != 1 or not x.flags.c_contiguous
+            or lo == 0.0 or hi == 0.0):
+        return None  # (NaN bounds fail lo < hi: the solver names the problem; at a zero end numpy's
+        # reductions chose its sign, which _finish compares)
     key = quantize.draw_key(rng)  # the rounding's one draw (the optimal solver draws nothing)
-    levels, wire, ids = np.empty(z), np.empty(z, np.float32), np.empty(x.size, np.uint8)
+    levels, wire, ids = np.empty(z + 2), np.empty(z + 2, np.float32), np.empty(x.size, np.uint8)  # _finish: <= z + 2
     s = x.copy()  # np.sort(x), without its Python wrapper
     s.sort()
     count, J = kernel(s, x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True, levels, wire, ids)
