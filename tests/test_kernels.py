@@ -779,6 +779,9 @@ def _fused_inputs():
         np.concatenate((rng.standard_normal(600), [-0.0, 0.0] * 4)), rng.exponential(1.0, 20_000) ** 3,
         np.array([1.0, 2.0]), np.linspace(-1, 1, 17), np.array([-big, big, 0.0, 1.0] * 50),
         np.concatenate((rng.standard_normal(300), [1e30, -1e30])), rng.random(250) + 1e7,
+        # a zero min, then max, of either sign: the steps' _finish compares it with numpy's min / max
+        rng.permutation(np.concatenate((np.abs(rng.standard_normal(500)), [0.0, -0.0, -0.0, 0.0]))),
+        rng.permutation(np.concatenate(([0.0, -0.0] * 3, -np.abs(rng.standard_normal(500))))),
     ]
 
 
