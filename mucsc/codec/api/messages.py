@@ -334,7 +334,7 @@ def _encode(data, codec, seed, shared, compress, meta, params, policy, signer, t
     with parallel.using(threads) as nthreads:
         level = _zstd_level(compress)
         codec = _container_codec(codec, params, compressing=level is not None)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        if type(seed) is not int and (isinstance(seed, bool) or not isinstance(seed, np.integer)) or seed < 0:
             raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
         # meta before any work: the reader's rules (FORMAT.md 2.4) at the writer
         req = _Request(codec, int(seed), shared, level, check_meta(meta), policy, signer, nthreads, want_stats,
@@ -666,8 +666,13 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
             raise ValueError("a lossless group holds records of one dtype")
         parts = [np.ascontiguousarray(on_host(t).array).reshape(-1) for t in members]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)), members[0].dtype
-    gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
-    if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
+    one = members[0] if len(members) == 1 else None  # (the usual group: no generator expressions)
+    if one is not None:
+        gdtype, on_device = ("float64" if one.dtype == "float64" else "float32"), one.on_device
+    else:
+        gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
+        on_device = any(t.on_device for t in members)
+    if on_device:  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
         return torch_transfer.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]
@@ -732,7 +737,7 @@ def _check_header_limits(records: tuple[fmt.Record, ...]) -> None:
         raise LimitError(f"{len(records)} tensors exceed the limit of {fmt.MAX_RECORDS}")
     for r in records:
         try:
-            name_bytes = len(r.name.encode("utf-8"))
+            name_bytes = len(r.name.encode("utf-8")) if r.name else 0
         except UnicodeEncodeError:
             _check_text(r.name, "tensor name")  # raises, naming the lone surrogate
             raise
