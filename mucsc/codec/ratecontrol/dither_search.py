@@ -28,6 +28,10 @@ MIN_ELEMENTS = 1 << 15
 # goal's choice rarely misses the bound (as summary_search.SAMPLED_J_MARGIN)
 SAMPLED_J_MARGIN = 3e-3
 SUMMARY_PRECISION = 5e-5  # their bisections stop at steps this close: ~7e-5 bits per element
+# ... except a budget's first bisection, before any exact check: it only places the exact encode that
+# calibrates the estimates, which err by ~1 % of the bytes before it (a hundred times what the fine
+# precision resolves), and the bisection after the calibration is the fine one
+FIRST_PRECISION = 2e-3  # (1e-2 measured: two more exact encodes at bits=2, 3 on a FEMNIST update)
 # After a calibration (:meth:`DitherSummarySearch.calibrate`) aim 8 + n / SLACK_ELEMENTS bytes below
 # a budget: about 0.07 % of J at any rate (J ~ 2^(-2 bits)), and more than the estimates still err by
 SLACK_ELEMENTS = 1 << 14
@@ -125,6 +129,10 @@ class DitherSummarySearch(DitherSearch):
         self.modelled: dict[Grid, int] = {}  # the summary's size estimate of each option it measured
         self.scale = 1.0  # exact / estimated size at the last exact check (:meth:`calibrate`)
 
+    def sweep(self, stop: Callable[[allocate.Option], bool], goal: str = "budget") -> None:
+        self.precision = FIRST_PRECISION if goal == "budget" else SUMMARY_PRECISION
+        super().sweep(stop, goal)
+
     def measure(self, step: float, estimate: bool = True) -> allocate.Option:
         """The option of a grid of this ``step`` from the summary, recorded (a trial encode where
         the summary's model does not apply: a constant group, a grid finer than it handles)."""
@@ -155,6 +163,7 @@ class DitherSummarySearch(DitherSearch):
         the ratio varies little between neighbouring steps) -> the bytes a calibrated choice
         should stay below the budget by: what the calibrated estimates still err by (measured on
         FEMNIST updates of 1.33 M elements: up to ~100 bytes at 0.5-4 bits) and 8-byte padding."""
+        self.precision = SUMMARY_PRECISION  # the estimates are calibrated now: bisect finely
         if o.key in self.modelled:
             self.scale = exact.bytes / self.modelled[o.key]
             self.options = [dataclasses.replace(p, bytes=round(self.modelled[p.key] * self.scale))
