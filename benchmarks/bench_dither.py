@@ -116,8 +116,8 @@ def main() -> int:
     ap.add_argument("--updates", help="--speed: a directory mucsc sim --save-updates wrote (instead of running it)")
     a = ap.parse_args()
     if a.speed:
-        inputs = {"update-like": update_like(), "FEMNIST round 1": femnist_update(a.data_dir, a.updates)}
-        fails = speed(inputs, a.repeat)
+        cases = {"update-like": update_like(), "FEMNIST round 1": femnist_update(a.data_dir, a.updates)}
+        fails = speed(cases, a.repeat)
         print(f"\nchecks failed: {fails}" if fails else f"\nall ratios <= {SPEED_TARGET}")
         return 1 if fails else 0
     fails = []
