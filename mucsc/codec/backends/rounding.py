@@ -62,14 +62,16 @@ class Host:
 _F32 = np.dtype(np.float32)
 _DATA = (_F32, np.dtype(np.float64))  # the data dtypes solve_round takes (float32 wire levels)
 
+
 def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.random.Generator,
                         bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, float] | None:
     """:meth:`Host.solve_and_round` of a small float32 or float64 vector to float32 wire levels in one
     compiled call (``solve_round``: the solve on x's sort, the wire levels, the rounding), where it applies:
     the same operations, so the same levels, IDs and J, without the ~60 Python lines and ~15 numpy
     calls between the three steps (~25 us of a 1e4-element encode, whose caches the solver leaves
-    cold).  None where it does not apply (nothing drawn from ``rng`` then); where the kernel hands
-    the case back, the steps run one by one with the key it was given."""
+    cold).  None where it does not apply (nothing drawn from ``rng`` then: among them data whose min
+    or max is a zero, whose sign numpy's reductions chose); where the kernel hands the case back,
+    the steps run one by one with the key it was given."""
     kernel = kernels.compiled("solve_round")
     lo, hi = bounds
     m = centroids.candidate_count(x.size, z)
@@ -80,7 +82,8 @@ def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.
         return None  # (NaN bounds fail lo < hi: the solver names the problem; at a zero end numpy's
         # reductions chose its sign, which _finish compares)
     key = quantize.draw_key(rng)  # the rounding's one draw (the optimal solver draws nothing)
-    levels, wire, ids = np.empty(z + 2), np.empty(z + 2, np.float32), np.empty(x.size, np.uint8)  # _finish: <= z + 2
+    # (_finish may add both ends: up to z + 2 levels before the wire merges them)
+    levels, wire, ids = np.empty(z + 2), np.empty(z + 2, np.float32), np.empty(x.size, np.uint8)
     s = x.copy()  # np.sort(x), without its Python wrapper
     s.sort()
     count, J = kernel(s, x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True, levels, wire, ids)
