@@ -858,3 +858,10 @@ def test_solve_round_kernel_is_the_steps(monkeypatch, z):
         assert J1 == J2 and r1 == r2
     assert any(c > 0 for _, c in calls) and any(c < 0 for _, c in calls), calls  # both paths ran
     assert any(c > 0 for dt, c in calls if dt == np.float64), calls  # float64 data fused too
+    x = np.random.default_rng(2).standard_normal(500).astype(np.float32)
+    s, z = np.sort(x), 16
+    args = (s, x, z, centroids.candidate_count(x.size, z), centroids.cbrt_table(), centroids.POLISH_SWEEPS, 7, True,
+            np.empty(z + 2), np.empty(z + 2, np.float32), np.empty(x.size, np.uint8))
+    assert real("solve_round")(*args, float(s[0]), float(s[-1]))[0] > 0
+    with pytest.raises(ValueError, match="min and max"):  # bounds that are not x's ends are refused
+        real("solve_round")(*args, float(s[0]) - 1.0, float(s[-1]))

@@ -1426,9 +1426,9 @@ static int levels_finished(const double *c, Py_ssize_t count, double lo, double 
  * a NaN, or the levels out of order: the Python path decides those. */
 static Py_ssize_t finish_levels(double *c, Py_ssize_t count, double lo, double hi)
 {
-    if (lo == 0.0 || hi == 0.0 || !(lo < hi)) return -1;  /* zero ends: numpy's min / max chose the sign */
+    if (!(lo < hi)) return -1;
     if (levels_finished(c, count, lo, hi)) return count;
-    if (count < 1) return -1;
+    if (count < 1 || lo == 0.0 || hi == 0.0) return -1;  /* np.clip / np.unique would choose a zero's sign */
     for (Py_ssize_t i = 0; i < count; i++)
         if (c[i] == 0.0 || c[i] != c[i] || (i && c[i] < c[i - 1])) return -1;
     for (Py_ssize_t i = 0; i < count; i++) c[i] = c[i] < lo ? lo : c[i] > hi ? hi : c[i];
@@ -1475,7 +1475,7 @@ static Py_ssize_t wire_levels_f32(const double *c, Py_ssize_t count, double lo, 
 }
 
 PyDoc_STRVAR(solve_round_doc,
-"solve_round(s, x, z, m, cbrt, sweeps, key, want_J, levels, wire, ids) -> (count, J)\n\n"
+"solve_round(s, x, z, m, cbrt, sweeps, key, want_J, levels, wire, ids, lo, hi) -> (count, J)\n\n"
 "backends.rounding's solve, wire centroids and eq. 7's rounding of a float32 or float64 vector x (s:\n"
 "its sort, n >= 2, the same dtype) to float32 wire levels in one call: solve_sorted's levels into\n"
 "levels (float64, >= z) where centroids._finish keeps them as they are, those as float32 into wire\n"
@@ -1484,7 +1484,9 @@ PyDoc_STRVAR(solve_round_doc,
 "precision: float32 for float32 data, float64 for float64 data; SplitMix64 key) into ids (uint8,\n"
 "n), J when want_J.  Returns the levels' count and J, or (-1, 0.0) where the Python path decides\n"
 "(the cases solve_sorted declines, levels those functions would merge or refuse, a span of levels\n"
-"beyond FLT_MAX in float32 work): the same operations as the separate calls, so the same bytes.");
+"beyond FLT_MAX in float32 work): the same operations as the separate calls, so the same bytes.\n"
+"lo, hi: x's min and max as the caller's reductions gave them (the values of s[0] and s[n - 1]; a\n"
+"zero's sign is theirs, which _finish compares).");
 
 static PyObject *py_solve_round(PyObject *self, PyObject *args)
 {
@@ -1492,7 +1494,9 @@ static PyObject *py_solve_round(PyObject *self, PyObject *args)
     Py_ssize_t z, m, sweeps, count = -1;
     unsigned long long key;
     int want_J;
-    if (!PyArg_ParseTuple(args, "OOnnOnKpOOO", &so, &xo, &z, &m, &co, &sweeps, &key, &want_J, &lo_o, &wo, &io))
+    double blo, bhi;
+    if (!PyArg_ParseTuple(args, "OOnnOnKpOOOdd", &so, &xo, &z, &m, &co, &sweeps, &key, &want_J, &lo_o, &wo, &io,
+                          &blo, &bhi))
         return NULL;
     Py_buffer b[6];
     PyObject *o[6] = {so, xo, co, lo_o, wo, io};
@@ -1512,6 +1516,14 @@ static PyObject *py_solve_round(PyObject *self, PyObject *args)
                                           "float64 levels and float32 wire (>= z + 2), uint8 ids (n)");
         goto done;
     }
+    {
+        double s0 = xk == 4 ? (double)((const float *)b[0].buf)[0] : ((const double *)b[0].buf)[0];
+        double sn = xk == 4 ? (double)((const float *)b[0].buf)[n - 1] : ((const double *)b[0].buf)[n - 1];
+        if (!(blo == s0 && bhi == sn)) {
+            PyErr_SetString(PyExc_ValueError, "solve_round: lo and hi must be the min and max of x (s's ends)");
+            goto done;
+        }
+    }
     double J = 0.0;
     {
         const void *s = b[0].buf;
@@ -1521,8 +1533,7 @@ static PyObject *py_solve_round(PyObject *self, PyObject *args)
         int oom = 0;
         Py_BEGIN_ALLOW_THREADS
         count = solve_sorted_run(s, xk == 4, n, z, m, (const double *)b[2].buf, b[2].len / 8, sweeps, c);
-        double lo = xk == 4 ? (double)((const float *)s)[0] : ((const double *)s)[0];
-        double hi = xk == 4 ? (double)((const float *)s)[n - 1] : ((const double *)s)[n - 1];
+        const double lo = blo, hi = bhi;  /* the caller's, with their zeros' signs */
         count = count > 0 ? finish_levels(c, count, lo, hi) : -1;
         count = count > 0 ? wire_levels_f32(c, count, lo, hi, w) : -1;
         int keep = count >= 2 && count <= 256;

@@ -69,24 +69,23 @@ def _solved_and_rounded(x: np.ndarray, z: int, solver: str, dtype: Any, rng: np.
     compiled call (``solve_round``: the solve on x's sort, the wire levels, the rounding), where it applies:
     the same operations, so the same levels, IDs and J, without the ~60 Python lines and ~15 numpy
     calls between the three steps (~25 us of a 1e4-element encode, whose caches the solver leaves
-    cold).  None where it does not apply (nothing drawn from ``rng`` then: among them data whose min
-    or max is a zero, whose sign numpy's reductions chose); where the kernel hands the case back,
-    the steps run one by one with the key it was given."""
+    cold).  None where it does not apply (nothing drawn from ``rng`` then); where the kernel hands
+    the case back, the steps run one by one with the key it was given."""
     kernel = kernels.compiled("solve_round")
     lo, hi = bounds
     m = centroids.candidate_count(x.size, z)
     if (kernel is None or solver != "optimal" or type(x) is not np.ndarray or x.dtype not in _DATA
             or dtype != _F32 or not 3 <= z <= min(centroids.DP_MAX_Z, m)
-            or x.size > centroids.FULL_SORT_MAX or not lo < hi or x.ndim != 1 or not x.flags.c_contiguous
-            or lo == 0.0 or hi == 0.0):
-        return None  # (NaN bounds fail lo < hi: the solver names the problem; at a zero end numpy's
-        # reductions chose its sign, which _finish compares)
+            or x.size > centroids.FULL_SORT_MAX or not lo < hi or x.ndim != 1 or not x.flags.c_contiguous):
+        return None  # (NaN bounds fail lo < hi: the solver names the problem)
     key = quantize.draw_key(rng)  # the rounding's one draw (the optimal solver draws nothing)
     # (_finish may add both ends: up to z + 2 levels before the wire merges them)
     levels, wire, ids = np.empty(z + 2), np.empty(z + 2, np.float32), np.empty(x.size, np.uint8)
     s = x.copy()  # np.sort(x), without its Python wrapper
     s.sort()
-    count, J = kernel(s, x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True, levels, wire, ids)
+    # lo, hi: the bounds the steps' _finish would compare, a zero's sign included
+    count, J = kernel(s, x, z, m, centroids.cbrt_table(), centroids.POLISH_SWEEPS, key, True, levels, wire, ids,
+                      lo, hi)
     if count > 0:
         return wire[:count], ids, J
     c = centroids.solve(x, z, solver, rng, bounds=bounds)
