@@ -666,13 +666,8 @@ def _group_vector(codec: Codec, members: list[Tensor]) -> tuple[np.ndarray, str]
             raise ValueError("a lossless group holds records of one dtype")
         parts = [np.ascontiguousarray(on_host(t).array).reshape(-1) for t in members]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)), members[0].dtype
-    one = members[0] if len(members) == 1 else None  # (the usual group: no generator expressions)
-    if one is not None:
-        gdtype, on_device = ("float64" if one.dtype == "float64" else "float32"), one.on_device
-    else:
-        gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
-        on_device = any(t.on_device for t in members)
-    if on_device:  # stays on the device (the torch backend encodes it there)
+    gdtype = "float64" if any(t.dtype == "float64" for t in members) else "float32"
+    if any(t.on_device for t in members):  # stays on the device (the torch backend encodes it there)
         parts = [(t.name, t.array if t.on_device else t.as_float()) for t in members]
         return torch_transfer.group_vector(parts, gdtype, codec.input_limit, codec.name), gdtype
     parts = [np.ascontiguousarray(t.as_float(), dtype=gdtype).reshape(-1) for t in members]

@@ -18,7 +18,7 @@ from mucsc.codec import parallel
 from mucsc.codec.backends.dispatch import HOST, backend_for, backend_of, backend_on
 from mucsc.codec.codecs import _dithered as dithered
 from mucsc.codec.codecs.base import (ACCUMULATE_CHUNK, F32_MAX, PART, Z_RANGE, Codec, Section, add_scaled,
-                                     array_from, param_int, param_str, section, section_stream)
+                                     array_from, ceil_log2, param_int, param_str, section, section_stream)
 from mucsc.codec.numerics import centroids, nearest, quantize
 from mucsc.codec.wire import bitpack, lanes, rans, structure
 from mucsc.codec.wire.zstdframe import ZstdFrame
@@ -53,7 +53,7 @@ ALIGN_MARGIN_BITS = 0.25  # aligned only if the sampled entropy is this far belo
 
 def id_width(k: int) -> int:
     """Bits per cluster ID for ``k`` centroids: ceil(log2 k), 0 for a single centroid."""
-    return (int(k) - 1).bit_length() if k > 1 else 0  # ceil_log2(k), inline (asked twice per encode)
+    return ceil_log2(k) if k > 1 else 0
 
 
 def packed_width(ids: np.ndarray, k: int, packing: str) -> int:

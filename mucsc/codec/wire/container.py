@@ -338,7 +338,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
     cctx = _compressor(zstd_level, threads) if zstd_level is not None else None
     head = header.to_json() if head is None else head
     raw_len, enc, stored, size = _stored_head(head, cctx, zstd_level)
-    pad = -size % ALIGN  # padding(size)
+    pad = padding(size)
     parts: list[bytes | memoryview | Payload] = [
         SECTION.pack(b"HEAD", MESSAGE_GROUP, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
     total = PREAMBLE.size + SECTION.size + size + pad + TRAILER.size
@@ -347,7 +347,7 @@ def write_message(header: Header, sections: Iterable[tuple[int, str, Any, bool]]
         if type(tag) is not str or tag not in _GOOD_TAGS:
             _check_tag(tag)
         raw_len, enc, stored, size = _stored(data, compressible, cctx, zstd_level)
-        pad = -size % ALIGN  # padding(size)
+        pad = padding(size)
         lazy = lazy or hasattr(stored, "write_into")
         parts += [SECTION.pack(tag.encode("ascii"), group, enc, 0, 0, 0, size, raw_len), stored, _ZEROS[pad]]
         total += SECTION.size + size + pad
@@ -470,14 +470,10 @@ def _stored(data: Any, compressible: bool | ZstdFrame, cctx: Any, level: int | N
             ) -> tuple[int, int, Any, int]:
     """(raw length, encoding, payload as stored, its length) of one section: zstd when that is
     strictly smaller; a :class:`Payload` stays one unless it was brought to the host to be compressed.
-    ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it.
-    (Each small message runs this per section: its steps are inlined, not helper calls.)"""
+    ``level``: ``cctx``'s zstd level, where a :class:`ZstdFrame` of that level may stand in for it."""
     lazy = hasattr(data, "write_into")
-    if lazy:
-        raw, raw_len = data, data.nbytes
-    else:
-        raw = data if isinstance(data, bytes) else memoryview(data).cast("B")  # _byte_view(data)
-        raw_len = len(raw)
+    raw = data if lazy else _byte_view(data)
+    raw_len = data.nbytes if lazy else len(raw)
     if not (compressible and cctx is not None and raw_len > 0):
         return raw_len, ENC_RAW, raw, raw_len
     host = _byte_view(data.host()) if lazy else raw
